@@ -1,0 +1,106 @@
+// Layout: every group of a parallel configuration, exactly as Megatron-core builds them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "commgrid/config.hpp"
+#include "commgrid/group_kind.hpp"
+#include "commgrid/group_list.hpp"
+#include "commgrid/rank_grid.hpp"
+
+namespace commgrid {
+
+/// Chooses the members of one embedding group from a pipeline group. Called with the pp
+/// group's members in stage order (stage 0 first); returns a non-empty list of distinct
+/// members of that group.
+using EmbeddingPolicy = std::function<std::vector<Rank>(std::span<const Rank> pp_group)>;
+
+/// The two embedding policies; an empty function means the default (embd: first and last
+/// stage, or the single stage when pp == 1; pos_embd: the first stage).
+struct EmbeddingPolicies {
+  EmbeddingPolicy embedding;
+  EmbeddingPolicy position_embedding;
+};
+
+/// One rank's group of one kind.
+struct GroupRef {
+  std::int64_t index = 0;     ///< index of the group in the kind's enumeration order
+  std::int64_t position = 0;  ///< index of the rank in `members`
+  std::int64_t comm_rank = 0; ///< the rank's rank in a communicator of the group (its
+                              ///< position among the members sorted ascending)
+  std::vector<Rank> members;  ///< in the kind's member order
+  bool operator==(const GroupRef&) const = default;
+};
+
+/// A rank's coordinates on both grids.
+struct RankCoordinates {
+  std::int64_t tp = 0, cp = 0, dp = 0, pp = 0;          ///< dense grid
+  std::int64_t etp = 0, ep = 0, expert_dp = 0;          ///< expert grid (pp is shared)
+  bool operator==(const RankCoordinates&) const = default;
+};
+
+/// The groups of a validated configuration. Cheap to build (no enumeration); every
+/// per-rank query is O(group size) and needs no memory proportional to the world, except
+/// intra_dist_opt, whose single group of a rank has W/N members.
+class Layout {
+ public:
+  /// Validates the config (ParallelConfig::validate) and, for custom policies, every
+  /// policy result (rule 13; this calls the policy once per pp group). Throws ConfigError.
+  explicit Layout(ParallelConfig config, EmbeddingPolicies policies = {});
+
+  [[nodiscard]] const ParallelConfig& config() const noexcept { return config_; }
+  [[nodiscard]] std::int64_t world_size() const noexcept { return config_.world_size; }
+  [[nodiscard]] std::int64_t dp() const noexcept { return dp_; }
+  [[nodiscard]] std::int64_t expert_dp() const noexcept { return edp_; }
+  [[nodiscard]] const RankGrid& dense_grid() const noexcept { return dense_; }
+  [[nodiscard]] const RankGrid& expert_grid() const noexcept { return expert_; }
+
+  /// Whether Megatron-core builds the kind for this config: hcp only with hcp sizes,
+  /// inter_dist_opt only with more than one dist-opt instance; every other kind always.
+  [[nodiscard]] bool has_kind(GroupKind k) const noexcept;
+  /// Kinds that exist for this config, in reference order.
+  [[nodiscard]] std::vector<GroupKind> kinds() const;
+  /// Number of levels of the kind: the hcp sizes for hcp, 1 for every other kind.
+  [[nodiscard]] int levels(GroupKind k) const noexcept;
+
+  /// Every group of the kind (for hcp: of one level), in Megatron's order. Throws
+  /// UnknownKindError for a kind that does not exist, ConfigError for a bad level.
+  [[nodiscard]] GroupList groups(GroupKind k, int level = 0) const;
+  /// Number of groups of the kind (at that level), without enumerating them.
+  [[nodiscard]] std::int64_t num_groups(GroupKind k, int level = 0) const;
+
+  /// The group of the kind that holds rank r, computed directly; nullopt when r is in no
+  /// group of the kind (embd, pos_embd). Throws RankOutOfRangeError, UnknownKindError.
+  [[nodiscard]] std::optional<GroupRef> group_of(GroupKind k, Rank r, int level = 0) const;
+
+  /// r's coordinates on the dense and expert grids. Throws RankOutOfRangeError.
+  [[nodiscard]] RankCoordinates coordinates(Rank r) const;
+
+  /// Throws RankOutOfRangeError unless 0 <= r < world_size.
+  void check_rank(Rank r) const;
+
+ private:
+  void check_kind(GroupKind k, int level) const;
+  [[nodiscard]] std::vector<Rank> embedding_members(GroupKind k,
+                                                    std::span<const Rank> pp_group) const;
+  void check_policy_results() const;
+
+  ParallelConfig config_;
+  EmbeddingPolicies policies_;
+  std::int64_t dp_ = 1;
+  std::int64_t edp_ = 1;
+  RankGrid dense_;
+  RankGrid expert_;
+};
+
+/// The hierarchical split of a parent list (spec §7): level `level` of sizes `sizes`
+/// (whose product is parent.size()), appended to `out` in the spec's order.
+void hierarchical_split(std::span<const Rank> parent, std::span<const std::int64_t> sizes,
+                        int level, GroupList& out);
+
+}  // namespace commgrid

@@ -1,0 +1,97 @@
+#include "layout_flags.hpp"
+
+#include <charconv>
+#include <limits>
+
+#include "commgrid/error.hpp"
+
+namespace commgrid::cli {
+
+void add_layout_flags(CLI::App& app, LayoutFlags& f, bool with_world_size) {
+  if (with_world_size)
+    app.add_option("--world-size", f.world_size, "number of ranks W (required)");
+  app.add_option("--tp,--tensor-model-parallel-size", f.tp, "tensor parallel size (1)");
+  app.add_option("--pp,--pipeline-model-parallel-size", f.pp, "pipeline parallel size (1)");
+  app.add_option("--cp,--context-parallel-size", f.cp, "context parallel size (1)");
+  app.add_option("--ep,--expert-model-parallel-size", f.ep, "expert parallel size (1)");
+  app.add_option("--etp,--expert-tensor-parallel-size", f.etp,
+                 "expert tensor parallel size (default: tp)");
+  app.add_option("--hcp,--hierarchical-context-parallel-sizes", f.hcp,
+                 "hierarchical cp sizes, e.g. 2,4 (product = cp)");
+  app.add_option("--dist-opt-instances,--num-distributed-optimizer-instances",
+                 f.dist_opt_instances, "distributed-optimizer instances (1)");
+  app.add_option("--vpp,--virtual-pipeline-model-parallel-size", f.vpp,
+                 "virtual pipeline size (none)");
+  f.order_option = app.add_option("--order", f.order, "axis order, innermost first (tp-cp-ep-dp-pp)");
+}
+
+std::int64_t parse_integer(std::string_view param, std::string_view text, std::int64_t min,
+                           std::int64_t max) {
+  std::int64_t value = 0;
+  const char* first = text.data();
+  const char* last = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(first, last, value);
+  if (text.empty() || ec == std::errc::invalid_argument || ptr != last)
+    throw InvalidValueError(std::string(param), std::string(param) +
+                                                    ": expected an integer, got \"" +
+                                                    std::string(text) + "\"");
+  if (ec == std::errc::result_out_of_range || value > max)
+    throw InvalidValueError(std::string(param), std::string(param) + " = " +
+                                                    std::string(text) + " is too large (max " +
+                                                    std::to_string(max) + ")");
+  if (value < min)
+    throw InvalidValueError(std::string(param), std::string(param) + " must be >= " +
+                                                    std::to_string(min) + ", got " +
+                                                    std::string(text));
+  return value;
+}
+
+std::vector<std::int64_t> parse_integer_list(std::string_view param, std::string_view text,
+                                             std::int64_t min) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  for (int i = 0;; ++i) {
+    std::size_t comma = text.find(',', start);
+    std::string_view item = text.substr(start, comma == std::string_view::npos
+                                                   ? std::string_view::npos
+                                                   : comma - start);
+    out.push_back(parse_integer(std::string(param) + "[" + std::to_string(i) + "]", item, min));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+ParallelConfig to_config(const LayoutFlags& f, std::optional<std::int64_t> world_size) {
+  ParallelConfig c;
+  // Values below the rule-2 minimum are passed through so that validate() reports them
+  // with the spec's wording; only non-integers and overflow are caught here.
+  constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min();
+  auto opt = [&](const char* name, const std::string& text, std::int64_t def) {
+    return text.empty() ? def : parse_integer(name, text, lo);
+  };
+  if (world_size) {
+    if (!f.world_size.empty() && parse_integer("world_size", f.world_size, lo) != *world_size)
+      throw InvalidValueError("world_size", "world_size: --world-size " + f.world_size +
+                                                " differs from the launcher's " +
+                                                std::to_string(*world_size));
+    c.world_size = *world_size;
+  } else {
+    if (f.world_size.empty())
+      throw InvalidValueError("world_size", "world_size: --world-size is required");
+    c.world_size = parse_integer("world_size", f.world_size, lo);
+  }
+  c.tp = opt("tp", f.tp, 1);
+  c.pp = opt("pp", f.pp, 1);
+  c.cp = opt("cp", f.cp, 1);
+  c.ep = opt("ep", f.ep, 1);
+  if (!f.etp.empty()) c.etp = parse_integer("etp", f.etp, lo);
+  if (!f.hcp.empty()) c.hcp = parse_integer_list("hcp", f.hcp, lo);
+  c.dist_opt_instances = opt("dist_opt_instances", f.dist_opt_instances, 1);
+  if (!f.vpp.empty()) c.vpp = parse_integer("vpp", f.vpp, lo);
+  if (f.order_option != nullptr && f.order_option->count() > 0) c.order = f.order;
+  c.validate();
+  return c;
+}
+
+}  // namespace commgrid::cli

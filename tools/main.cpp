@@ -1,0 +1,53 @@
+// commgrid: plan, verify and benchmark the communication groups of parallel training.
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <iostream>
+#include <vector>
+
+#include "command.hpp"
+#include "commgrid/communicator.hpp"
+#include "commgrid/error.hpp"
+
+namespace {
+
+// One line: a message that spans lines is folded so stderr carries exactly one.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace commgrid;
+  CLI::App app{"commgrid: lay out, create and verify the communication groups of "
+               "N-dimensional parallel training"};
+  app.require_subcommand(1);
+  std::vector<cli::Command> commands;
+  commands.push_back(cli::add_plan_command(app));
+
+  try {
+    app.parse(argc, argv);
+    for (auto& c : commands)
+      if (c.app->parsed()) return c.run();
+    std::cerr << "error: no subcommand given\n";
+    return 2;
+  } catch (const CLI::Success& e) {  // --help and friends: CLI11 prints, exit 0
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const ConfigError& e) {
+    std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: internal: " << one_line(e.what()) << "\n";
+    return 1;
+  }
+}
