@@ -1,0 +1,122 @@
+#include "commgrid/rank_grid.hpp"
+
+namespace commgrid {
+namespace {
+
+// The axes of the grid, in grid order, split into masked and unmasked ones.
+struct Split {
+  std::array<Axis, kNumAxes> masked{}, unmasked{};
+  int n_masked = 0, n_unmasked = 0;
+};
+
+Split split_axes(const std::array<Axis, kNumAxes>& order, AxisSet masked) {
+  Split s;
+  for (Axis a : order) {
+    if (masked.contains(a))
+      s.masked[s.n_masked++] = a;
+    else
+      s.unmasked[s.n_unmasked++] = a;
+  }
+  return s;
+}
+
+}  // namespace
+
+RankGrid::RankGrid(const std::array<std::int64_t, kNumAxes>& sizes,
+                   const std::array<Axis, kNumAxes>& order)
+    : sizes_(sizes), order_(order) {
+  std::int64_t g = 1;
+  for (Axis a : order_) {
+    strides_[idx(a)] = g;
+    g *= sizes_[idx(a)];
+  }
+  world_size_ = g;
+}
+
+std::array<std::int64_t, kNumAxes> RankGrid::coordinates(Rank r) const noexcept {
+  std::array<std::int64_t, kNumAxes> c{};
+  for (Axis a : kAllAxes) c[idx(a)] = coordinate(r, a);
+  return c;
+}
+
+std::int64_t RankGrid::group_size(AxisSet masked) const noexcept {
+  std::int64_t g = 1;
+  for (Axis a : kAllAxes)
+    if (masked.contains(a)) g *= sizes_[idx(a)];
+  return g;
+}
+
+std::int64_t RankGrid::num_groups(AxisSet masked) const noexcept {
+  return world_size_ / group_size(masked);
+}
+
+std::int64_t RankGrid::group_index(AxisSet masked, Rank r) const noexcept {
+  std::int64_t q = 0, radix = 1;
+  for (Axis a : order_) {
+    if (masked.contains(a)) continue;
+    q += coordinate(r, a) * radix;
+    radix *= sizes_[idx(a)];
+  }
+  return q;
+}
+
+std::int64_t RankGrid::position(AxisSet masked, Rank r) const noexcept {
+  std::int64_t k = 0, radix = 1;
+  for (Axis a : order_) {
+    if (!masked.contains(a)) continue;
+    k += coordinate(r, a) * radix;
+    radix *= sizes_[idx(a)];
+  }
+  return k;
+}
+
+Rank RankGrid::member(AxisSet masked, std::int64_t q, std::int64_t k) const noexcept {
+  Rank r = 0;
+  for (Axis a : order_) {
+    const std::int64_t s = sizes_[idx(a)];
+    std::int64_t& digits = masked.contains(a) ? k : q;
+    r += (digits % s) * strides_[idx(a)];
+    digits /= s;
+  }
+  return r;
+}
+
+std::vector<Rank> RankGrid::group_of(AxisSet masked, Rank r) const {
+  Rank base = r;
+  for (Axis a : order_)
+    if (masked.contains(a)) base -= coordinate(r, a) * strides_[idx(a)];
+  std::vector<Rank> members(static_cast<std::size_t>(group_size(masked)));
+  for (std::size_t k = 0; k < members.size(); ++k)
+    members[k] = base + member(masked, 0, static_cast<std::int64_t>(k));
+  return members;
+}
+
+GroupList RankGrid::groups(AxisSet masked) const {
+  const Split s = split_axes(order_, masked);
+  const std::int64_t g = group_size(masked);
+  const std::int64_t n = world_size_ / g;
+  // Offsets of the members relative to the group's base, computed once; each group is
+  // then its base plus these offsets. Bases advance like an odometer over the unmasked
+  // axes (first unmasked axis fastest).
+  std::vector<Rank> offsets(static_cast<std::size_t>(g));
+  for (std::int64_t k = 0; k < g; ++k) offsets[static_cast<std::size_t>(k)] = member(masked, 0, k);
+  GroupList out;
+  std::span<Rank> buf = out.assign_uniform(static_cast<std::size_t>(n), static_cast<std::size_t>(g));
+  std::array<std::int64_t, kNumAxes> digit{};
+  Rank base = 0;
+  Rank* dst = buf.data();
+  for (std::int64_t q = 0; q < n; ++q) {
+    for (std::int64_t k = 0; k < g; ++k) dst[k] = base + offsets[static_cast<std::size_t>(k)];
+    dst += g;
+    for (int j = 0; j < s.n_unmasked; ++j) {
+      const Axis a = s.unmasked[j];
+      base += strides_[idx(a)];
+      if (++digit[j] < sizes_[idx(a)]) break;
+      base -= digit[j] * strides_[idx(a)];
+      digit[j] = 0;
+    }
+  }
+  return out;
+}
+
+}  // namespace commgrid
