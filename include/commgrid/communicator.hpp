@@ -86,8 +86,12 @@ class Communicator {
   [[nodiscard]] virtual int rank() const noexcept = 0;
   /// Number of ranks in the group.
   [[nodiscard]] virtual int size() const noexcept = 0;
-  /// The timeout of every call on this communicator.
+  /// The timeout of every call on this communicator. A communicator made by split or
+  /// create_group* starts with its parent's timeout.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Sets the timeout of every later call on this communicator (a call in flight keeps its
+  /// own). A backend whose engine keeps its own copy overrides this and calls the base.
+  virtual void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   /// Number of communicator-creation calls this object made on the backend so far
   /// (split, create_group, create_group_collective), for benchmarks.
   [[nodiscard]] std::int64_t creation_calls() const noexcept { return creation_calls_; }
