@@ -16,7 +16,8 @@ std::string list_text(const std::vector<std::int64_t>& v) {
 }
 
 // Multiplies factors left to right; returns nullopt as soon as a partial product exceeds
-// `limit` (all factors are >= 1 here, so the product only grows).
+// `limit` (all factors are >= 1 here, so the product only grows). Products up to
+// kMaxWorldSize are reported exactly by the divisibility rules; larger ones are overflow.
 std::optional<std::int64_t> checked_product(std::initializer_list<std::int64_t> factors,
                                             std::int64_t limit) {
   std::int64_t p = 1;
@@ -79,14 +80,22 @@ std::array<Axis, kNumAxes> ParallelConfig::resolved_order() const {
   return out;
 }
 
-std::int64_t ParallelConfig::dp() const noexcept {
-  const std::int64_t d = tp * pp * cp;
-  return d > 0 ? world_size / d : 0;
+namespace {
+// W / (a*b*c), or 0 when a factor is not positive or the product overflows: callers on an
+// invalid config get a harmless 0 instead of undefined behaviour.
+std::int64_t quotient(std::int64_t w, std::int64_t a, std::int64_t b, std::int64_t c) noexcept {
+  std::int64_t ab = 0, abc = 0;
+  if (a < 1 || b < 1 || c < 1 || __builtin_mul_overflow(a, b, &ab) ||
+      __builtin_mul_overflow(ab, c, &abc))
+    return 0;
+  return w / abc;
 }
+}  // namespace
+
+std::int64_t ParallelConfig::dp() const noexcept { return quotient(world_size, tp, pp, cp); }
 
 std::int64_t ParallelConfig::expert_dp() const noexcept {
-  const std::int64_t d = expert_tp() * ep * pp;
-  return d > 0 ? world_size / d : 0;
+  return quotient(world_size, expert_tp(), ep, pp);
 }
 
 void ParallelConfig::validate() const {
@@ -119,7 +128,7 @@ void ParallelConfig::validate() const {
     return false;
   };
   // Rule 4 (with rule 12's checked product).
-  const auto dense = checked_product({tp, pp, cp}, W);
+  const auto dense = checked_product({tp, pp, cp}, kMaxWorldSize);
   if (!dense)
     throw OverflowError("tp", "tp*pp*cp exceeds world_size " + str(W) + " (tp = " + str(tp) +
                                   ", pp = " + str(pp) + ", cp = " + str(cp) + ")");
@@ -136,7 +145,7 @@ void ParallelConfig::validate() const {
   // Rule 6.
   const std::int64_t e = expert_tp();
   const std::string etp_note = etp ? "" : " (etp defaults to tp)";
-  const auto expert = checked_product({e, ep, pp}, W);
+  const auto expert = checked_product({e, ep, pp}, kMaxWorldSize);
   if (!expert)
     throw OverflowError("etp", "etp*ep*pp exceeds world_size " + str(W) + " (etp = " + str(e) +
                                    ", ep = " + str(ep) + ", pp = " + str(pp) + ")" + etp_note);
@@ -166,12 +175,12 @@ void ParallelConfig::validate() const {
   if (edp_size % N != 0)
     throw DivisibilityError("dist_opt_instances",
                             "dist_opt_instances = " + str(N) + " must divide " + edp_text);
-  // Rule 9 (with rule 12's checked product, bounded by cp).
+  // Rule 9 (with rule 12's checked product).
   if (!hcp.empty()) {
     std::int64_t prod = 1;
     bool over = false;
     for (std::int64_t h : hcp) {
-      if (prod > cp / h) {
+      if (prod > kMaxWorldSize / h) {
         over = true;
         break;
       }
