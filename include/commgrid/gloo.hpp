@@ -1,0 +1,57 @@
+// The Gloo backend: CPU collectives over TCP, ranks meeting through a Store.
+// Link commgrid::gloo. No Gloo header is included here.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commgrid/communicator.hpp"
+#include "commgrid/store.hpp"
+
+namespace commgrid {
+
+/// How a Gloo world is created.
+struct GlooOptions {
+  /// Timeout of every rendezvous and every collective of the world and of every group
+  /// created from it.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  /// The address this rank listens on, as a name or a numeric address. Empty: 127.0.0.1
+  /// for memory and file stores (one machine), this machine's host name for Redis.
+  std::string hostname;
+  /// Key prefix of this world in the store. Two worlds in one store need two prefixes.
+  std::string prefix = "world";
+};
+
+/// Creates the world communicator of rank `rank` of `size` ranks: collective over the
+/// world: every rank calls it with the same store (or a store at the same place), size and
+/// prefix. Throws ConfigError for a rank or size out of range, TimeoutError naming the
+/// ranks that did not arrive within options.timeout, BackendError for a transport failure.
+std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank, int size,
+                                              const GlooOptions& options = {});
+
+/// The rank, size, store and timeout that a launcher put in the environment.
+struct WorldEnv {
+  int rank = 0;              ///< COMMGRID_RANK, 0 ... size-1
+  int size = 1;              ///< COMMGRID_WORLD_SIZE, >= 1
+  std::string store;         ///< COMMGRID_STORE, e.g. file:///tmp/x or redis://host:6379
+  /// COMMGRID_TIMEOUT in seconds (a positive decimal), when set.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// Reads COMMGRID_RANK, COMMGRID_WORLD_SIZE, COMMGRID_STORE and the optional
+/// COMMGRID_TIMEOUT. Throws ConfigError naming the variable and its text when one is
+/// missing or malformed ("COMMGRID_RANK=3 is not below COMMGRID_WORLD_SIZE=2").
+WorldEnv read_world_env();
+
+/// Whether COMMGRID_RANK is set: the process was started by a store-based launcher
+/// (commgrid launch, or a user's own script exporting the variables).
+bool world_env_present();
+
+/// Creates the world from the environment (read_world_env + open_store + make_gloo_world).
+/// COMMGRID_TIMEOUT, when set, overrides options.timeout; COMMGRID_GLOO_HOSTNAME, when set,
+/// overrides options.hostname.
+std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options = {});
+
+}  // namespace commgrid

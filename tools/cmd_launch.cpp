@@ -1,0 +1,484 @@
+// commgrid launch: starts N processes of one program on this machine, like torchrun's
+// standalone mode, with a file store in a fresh temporary folder.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "commgrid/error.hpp"
+#include "layout_flags.hpp"
+
+namespace commgrid::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::int64_t kMaxRanks = 1024;
+
+/// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { reset(); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  [[nodiscard]] int get() const { return fd_; }
+  [[nodiscard]] bool open() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Pipe {
+  Fd read, write;
+};
+
+Pipe make_pipe() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    throw Error(std::string("launch: pipe: ") + std::strerror(errno));
+  return {Fd(fds[0]), Fd(fds[1])};
+}
+
+/// A fresh folder for the job's file store, removed with everything in it when the launch
+/// ends, however it ends.
+class TempDir {
+ public:
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/commgrid-launch-XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) == nullptr)
+      throw Error("launch: cannot create a store folder from " + pattern + ": " +
+                  std::strerror(errno));
+    path_ = std::filesystem::absolute(buf.data()).string();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Signals reach the loop through a self-pipe, so the handler does nothing unsafe.
+int g_signal_write_fd = -1;
+extern "C" void on_signal(int signo) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(signo);
+  if (g_signal_write_fd >= 0) [[maybe_unused]] auto n = ::write(g_signal_write_fd, &b, 1);
+  errno = saved;
+}
+
+/// Installs the launcher's handlers for SIGCHLD, SIGINT, SIGTERM and SIGHUP, and ignores
+/// SIGPIPE (a closed stdout must not kill the launcher before it stops its ranks);
+/// restores the previous dispositions when destroyed.
+class SignalGuard {
+ public:
+  explicit SignalGuard(int write_fd) {
+    g_signal_write_fd = write_fd;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    for (int s : kHandled) ::sigaction(s, &sa, &old_[index(s)]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    ::sigaction(SIGPIPE, &ign, &old_pipe_);
+  }
+  ~SignalGuard() {
+    for (int s : kHandled) ::sigaction(s, &old_[index(s)], nullptr);
+    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
+    g_signal_write_fd = -1;
+  }
+  SignalGuard(const SignalGuard&) = delete;
+  SignalGuard& operator=(const SignalGuard&) = delete;
+
+ private:
+  static constexpr int kHandled[] = {SIGCHLD, SIGINT, SIGTERM, SIGHUP};
+  static size_t index(int s) {
+    for (size_t i = 0; i < std::size(kHandled); ++i)
+      if (kHandled[i] == s) return i;
+    return 0;
+  }
+  struct sigaction old_[std::size(kHandled)] {};
+  struct sigaction old_pipe_ {};
+};
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+std::string describe_status(int rank, int status) {
+  if (WIFEXITED(status))
+    return "rank " + std::to_string(rank) + " exited with code " +
+           std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "rank " + std::to_string(rank) + " killed by signal " +
+           std::to_string(WTERMSIG(status)) + " (" + signal_name(WTERMSIG(status)) + ")";
+  return "rank " + std::to_string(rank) + " ended with status " + std::to_string(status);
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // our own output is gone (EPIPE): keep supervising the ranks
+    done += static_cast<size_t>(n);
+  }
+}
+
+/// One output stream of one rank, cut into lines that are each written whole with the
+/// rank's prefix, so that concurrent ranks never interleave within a line.
+struct Stream {
+  Fd fd;
+  int target = STDOUT_FILENO;
+  std::string pending;
+
+  void emit(const std::string& prefix, bool flush_partial) {
+    size_t start = 0, nl;
+    std::string out;
+    while ((nl = pending.find('\n', start)) != std::string::npos) {
+      out += prefix;
+      out.append(pending, start, nl - start + 1);
+      start = nl + 1;
+    }
+    pending.erase(0, start);
+    // A line without a newline is shown when the stream ends, or once it is very long.
+    if (!pending.empty() && (flush_partial || pending.size() > 65536)) {
+      out += prefix + pending + "\n";
+      pending.clear();
+    }
+    if (!out.empty()) write_all(target, out);
+  }
+};
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  Stream out, err;
+};
+
+double parse_seconds(const char* param, const std::string& text, bool allow_zero) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(begin, &end);
+  if (text.empty() || end != begin + text.size() || errno != 0 || !std::isfinite(v) ||
+      v < 0 || (!allow_zero && v == 0) || v > 1e9)
+    throw InvalidValueError(param, std::string(param) + " must be a " +
+                                       (allow_zero ? "non-negative" : "positive") +
+                                       " number of seconds, got '" + text + "'");
+  return v;
+}
+
+struct LaunchArgs {
+  std::string nproc, timeout, grace = "5";
+  std::vector<std::string> command;
+};
+
+class Launcher {
+ public:
+  Launcher(int n, std::optional<std::string> timeout, double grace,
+           std::vector<std::string> command)
+      : n_(n), timeout_(std::move(timeout)), grace_(grace), command_(std::move(command)) {}
+
+  int run() {
+    TempDir store;
+    Pipe sig = make_pipe();
+    ::fcntl(sig.read.get(), F_SETFL, O_NONBLOCK);
+    ::fcntl(sig.write.get(), F_SETFL, O_NONBLOCK);
+    SignalGuard guard(sig.write.get());
+    children_.resize(static_cast<size_t>(n_));
+    for (int r = 0; r < n_; ++r) {
+      if (auto failure = start(r, store.path()); failure) {
+        stop_all(SIGKILL);
+        while (any_running()) reap(true);
+        std::cerr << "error: " << *failure << "\n";
+        return 2;
+      }
+    }
+    loop(sig.read.get());
+    if (interrupted_ != 0) {
+      std::cerr << "error: interrupted by " << signal_name(interrupted_) << "; stopped "
+                << n_ << " ranks\n";
+      return 128 + interrupted_;
+    }
+    if (failure_) {
+      std::cerr << "error: " << *failure_ << "\n";
+      return 1;
+    }
+    return 0;
+  }
+
+ private:
+  // Starts rank r; returns a message when the program cannot be executed at all.
+  std::optional<std::string> start(int r, const std::string& store_dir) {
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string_view kv(*e);
+      if (kv.starts_with("COMMGRID_RANK=") || kv.starts_with("COMMGRID_WORLD_SIZE=") ||
+          kv.starts_with("COMMGRID_STORE=") || kv.starts_with("COMMGRID_LOCAL_RANK=") ||
+          kv.starts_with("COMMGRID_LOCAL_WORLD_SIZE=") ||
+          (timeout_ && kv.starts_with("COMMGRID_TIMEOUT=")))
+        continue;
+      env_strings.emplace_back(kv);
+    }
+    env_strings.push_back("COMMGRID_RANK=" + std::to_string(r));
+    env_strings.push_back("COMMGRID_WORLD_SIZE=" + std::to_string(n_));
+    env_strings.push_back("COMMGRID_LOCAL_RANK=" + std::to_string(r));
+    env_strings.push_back("COMMGRID_LOCAL_WORLD_SIZE=" + std::to_string(n_));
+    env_strings.push_back("COMMGRID_STORE=file://" + store_dir);
+    if (timeout_) env_strings.push_back("COMMGRID_TIMEOUT=" + *timeout_);
+    // Everything the child needs is prepared before fork: after it, only async-signal-safe
+    // calls are allowed.
+    std::vector<char*> envp, argv;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    for (auto& s : command_) argv.push_back(s.data());
+    argv.push_back(nullptr);
+
+    Pipe out = make_pipe(), err = make_pipe(), exec_status = make_pipe();
+    Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    pid_t pid = ::fork();
+    if (pid < 0) throw Error(std::string("launch: fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      // Its own process group, so that stopping a rank stops what it started too.
+      ::setpgid(0, 0);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(s, &dfl, nullptr);
+      if (devnull.open()) ::dup2(devnull.get(), STDIN_FILENO);
+      ::dup2(out.write.get(), STDOUT_FILENO);
+      ::dup2(err.write.get(), STDERR_FILENO);
+      ::execvpe(argv[0], argv.data(), envp.data());
+      const int e = errno;
+      [[maybe_unused]] auto n = ::write(exec_status.write.get(), &e, sizeof(e));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: whichever runs first, the group exists before a kill
+    out.write.reset();
+    err.write.reset();
+    exec_status.write.reset();
+    Child& c = children_[static_cast<size_t>(r)];
+    c.rank = r;
+    c.pid = pid;
+    c.running = true;
+    c.out.fd = std::move(out.read);
+    c.out.target = STDOUT_FILENO;
+    c.err.fd = std::move(err.read);
+    c.err.target = STDERR_FILENO;
+    // exec closes the CLOEXEC pipe (EOF, success) or the child reports errno through it.
+    int e = 0;
+    ssize_t got;
+    do got = ::read(exec_status.read.get(), &e, sizeof(e));
+    while (got < 0 && errno == EINTR);
+    if (got == static_cast<ssize_t>(sizeof(e)))
+      return "cannot execute '" + command_.front() + "' (rank " + std::to_string(r) +
+             "): " + std::strerror(e);
+    return std::nullopt;
+  }
+
+  bool any_running() const {
+    for (const auto& c : children_)
+      if (c.running) return true;
+    return false;
+  }
+
+  void stop_all(int sig) {
+    for (auto& c : children_)
+      if (c.running) ::kill(-c.pid, sig);
+  }
+
+  void begin_stop() {
+    if (stopping_) return;
+    stopping_ = true;
+    stop_all(SIGTERM);
+    kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<long long>(grace_ * 1000));
+  }
+
+  void reap(bool block) {
+    for (auto& c : children_) {
+      if (!c.running) continue;
+      int status = 0;
+      pid_t got = ::waitpid(c.pid, &status, block ? 0 : WNOHANG);
+      if (got != c.pid) continue;
+      c.running = false;
+      c.status = status;
+      // Anything the rank started in its group goes with it.
+      ::kill(-c.pid, SIGKILL);
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && !failure_ && !stopping_) failure_ = describe_status(c.rank, status);
+      if (!ok && !stopping_) begin_stop();
+      if (block) return;
+    }
+  }
+
+  void loop(int signal_fd) {
+    std::optional<Clock::time_point> drain_until;
+    for (;;) {
+      std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+      std::vector<std::pair<Child*, Stream*>> owners{{nullptr, nullptr}};
+      for (auto& c : children_)
+        for (Stream* s : {&c.out, &c.err})
+          if (s->fd.open()) {
+            fds.push_back({s->fd.get(), POLLIN, 0});
+            owners.emplace_back(&c, s);
+          }
+      const bool running = any_running();
+      if (!running && fds.size() == 1) return;
+      if (!running && !drain_until) drain_until = Clock::now() + std::chrono::seconds(2);
+      if (drain_until && Clock::now() >= *drain_until) {
+        // A process the rank left behind still holds its output open; it was killed with
+        // the rank's group, so what remains is not worth waiting for.
+        for (auto& c : children_) {
+          c.out.emit(prefix(c.rank), true);
+          c.err.emit(prefix(c.rank), true);
+          c.out.fd.reset();
+          c.err.fd.reset();
+        }
+        return;
+      }
+      int wait_ms = 200;
+      if (stopping_ && running) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now());
+        wait_ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 200));
+      }
+      int ready = ::poll(fds.data(), fds.size(), wait_ms);
+      if (ready < 0 && errno != EINTR)
+        throw Error(std::string("launch: poll: ") + std::strerror(errno));
+      if (ready > 0) {
+        if (fds[0].revents & POLLIN) on_signals(signal_fd);
+        for (size_t i = 1; i < fds.size(); ++i) {
+          if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          auto [child, stream] = owners[i];
+          char buf[65536];
+          ssize_t n = ::read(stream->fd.get(), buf, sizeof(buf));
+          if (n > 0) {
+            stream->pending.append(buf, static_cast<size_t>(n));
+            stream->emit(prefix(child->rank), false);
+          } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+            stream->emit(prefix(child->rank), true);
+            stream->fd.reset();
+          }
+        }
+      }
+      reap(false);
+      if (stopping_ && any_running() && Clock::now() >= kill_at_) stop_all(SIGKILL);
+    }
+  }
+
+  void on_signals(int signal_fd) {
+    unsigned char b[64];
+    ssize_t n;
+    while ((n = ::read(signal_fd, b, sizeof(b))) > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        if (b[i] == SIGCHLD) continue;  // reaped after every wake-up
+        if (interrupted_ != 0) {
+          stop_all(SIGKILL);  // a second Ctrl-C means now
+          continue;
+        }
+        interrupted_ = b[i];
+        begin_stop();
+      }
+    }
+  }
+
+  static std::string prefix(int rank) { return "[rank " + std::to_string(rank) + "] "; }
+
+  int n_;
+  std::optional<std::string> timeout_;
+  double grace_;
+  std::vector<std::string> command_;
+  std::vector<Child> children_;
+  std::optional<std::string> failure_;
+  bool stopping_ = false;
+  Clock::time_point kill_at_{};
+  int interrupted_ = 0;
+};
+
+}  // namespace
+
+Command add_launch_command(CLI::App& root) {
+  auto args = std::make_shared<LaunchArgs>();
+  CLI::App* app = root.add_subcommand(
+      "launch",
+      "Start N processes of PROGRAM on this machine with COMMGRID_RANK, COMMGRID_WORLD_SIZE "
+      "and COMMGRID_STORE (a file store in a fresh temporary folder); prefix their output "
+      "with [rank i]; stop all if one fails");
+  app->add_option("-n,--nproc", args->nproc, "Number of processes (ranks), 1-1024")->required();
+  app->add_option("--timeout", args->timeout,
+                  "Timeout in seconds of every rendezvous and collective of the ranks "
+                  "(exported as COMMGRID_TIMEOUT; default: the ranks' own, 30 minutes)");
+  app->add_option("--grace", args->grace,
+                  "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)");
+  app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();
+  return {app, [args]() -> int {
+            const auto n = parse_integer("-n", args->nproc, 1, kMaxRanks);
+            std::optional<std::string> timeout;
+            if (!args->timeout.empty()) {
+              parse_seconds("--timeout", args->timeout, false);
+              timeout = args->timeout;
+            }
+            const double grace = parse_seconds("--grace", args->grace, true);
+            if (args->command.empty() || args->command.front().empty())
+              throw ConfigError("command", "launch: no program given (usage: commgrid launch "
+                                           "-n N -- PROGRAM ARGS...)");
+            std::cout.flush();
+            return Launcher(static_cast<int>(n), timeout, grace, args->command).run();
+          }};
+}
+
+}  // namespace commgrid::cli
