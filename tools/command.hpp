@@ -18,6 +18,7 @@ struct Command {
 
 /// Registration functions, one per subcommand file (cmd_<name>.cpp).
 Command add_plan_command(CLI::App& root);
+Command add_verify_command(CLI::App& root);
 Command add_launch_command(CLI::App& root);
 Command add_bench_command(CLI::App& root);
 

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<cli::Command> commands;
   commands.push_back(cli::add_plan_command(app));
+  commands.push_back(cli::add_verify_command(app));
   commands.push_back(cli::add_launch_command(app));
   commands.push_back(cli::add_bench_command(app));
 

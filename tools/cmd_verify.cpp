@@ -1,0 +1,111 @@
+// `commgrid verify`: create the groups on real ranks (under mpirun) and prove each one.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <memory>
+
+#include "command.hpp"
+#include "commgrid/backends.hpp"
+#include "commgrid/error.hpp"
+#include "commgrid/layout.hpp"
+#include "layout_flags.hpp"
+#include "verify_run.hpp"
+#if COMMGRID_HAS_MPI
+#include "commgrid/mpi.hpp"
+#endif
+
+namespace commgrid::cli {
+namespace {
+
+/// Default timeout of verify's communication: long enough for a slow launch of many ranks,
+/// short enough that a missing rank is reported while someone is still watching.
+constexpr std::chrono::seconds kVerifyTimeout{120};
+
+struct VerifyFlags {
+  LayoutFlags layout;
+  std::string strategy, kinds, timeout;
+};
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+int run_verify_command(const VerifyFlags& f) {
+  // Everything that does not need the world size is checked before MPI starts.
+  VerifyOptions opts;
+  if (!f.strategy.empty()) opts.strategy = parse_strategy(f.strategy);
+  if (!f.kinds.empty()) {
+    opts.kinds = parse_kinds(f.kinds);
+    std::sort(opts.kinds.begin(), opts.kinds.end());
+  }
+  const std::chrono::milliseconds timeout =
+      f.timeout.empty() ? std::chrono::milliseconds(kVerifyTimeout)
+                        : std::chrono::seconds(parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
+#if COMMGRID_HAS_MPI
+  mpi::MpiEnvironment env;
+  int rank = 0;
+  {
+    const std::unique_ptr<mpi::MpiCommunicator> world = mpi::world(timeout);
+    rank = world->rank();
+    ParallelConfig config;
+    try {
+      // Bad input is found here, on every rank alike (they all got the same flags) and
+      // before any communication, so every rank exits 2 and none waits for another.
+      config = to_config(f.layout, world->size());
+      const Layout layout(config);
+      for (GroupKind k : opts.kinds)
+        if (!layout.has_kind(k)) (void)layout.num_groups(k);  // throws, saying why it is absent
+    } catch (const ConfigError& e) {
+      if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+      return 2;
+    }
+    VerifyReport report;
+    try {
+      report = run_verify(*world, config, opts);
+    } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
+      if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+      return 2;
+    } catch (const Error& e) {
+      // Possibly seen by this rank alone (a timeout, a backend failure): end the job, or
+      // the other ranks would wait for this one until their own timeout.
+      std::cerr << "error: rank " << rank << ": " << one_line(e.what()) << std::endl;
+      mpi::MpiEnvironment::abort(1);
+    }
+    if (rank == 0) {
+      std::cout << format_verify_report(report) << std::flush;
+      for (const KindVerdict& v : report.kinds)
+        if (!v.passed) std::cerr << "error: verify failed: " << v.label << ": " << v.failure << "\n";
+    }
+    return report.passed() ? 0 : 1;
+  }
+#else
+  (void)timeout;
+  throw ConfigError("backend",
+                    "verify: this build of commgrid has no MPI backend; install an MPI "
+                    "(e.g. libopenmpi-dev) and rebuild with -DCOMMGRID_WITH_MPI=ON");
+#endif
+}
+
+}  // namespace
+
+Command add_verify_command(CLI::App& root) {
+  auto flags = std::make_shared<VerifyFlags>();
+  CLI::App* app = root.add_subcommand(
+      "verify", "create the groups on real ranks and prove each one on the wire (run under "
+                "mpirun; the world size comes from the launcher)");
+  add_layout_flags(*app, flags->layout, /*with_world_size=*/true);
+  app->add_option("--strategy", flags->strategy,
+                  std::string("how groups are created: split, member or per-group (default ") +
+                      std::string(strategy_name(kDefaultStrategy)) + ")");
+  app->add_option("--kinds", flags->kinds, "only these kinds, e.g. tp,dp,pp (default: all)");
+  app->add_option("--timeout", flags->timeout,
+                  "seconds any rank waits for the others in one call (default 120)");
+  app->footer("Example: mpirun -np 8 commgrid verify --tp 2 --pp 2 --cp 2\n"
+              "Exit codes: 0 every group verified, 1 a check or the communication failed, "
+              "2 bad input or ranks given different flags.");
+  return {app, [flags] { return run_verify_command(*flags); }};
+}
+
+}  // namespace commgrid::cli
