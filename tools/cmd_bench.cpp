@@ -59,7 +59,7 @@ Json layout_json(const std::vector<bench::EnumerationResult>& en,
   j["memory"] = memory;
   j["config"] = {{"tp", 8}, {"pp", 8}, {"cp", 2}, {"ep", 8}, {"etp", 1}, {"dp", "W/128"}};
   j["repeats"] = repeats;
-  j["timing"] = "fastest repetition; ratio = enumeration seconds / baseline seconds";
+  j["timing"] = "process CPU time, fastest repetition; ratio = enumeration seconds / baseline seconds";
   Json ea = Json::array();
   for (const auto& e : en) {
     Json w;
@@ -99,7 +99,7 @@ Json layout_json(const std::vector<bench::EnumerationResult>& en,
 void layout_table(std::ostream& out, const std::vector<bench::EnumerationResult>& en,
                   const std::vector<bench::QueryResult>& qs, int repeats,
                   const std::string& memory) {
-  out << "layout benchmark: tp8 pp8 cp2 ep8 etp1, dp = W/128; fastest of " << repeats
+  out << "layout benchmark: tp8 pp8 cp2 ep8 etp1, dp = W/128; CPU time, fastest of " << repeats
       << " repetitions; " << memory << " memory\n\n";
   if (!en.empty()) {
     out << "enumeration of every kind (lists held together) vs writing as many int64:\n";
