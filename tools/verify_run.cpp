@@ -192,16 +192,20 @@ std::string format_verify_report(const VerifyReport& report) {
                 std::string(strategy_name(report.strategy)).c_str(),
                 report.fingerprint_seconds * 1e3, report.creation_seconds * 1e3);
   out += line;
-  const auto kinds = report.kinds.size();
+  // K counts kinds, not rows: hcp's levels are one kind.
+  std::vector<GroupKind> distinct;
+  for (const KindVerdict& v : report.kinds)
+    if (std::find(distinct.begin(), distinct.end(), v.kind) == distinct.end()) distinct.push_back(v.kind);
+  const auto kinds = distinct.size();
+  const std::string ranks = std::to_string(report.world_size) + (report.world_size == 1 ? " rank" : " ranks");
   if (report.passed()) {
     out += "verified " + std::to_string(kinds) + (kinds == 1 ? " kind, " : " kinds, ") +
-           std::to_string(report.total_groups()) + " groups on " +
-           std::to_string(report.world_size) + " ranks\n";
+           std::to_string(report.total_groups()) + " groups on " + ranks + "\n";
   } else {
     std::size_t failed = 0;
     for (const KindVerdict& v : report.kinds) failed += v.passed ? 0 : 1;
-    out += "FAILED: " + std::to_string(failed) + " of " + std::to_string(kinds) + " kinds on " +
-           std::to_string(report.world_size) + " ranks\n";
+    out += "FAILED: " + std::to_string(failed) + " of " + std::to_string(report.kinds.size()) +
+           " rows on " + ranks + "\n";
   }
   return out;
 }
