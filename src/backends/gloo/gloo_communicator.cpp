@@ -49,9 +49,14 @@ std::string seconds_text(Ms t) {
   return s.str();
 }
 
-// Gloo's rendezvous waits on the keys "0" ... "size-1" (one per rank, holding its
-// addresses). This adapter puts them under the group's prefix and, when a wait times out,
-// reports every rank whose key is missing rather than Gloo's bare key list.
+// Gloo's rendezvous sets and waits on its own per-rank keys (which differ between Gloo
+// versions). This adapter puts them under the group's prefix and, when a wait times out,
+// reports every rank that has not arrived (its "arrived/<rank>" key, set by connect_group
+// before Gloo starts, is missing) rather than Gloo's bare key list.
+std::string arrival_key(const std::string& prefix, int rank) {
+  return prefix + "/arrived/" + std::to_string(rank);
+}
+
 class RendezvousStore final : public ::gloo::rendezvous::Store {
  public:
   RendezvousStore(commgrid::Store& store, std::string prefix, std::string op, std::string group,
@@ -78,7 +83,7 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
     // Name every absent rank, not just the key Gloo happened to wait for first.
     std::vector<int> missing, missing_global;
     for (int r = 0; r < static_cast<int>(global_ranks_.size()); ++r) {
-      if (!store_.has(full(std::to_string(r)))) {
+      if (!store_.has(arrival_key(prefix_, r))) {
         missing.push_back(r);
         missing_global.push_back(global_ranks_[static_cast<size_t>(r)]);
       }
@@ -110,7 +115,16 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
   RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout);
+  guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
   guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+  // A member returns from connectFullMesh once its own side is connected, possibly while a
+  // peer is still finishing its handshake; a member that then ended at once (destroying the
+  // group) would make that peer fail. A barrier makes creation complete on all members.
+  if (size > 1) {
+    ::gloo::BarrierOptions opts(ctx);
+    opts.setTimeout(timeout);
+    guard(op, group, [&] { ::gloo::barrier(opts); });
+  }
   return ctx;
 }
 

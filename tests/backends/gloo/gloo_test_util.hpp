@@ -1,0 +1,93 @@
+// Helpers for the Gloo tests: typed buffers of any DataType and short timeouts.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commgrid/communicator.hpp"
+#include "commgrid/gloo.hpp"
+#include "commgrid/local_ranks.hpp"
+
+namespace commgrid::test {
+
+inline constexpr DataType kAllTypes[] = {DataType::float32, DataType::float64,
+                                         DataType::bfloat16, DataType::int32, DataType::int64};
+inline constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min,
+                                       ReduceOp::prod};
+
+/// Options for tests: a timeout that turns any hang into a failure within seconds.
+inline GlooOptions test_options(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  GlooOptions o;
+  o.timeout = timeout;
+  return o;
+}
+
+/// A buffer of `count` elements of `type`, read and written as doubles. Test values are
+/// small integers, exact in every type including bfloat16.
+class Buffer {
+ public:
+  Buffer(DataType type, size_t count) : type_(type), bytes_(count * element_size(type)) {}
+  void* data() { return bytes_.data(); }
+  [[nodiscard]] size_t count() const { return bytes_.size() / element_size(type_); }
+  void set(size_t i, double v) {
+    std::uint8_t* p = bytes_.data() + i * element_size(type_);
+    switch (type_) {
+      case DataType::float32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::float64: std::memcpy(p, &v, 8); break;
+      case DataType::bfloat16: {
+        std::uint16_t x = float_to_bf16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::int32: { auto x = static_cast<std::int32_t>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::int64: { auto x = static_cast<std::int64_t>(v); std::memcpy(p, &x, 8); break; }
+    }
+  }
+  [[nodiscard]] double get(size_t i) const {
+    const std::uint8_t* p = bytes_.data() + i * element_size(type_);
+    switch (type_) {
+      case DataType::float32: { float x; std::memcpy(&x, p, 4); return x; }
+      case DataType::float64: { double x; std::memcpy(&x, p, 8); return x; }
+      case DataType::bfloat16: { std::uint16_t x; std::memcpy(&x, p, 2); return bf16_to_float(x); }
+      case DataType::int32: { std::int32_t x; std::memcpy(&x, p, 4); return x; }
+      case DataType::int64: { std::int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
+    }
+    return 0;
+  }
+
+ private:
+  DataType type_;
+  std::vector<std::uint8_t> bytes_;
+};
+
+/// The reduction of a and b as the backends define it (exact for the test values).
+inline double apply(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::sum: return a + b;
+    case ReduceOp::prod: return a * b;
+    case ReduceOp::max: return a > b ? a : b;
+    case ReduceOp::min: return a < b ? a : b;
+  }
+  return 0;
+}
+
+/// Rank r's value for element i under op: 1..5 for sums/min/max; 1 or 2 for products so
+/// that a product over 16 ranks (at most 2^16) stays exact even in bfloat16.
+inline double test_value(ReduceOp op, int rank, size_t i) {
+  if (op == ReduceOp::prod) return 1.0 + static_cast<double>((static_cast<size_t>(rank) + i) % 2);
+  return 1.0 + static_cast<double>((static_cast<size_t>(rank) * 7 + i * 3) % 5);
+}
+
+/// Runs fn on n rank-threads and fails the test with the first failure's message.
+inline void run_ranks(int n, const std::function<void(Communicator&)>& fn,
+                      GlooOptions options = test_options()) {
+  auto r = run_local_ranks_collect(n, fn, options);
+  EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
+}
+
+}  // namespace commgrid::test

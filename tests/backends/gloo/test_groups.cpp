@@ -1,0 +1,115 @@
+// Groups made from a Gloo world: split (with and without color, keys reordering ranks),
+// member-only create_group, collective create_group_collective, and creation counts.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "gloo_test_util.hpp"
+
+namespace commgrid::test {
+namespace {
+
+// The sum of the world ranks of a group, computed over the group itself.
+std::int64_t sum_of_world_ranks(Communicator& group, int world_rank) {
+  std::int64_t v = world_rank, out = 0;
+  group.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
+  return out;
+}
+
+TEST(GlooGroups, SplitByColorOrdersByKeyAndLeavesNoColorOut) {
+  for (int n : {1, 5, 8}) {
+    run_ranks(n, [n](Communicator& w) {
+      const int me = w.rank();
+      // The last rank passes no color (when there are others); key = -rank reverses order.
+      const bool out = n > 1 && me == n - 1;
+      std::optional<std::int64_t> color;
+      if (!out) color = me % 3;
+      auto g = w.split(color, -me, "mod3#" + std::to_string(me % 3));
+      EXPECT_EQ(w.creation_calls(), 1);
+      if (out) {
+        EXPECT_EQ(g, nullptr);
+        return;
+      }
+      ASSERT_NE(g, nullptr);
+      std::vector<int> members;
+      for (int r = 0; r < n; ++r)
+        if (r % 3 == me % 3 && !(n > 1 && r == n - 1)) members.push_back(r);
+      EXPECT_EQ(g->size(), static_cast<int>(members.size()));
+      // Descending world rank by key: the highest member is rank 0.
+      const auto pos = std::find(members.rbegin(), members.rend(), me) - members.rbegin();
+      EXPECT_EQ(g->rank(), pos);
+      EXPECT_EQ(g->name(), "mod3#" + std::to_string(me % 3));
+      EXPECT_EQ(sum_of_world_ranks(*g, me), std::accumulate(members.begin(), members.end(), 0));
+      // A group splits further, and tied keys order by rank.
+      auto half = g->split(g->rank() % 2, 0, "half");
+      ASSERT_NE(half, nullptr);
+      EXPECT_EQ(half->rank(), g->rank() / 2);
+    });
+  }
+}
+
+TEST(GlooGroups, CreateGroupIsMemberOnlyAndCanBeRecreated) {
+  run_ranks(6, [](Communicator& w) {
+    const int me = w.rank();
+    if (me % 2 == 0) {  // only the even ranks take part; odd ranks go straight on
+      const std::vector<int> evens{0, 2, 4};
+      for (int round = 0; round < 2; ++round) {  // the same name twice: destroy, recreate
+        auto g = w.create_group(evens, "evens");
+        ASSERT_NE(g, nullptr);
+        EXPECT_EQ(g->size(), 3);
+        EXPECT_EQ(g->rank(), me / 2);
+        EXPECT_EQ(sum_of_world_ranks(*g, me), 6);
+      }
+      EXPECT_EQ(w.creation_calls(), 2);
+    } else {
+      EXPECT_EQ(w.creation_calls(), 0);
+    }
+    w.barrier()->wait();
+    std::vector<int> not_me{(me + 1) % 6};
+    EXPECT_THROW(w.create_group(not_me, "x"), ConfigError);
+    std::vector<int> unsorted{3, 1};
+    EXPECT_THROW(w.create_group(unsorted, "x"), ConfigError);
+  });
+}
+
+TEST(GlooGroups, CreateGroupCollectiveGivesNonMembersNullptr) {
+  run_ranks(5, [](Communicator& w) {
+    const std::vector<int> first{0, 1, 2};
+    auto g = w.create_group_collective(first, "first");
+    EXPECT_EQ(w.creation_calls(), 1);
+    if (w.rank() < 3) {
+      ASSERT_NE(g, nullptr);
+      EXPECT_EQ(g->size(), 3);
+      EXPECT_EQ(sum_of_world_ranks(*g, w.rank()), 3);
+    } else {
+      EXPECT_EQ(g, nullptr);
+    }
+    // Megatron creates every group on every rank in order; many in a row must not mix.
+    for (int k = 0; k < 4; ++k) {
+      std::vector<int> pair{k, k + 1};
+      auto p = w.create_group_collective(pair, "pair" + std::to_string(k));
+      if (w.rank() == k || w.rank() == k + 1) {
+        ASSERT_NE(p, nullptr);
+        EXPECT_EQ(sum_of_world_ranks(*p, w.rank()), 2 * k + 1);
+      }
+    }
+  });
+}
+
+TEST(GlooGroups, CreateGroupCollectiveWithDifferentArgumentsFailsOnEveryRank) {
+  auto r = run_local_ranks_collect(3, [](Communicator& w) {
+    std::vector<int> members{0, 1};
+    if (w.rank() == 2) members = {0, 2};
+    try {
+      w.create_group_collective(members, "g");
+      ADD_FAILURE() << "rank " << w.rank() << ": no error";
+    } catch (const BackendError& e) {
+      EXPECT_NE(std::string(e.what()).find("ranks 2 passed different members"), std::string::npos)
+          << e.what();
+    }
+  }, test_options());
+  EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
+}
+
+}  // namespace
+}  // namespace commgrid::test

@@ -1,0 +1,137 @@
+// `commgrid launch` end to end: real processes, the file store, output prefixes, exit codes,
+// and faults (a rank exiting non-zero, a rank killed by SIGKILL, a rank never arriving).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs commgrid with args; coreutils timeout turns a hang into exit 124.
+Result launch(const std::vector<std::string>& args, int limit_s = 60) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string stem = "commgrid-launch-test-" + std::to_string(::getpid());
+  const auto out = dir / (stem + ".out"), err = dir / (stem + ".err");
+  std::string cmd = "timeout " + std::to_string(limit_s) + " " + quote(COMMGRID_CLI);
+  for (const auto& a : args) cmd += " " + quote(a);
+  cmd += " </dev/null >" + quote(out.string()) + " 2>" + quote(err.string());
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
+  return r;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+const std::string kWorker = COMMGRID_GLOO_WORKER;
+
+TEST(Launch, FourProcessesMeetThroughTheFileStoreWithPrefixedOutput) {
+  Result r = launch({"launch", "-n", "4", "--timeout", "20", "--", kWorker, "ok"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  for (int k = 0; k < 4; ++k)
+    EXPECT_TRUE(has(r.out, "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
+                               " of 4 ok sum=6\n"))
+        << r.out;
+}
+
+TEST(Launch, EnvironmentStoreFolderPartialLinesAndStderr) {
+  Result r = launch({"launch", "-n", "2", "--timeout", "7", "--", kWorker, "env"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "[rank 1] timeout 7\n")) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 0] no newline at the end\n")) << r.out;
+  EXPECT_TRUE(has(r.err, "[rank 1] to stderr\n")) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\[rank 0\] store file://(\S+))"))) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(m[1].str())) << "store folder left behind: " << m[1];
+}
+
+TEST(Launch, ARankExitingNonZeroStopsTheOthersAndIsNamed) {
+  Result r = launch({"launch", "-n", "3", "--timeout", "60", "--", kWorker, "exit", "1", "3"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "error: rank 1 exited with code 3\n")) << r.err;
+  EXPECT_LT(r.seconds, 30) << "the others were not stopped promptly";
+}
+
+TEST(Launch, ARankKilledBySigkillIsNamedAndTheOthersEndWithoutHanging) {
+  Result r = launch({"launch", "-n", "4", "--timeout", "60", "--", kWorker, "sigkill", "2"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "error: rank 2 killed by signal 9 (SIGKILL)\n")) << r.err;
+  EXPECT_LT(r.seconds, 30) << "survivors waited for their 60 s timeout";
+}
+
+TEST(Launch, ARankThatNeverArrivesMakesTheOthersFailNamingIt) {
+  Result r = launch({"launch", "-n", "3", "--timeout", "2", "--", kWorker, "missing", "2"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(error: rank [01] exited with code 1\n)")))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "rank 2 (global 2) of 3 to arrive")) << r.err;
+  EXPECT_LT(r.seconds, 30);
+}
+
+TEST(Launch, BadUsageIsExitTwo) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"launch", "--", "true"},                       // no -n
+           {"launch", "-n", "0", "--", "true"},            // too few
+           {"launch", "-n", "2"},                          // no program
+           {"launch", "-n", "2", "--timeout", "0", "--", "true"},
+           {"launch", "-n", "x", "--", "true"},
+           {"launch", "-n", "2", "--", "/no/such/program"}}) {
+    Result r = launch(args);
+    EXPECT_EQ(r.code, 2) << args[1] << " " << args.back() << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  }
+}
+
+TEST(Launch, ExitCodeIsZeroOnlyWhenEveryRankExitsZero) {
+  EXPECT_EQ(launch({"launch", "-n", "3", "--", "sh", "-c", "exit 0"}).code, 0);
+  Result r = launch({"launch", "-n", "3", "--grace", "1", "--", "sh", "-c",
+                     "if [ $COMMGRID_RANK = 2 ]; then kill -SEGV $$; fi; sleep 30"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(has(r.err, "error: rank 2 killed by signal 11 (SIGSEGV)")) << r.err;
+  EXPECT_LT(r.seconds, 20);
+}
+
+TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = launch({"launch", "-n", "2", "--grace", "1", "--", kWorker, "sleep"}, 3);
+  // coreutils timeout sends SIGTERM after 3 s; launch stops its ranks and exits 128+15.
+  EXPECT_EQ(r.code, 143) << r.err;
+  EXPECT_TRUE(has(r.err, "interrupted by SIGTERM")) << r.err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15);
+}
+
+}  // namespace

@@ -1,0 +1,189 @@
+// The file and Redis stores: each rank opens its own store object (as separate processes or
+// machines would) and the ranks still meet; a missing rank is named through either store.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "gloo_test_util.hpp"
+
+namespace commgrid::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+/// A fresh temporary folder, removed afterwards.
+class TempFolder {
+ public:
+  TempFolder() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-test-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempFolder() { std::filesystem::remove_all(path_); }
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Ranks as threads, but each with its own store object opened from the URI.
+void run_with_own_stores(int n, const std::string& uri, std::chrono::milliseconds timeout,
+                         const std::function<void(Communicator&)>& fn, int skip_rank = -1,
+                         std::vector<std::string>* errors = nullptr) {
+  std::vector<std::string> errs(static_cast<size_t>(n));
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < n; ++r) {
+      if (r == skip_rank) continue;
+      ranks.emplace_back([&, r] {
+        try {
+          auto w = make_gloo_world(open_store(uri), r, n, test_options(timeout));
+          fn(*w);
+        } catch (const std::exception& e) {
+          errs[static_cast<size_t>(r)] = e.what();
+        }
+      });
+    }
+  }
+  if (errors) *errors = errs;
+  else
+    for (int r = 0; r < n; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+void allreduce_and_split(Communicator& w) {
+  std::int64_t v = w.rank(), out = 0;
+  w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
+  EXPECT_EQ(out, w.size() * (w.size() - 1) / 2);
+  auto g = w.split(w.rank() % 2, w.rank(), "parity");
+  ASSERT_NE(g, nullptr);
+  g->barrier()->wait();
+}
+
+TEST(GlooFileStore, RanksWithTheirOwnFileStoreMeet) {
+  TempFolder dir;
+  run_with_own_stores(4, "file://" + dir.path(), 20s, allreduce_and_split);
+}
+
+TEST(GlooFileStore, AMissingRankIsNamed) {
+  TempFolder dir;
+  std::vector<std::string> errors;
+  run_with_own_stores(3, "file://" + dir.path(), 1500ms, allreduce_and_split, 1, &errors);
+  for (int r : {0, 2}) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 1 (global 1) of 3"), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("file://" + dir.path()), std::string::npos);
+  }
+}
+
+/// A redis-server on a free loopback port, started for the test and stopped after.
+class RedisServer {
+ public:
+  RedisServer() {
+    const std::string exe = COMMGRID_REDIS_SERVER;
+    if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) return;
+    port_ = free_port();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const std::string port = std::to_string(port_);
+      ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+              "--save", "", "--appendonly", "no", "--loglevel", "warning",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Ready when it accepts connections (a few milliseconds usually).
+    for (int i = 0; i < 200 && !ready_; ++i) {
+      std::this_thread::sleep_for(25ms);
+      try {
+        make_redis_store("127.0.0.1", port_, "probe");
+        ready_ = true;
+      } catch (const BackendError&) {
+      }
+    }
+  }
+  ~RedisServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  [[nodiscard]] bool available() const { return ready_; }
+  [[nodiscard]] std::string uri(const std::string& prefix) const {
+    return "redis://127.0.0.1:" + std::to_string(port_) + "/" + prefix;
+  }
+  [[nodiscard]] int port() const { return port_; }
+
+ private:
+  static int free_port() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+  }
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool ready_ = false;
+};
+
+TEST(GlooRedisStore, RanksMeetThroughARealRedisServer) {
+  RedisServer redis;
+  if (!redis.available()) GTEST_SKIP() << "redis-server not found or did not start";
+  run_with_own_stores(4, redis.uri("job1"), 20s, allreduce_and_split);
+  // A second job on the same server with its own prefix does not collide with the first.
+  run_with_own_stores(2, redis.uri("job2"), 20s, allreduce_and_split);
+  std::vector<std::string> errors;
+  run_with_own_stores(3, redis.uri("job3"), 1500ms, allreduce_and_split, 2, &errors);
+  for (int r : {0, 1})
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 2 (global 2) of 3"), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+}
+
+TEST(GlooRedisStore, AnUnreachableServerIsABackendErrorNamingIt) {
+  int port = 0;
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    ::close(fd);
+  }
+  try {
+    make_redis_store("127.0.0.1", port);
+    ADD_FAILURE() << "connected to a closed port";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("redis://127.0.0.1:" + std::to_string(port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(GlooStore, WaitReturnsTheMissingKeysAndAbortReleasesWaiters) {
+  auto s = make_memory_store();
+  const std::string a = "a", b = "b";
+  s->set(a, std::vector<char>{'1'});
+  EXPECT_EQ(s->wait_for(std::vector<std::string>{a, b}, 50ms), std::vector<std::string>{b});
+  EXPECT_THROW(s->set(a, std::vector<char>{'2'}), BackendError);  // keys are written once
+  std::jthread aborter([&] {
+    std::this_thread::sleep_for(100ms);
+    s->abort("aborted: test");
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(s->wait_for(std::vector<std::string>{b}, 60s), AbortedError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+}  // namespace
+}  // namespace commgrid::test
