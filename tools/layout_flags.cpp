@@ -9,20 +9,20 @@ namespace commgrid::cli {
 
 void add_layout_flags(CLI::App& app, LayoutFlags& f, bool with_world_size) {
   if (with_world_size)
-    app.add_option("--world-size", f.world_size, "number of ranks W (required)");
-  app.add_option("--tp,--tensor-model-parallel-size", f.tp, "tensor parallel size (1)");
-  app.add_option("--pp,--pipeline-model-parallel-size", f.pp, "pipeline parallel size (1)");
-  app.add_option("--cp,--context-parallel-size", f.cp, "context parallel size (1)");
-  app.add_option("--ep,--expert-model-parallel-size", f.ep, "expert parallel size (1)");
-  app.add_option("--etp,--expert-tensor-parallel-size", f.etp,
+    f.options["world_size"] = app.add_option("--world-size", f.world_size, "number of ranks W (required)");
+  f.options["tp"] = app.add_option("--tp,--tensor-model-parallel-size", f.tp, "tensor parallel size (1)");
+  f.options["pp"] = app.add_option("--pp,--pipeline-model-parallel-size", f.pp, "pipeline parallel size (1)");
+  f.options["cp"] = app.add_option("--cp,--context-parallel-size", f.cp, "context parallel size (1)");
+  f.options["ep"] = app.add_option("--ep,--expert-model-parallel-size", f.ep, "expert parallel size (1)");
+  f.options["etp"] = app.add_option("--etp,--expert-tensor-parallel-size", f.etp,
                  "expert tensor parallel size (default: tp)");
-  app.add_option("--hcp,--hierarchical-context-parallel-sizes", f.hcp,
+  f.options["hcp"] = app.add_option("--hcp,--hierarchical-context-parallel-sizes", f.hcp,
                  "hierarchical cp sizes, e.g. 2,4 (product = cp)");
-  app.add_option("--dist-opt-instances,--num-distributed-optimizer-instances",
+  f.options["dist_opt_instances"] = app.add_option("--dist-opt-instances,--num-distributed-optimizer-instances",
                  f.dist_opt_instances, "distributed-optimizer instances (1)");
-  app.add_option("--vpp,--virtual-pipeline-model-parallel-size", f.vpp,
+  f.options["vpp"] = app.add_option("--vpp,--virtual-pipeline-model-parallel-size", f.vpp,
                  "virtual pipeline size (none)");
-  f.order_option = app.add_option("--order", f.order, "axis order, innermost first (tp-cp-ep-dp-pp)");
+  f.options["order"] = app.add_option("--order", f.order, "axis order, innermost first (tp-cp-ep-dp-pp)");
 }
 
 std::int64_t parse_integer(std::string_view param, std::string_view text, std::int64_t min,
@@ -68,16 +68,16 @@ ParallelConfig to_config(const LayoutFlags& f, std::optional<std::int64_t> world
   // with the spec's wording; only non-integers and overflow are caught here.
   constexpr std::int64_t lo = std::numeric_limits<std::int64_t>::min();
   auto opt = [&](const char* name, const std::string& text, std::int64_t def) {
-    return text.empty() ? def : parse_integer(name, text, lo);
+    return f.given(name) ? parse_integer(name, text, lo) : def;
   };
   if (world_size) {
-    if (!f.world_size.empty() && parse_integer("world_size", f.world_size, lo) != *world_size)
+    if (f.given("world_size") && parse_integer("world_size", f.world_size, lo) != *world_size)
       throw InvalidValueError("world_size", "world_size: --world-size " + f.world_size +
                                                 " differs from the launcher's " +
                                                 std::to_string(*world_size));
     c.world_size = *world_size;
   } else {
-    if (f.world_size.empty())
+    if (!f.given("world_size"))
       throw InvalidValueError("world_size", "world_size: --world-size is required");
     c.world_size = parse_integer("world_size", f.world_size, lo);
   }
@@ -85,11 +85,11 @@ ParallelConfig to_config(const LayoutFlags& f, std::optional<std::int64_t> world
   c.pp = opt("pp", f.pp, 1);
   c.cp = opt("cp", f.cp, 1);
   c.ep = opt("ep", f.ep, 1);
-  if (!f.etp.empty()) c.etp = parse_integer("etp", f.etp, lo);
-  if (!f.hcp.empty()) c.hcp = parse_integer_list("hcp", f.hcp, lo);
+  if (f.given("etp")) c.etp = parse_integer("etp", f.etp, lo);
+  if (f.given("hcp")) c.hcp = parse_integer_list("hcp", f.hcp, lo);
   c.dist_opt_instances = opt("dist_opt_instances", f.dist_opt_instances, 1);
-  if (!f.vpp.empty()) c.vpp = parse_integer("vpp", f.vpp, lo);
-  if (f.order_option != nullptr && f.order_option->count() > 0) c.order = f.order;
+  if (f.given("vpp")) c.vpp = parse_integer("vpp", f.vpp, lo);
+  if (f.given("order")) c.order = f.order;
   c.validate();
   return c;
 }

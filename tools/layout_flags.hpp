@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -15,7 +16,13 @@ namespace commgrid::cli {
 /// The raw text of every layout flag; parsed strictly by to_config().
 struct LayoutFlags {
   std::string world_size, tp, pp, cp, ep, etp, hcp, dist_opt_instances, vpp, order;
-  CLI::Option* order_option = nullptr;  ///< tells an explicit empty --order from none
+  /// The registered options by field name, so that an explicitly empty value ("--ep ''")
+  /// is an error instead of the default.
+  std::map<std::string, CLI::Option*> options;
+  [[nodiscard]] bool given(const std::string& field) const {
+    auto it = options.find(field);
+    return it != options.end() && it->second->count() > 0;
+  }
 };
 
 /// Adds --world-size (when with_world_size), --tp, --pp, --cp, --ep, --etp, --hcp,

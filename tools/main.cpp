@@ -33,6 +33,17 @@ int main(int argc, char** argv) {
   commands.push_back(cli::add_bench_command(app));
 
   try {
+    // CLI11 reports an unknown first word as "a subcommand is required"; name it instead.
+    std::string valid;
+    bool known = false;
+    for (const auto& c : commands) {
+      valid += (valid.empty() ? "" : ", ") + c.app->get_name();
+      known = known || (argc > 1 && c.app->get_name() == argv[1]);
+    }
+    if (argc > 1 && argv[1][0] != '-' && !known) {
+      std::cerr << "error: unknown command \"" << argv[1] << "\" (valid: " << valid << ")\n";
+      return 2;
+    }
     app.parse(argc, argv);
     for (auto& c : commands)
       if (c.app->parsed()) return c.run();
