@@ -23,7 +23,7 @@ constexpr std::chrono::seconds kVerifyTimeout{120};
 
 struct VerifyFlags {
   LayoutFlags layout;
-  std::string strategy, kinds, timeout;
+  std::string strategy, kinds, timeout, fault_rank;
 };
 
 std::string one_line(std::string s) {
@@ -43,6 +43,8 @@ int run_verify_command(const VerifyFlags& f) {
   const std::chrono::milliseconds timeout =
       f.timeout.empty() ? std::chrono::milliseconds(kVerifyTimeout)
                         : std::chrono::seconds(parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
+  if (!f.fault_rank.empty())
+    opts.fault_rank = static_cast<int>(parse_integer("fault_rank", f.fault_rank, 0, INT32_MAX));
 #if COMMGRID_HAS_MPI
   mpi::MpiEnvironment env;
   int rank = 0;
@@ -102,6 +104,8 @@ Command add_verify_command(CLI::App& root) {
   app->add_option("--kinds", flags->kinds, "only these kinds, e.g. tp,dp,pp (default: all)");
   app->add_option("--timeout", flags->timeout,
                   "seconds any rank waits for the others in one call (default 120)");
+  // Hidden (empty group): makes one rank misreport itself, to test verify's failure path.
+  app->add_option("--fault-rank", flags->fault_rank)->group("");
   app->footer("Example: mpirun -np 8 commgrid verify --tp 2 --pp 2 --cp 2\n"
               "Exit codes: 0 every group verified, 1 a check or the communication failed, "
               "2 bad input or ranks given different flags.");

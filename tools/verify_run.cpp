@@ -20,7 +20,7 @@ constexpr int kTokenTag = 7;
 // The checks of one group on this rank; returns the first failure, empty when all passed.
 // Every member runs the same sequence of collectives whatever it finds, so that a wrong
 // value on one rank never leaves the others waiting.
-std::string check_group(const ProcessGroups& pg, GroupKind k, int level) {
+std::string check_group(const ProcessGroups& pg, GroupKind k, int level, bool lie) {
   Communicator& comm = pg.group(k, level);
   const std::vector<Rank>& members = pg.global_ranks(k, level);
   std::vector<Rank> sorted = members;
@@ -40,7 +40,8 @@ std::string check_group(const ProcessGroups& pg, GroupKind k, int level) {
 
   // Membership: the communicator's ranks, in rank order, are the members sorted.
   std::vector<std::int64_t> got(static_cast<std::size_t>(comm.size()), -1);
-  comm.allgather(&me, got.data(), 1, DataType::int64)->wait();
+  const std::int64_t reported = lie ? me + pg.world_size() : me;
+  comm.allgather(&reported, got.data(), 1, DataType::int64)->wait();
   if (got != sorted) fail("allgather of global ranks gave " + list_text(got) + ", expected " + list_text(sorted));
 
   // A reduction with a known result.
@@ -111,7 +112,8 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
     v.label = st.label;
     v.alias = st.alias;
     v.groups = pg.layout().num_groups(st.kind, st.level);
-    failures.push_back(pg.has_group(st.kind, st.level) ? check_group(pg, st.kind, st.level) : "");
+    const bool lie = pg.world_rank() == options.fault_rank;
+    failures.push_back(pg.has_group(st.kind, st.level) ? check_group(pg, st.kind, st.level, lie) : "");
     report.kinds.push_back(std::move(v));
   }
 

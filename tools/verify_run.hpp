@@ -21,6 +21,9 @@ struct VerifyOptions {
   CreationStrategy strategy = kDefaultStrategy;
   /// Timeout of the created groups; nullopt keeps the world's.
   std::optional<std::chrono::milliseconds> timeout;
+  /// For testing verify itself: this world rank reports a wrong global rank in every
+  /// membership check, so that the failure path runs end to end. -1: none.
+  int fault_rank = -1;
 };
 
 /// The verdict on one kind (one hcp level), the same on every rank.
