@@ -41,7 +41,7 @@ struct PictureOptions {
 };
 
 /// The largest world a picture draws: beyond it a picture is neither readable nor small
-/// (an SVG of 16384 ranks and 5 kinds is about 15 MB).
+/// (an SVG of 16384 ranks and 5 kinds is about 21 MB).
 inline constexpr std::int64_t kMaxPictureRanks = 16384;
 
 /// Up to this many ranks, each cell prints the rank's coordinates under the rank; larger
@@ -63,7 +63,7 @@ struct PicturePanel {
 struct PictureGeometry {
   bool coordinates = false;  ///< whether cells print coordinates
   int columns = 0, rows = 0, cell_w = 0, cell_h = 0, label_w = 0;
-  int legend_h = 0;          ///< the same for every panel, so the grids line up
+  int legend_h = 0;          ///< the tallest legend (legends stand right of the grids)
   int panel_w = 0, panel_h = 0;
 };
 

@@ -17,10 +17,11 @@ constexpr int kPanelGap = 28;
 constexpr int kTitleH = 24;
 constexpr int kLegendLineH = 16;
 constexpr std::size_t kLegendGroups = 8;   // groups listed in a legend; the rest on hover
-constexpr std::size_t kLegendMembers = 10; // members printed per legend line
+constexpr std::size_t kLegendMembers = 8;  // members printed per legend line
 constexpr int kColumnHeaderH = 14;
 constexpr int kHeaderLineH = 18;
-constexpr int kMinPanelW = 250;            // room for the legend text
+constexpr int kLegendGap = 16;             // between the grid and its legend
+constexpr int kLegendW = 230;              // room for the legend text
 
 std::string hex_colour(double h, double s, double l) {
   // HSL to RGB (CSS Color 4 formula), so the palette is computed here and every SVG
@@ -161,9 +162,10 @@ PictureGeometry picture_geometry(const Layout& layout, const PictureOptions& opt
   g.label_w = 58;
   std::size_t lines = 0;
   for (const PicturePanel& p : panels) lines = std::max(lines, legend_lines(p));
-  g.legend_h = static_cast<int>(lines) * kLegendLineH + 8;
-  g.panel_w = std::max(kMinPanelW, g.label_w + g.columns * g.cell_w);
-  g.panel_h = kTitleH + g.legend_h + kColumnHeaderH + g.rows * g.cell_h;
+  g.legend_h = static_cast<int>(lines) * kLegendLineH;
+  // The legend stands right of the grid: small worlds stay compact, tall ones lose nothing.
+  g.panel_w = g.label_w + g.columns * g.cell_w + kLegendGap + kLegendW;
+  g.panel_h = kTitleH + kColumnHeaderH + std::max(g.legend_h, g.rows * g.cell_h);
   return g;
 }
 
@@ -191,23 +193,24 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
       << group_summary(p) << (expert ? " (expert grid)" : "") << "</text>\n";
 
   // Legend: the first groups with their members; the rest are in the cells' tooltips.
-  int y = kTitleH;
+  const int lx = geo.label_w + geo.columns * geo.cell_w + kLegendGap;
+  int y = kTitleH + kColumnHeaderH;
   for (std::size_t g = 0; g < p.groups.size() && g < kLegendGroups; ++g, y += kLegendLineH)
-    out << "<rect x=\"0\" y=\"" << y + 2 << "\" width=\"12\" height=\"12\" fill=\"" << p.colours[g]
-        << "\"/><text class=\"lg\" x=\"18\" y=\"" << y + 12 << "\">" << g << ": "
-        << members_text(p.groups[g]) << "</text>\n";
+    out << "<rect x=\"" << lx << "\" y=\"" << y + 2 << "\" width=\"12\" height=\"12\" fill=\""
+        << p.colours[g] << "\"/><text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12 << "\">"
+        << g << ": " << members_text(p.groups[g]) << "</text>\n";
   if (p.groups.size() > kLegendGroups) {
-    out << "<text class=\"lg\" x=\"18\" y=\"" << y + 12 << "\">... and "
+    out << "<text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12 << "\">... and "
         << p.groups.size() - kLegendGroups << " more groups</text>\n";
     y += kLegendLineH;
   }
   if (std::find(p.group_of.begin(), p.group_of.end(), -1) != p.group_of.end())
-    out << "<rect x=\"0\" y=\"" << y + 2 << "\" width=\"12\" height=\"12\" fill=\"" << kNoGroupColour
-        << "\" stroke=\"#999\"/><text class=\"lg\" x=\"18\" y=\"" << y + 12
+    out << "<rect x=\"" << lx << "\" y=\"" << y + 2 << "\" width=\"12\" height=\"12\" fill=\""
+        << kNoGroupColour << "\" stroke=\"#999\"/><text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12
         << "\">in no group of this kind</text>\n";
 
   // Column headers (local device) and row labels (node).
-  const int grid_y = kTitleH + geo.legend_h + kColumnHeaderH;
+  const int grid_y = kTitleH + kColumnHeaderH;
   for (int c = 0; c < geo.columns; ++c)
     out << "<text class=\"ax\" text-anchor=\"middle\" x=\"" << geo.label_w + c * geo.cell_w + geo.cell_w / 2
         << "\" y=\"" << grid_y - 3 << "\">" << c << "</text>";

@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 
+sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import check, finish, run  # noqa: E402
 
