@@ -257,6 +257,11 @@ class Launcher {
     }
     if (failure_) {
       std::cerr << "error: " << *failure_ << "\n";
+      if (!also_failed_.empty()) {
+        std::cerr << "note: also failed at about the same time:";
+        for (const auto& f : also_failed_) std::cerr << " " << f << ";";
+        std::cerr << "\n";
+      }
       return 1;
     }
     return 0;
@@ -350,6 +355,7 @@ class Launcher {
   }
 
   void reap(bool block) {
+    std::vector<Child*> failed_now;
     for (auto& c : children_) {
       if (!c.running) continue;
       int status = 0;
@@ -360,10 +366,21 @@ class Launcher {
       // Anything the rank started in its group goes with it.
       ::kill(-c.pid, SIGKILL);
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && !failure_ && !stopping_) failure_ = describe_status(c.rank, status);
-      if (!ok && !stopping_) begin_stop();
-      if (block) return;
+      if (!ok && !stopping_) failed_now.push_back(&c);
+      if (block) break;
     }
+    if (failed_now.empty()) return;
+    // Ranks found failed in one pass ended within moments of each other, and the order in
+    // which they are reaped is fork order, not exit order. A death by signal (a crash, the
+    // OOM killer) is likelier the cause than an exit code (often a peer's reaction to it),
+    // so it is named first; the others are listed after it.
+    std::stable_sort(failed_now.begin(), failed_now.end(), [](const Child* a, const Child* b) {
+      return WIFSIGNALED(a->status) && !WIFSIGNALED(b->status);
+    });
+    failure_ = describe_status(failed_now.front()->rank, failed_now.front()->status);
+    for (size_t i = 1; i < failed_now.size(); ++i)
+      also_failed_.push_back(describe_status(failed_now[i]->rank, failed_now[i]->status));
+    begin_stop();
   }
 
   void loop(int signal_fd) {
@@ -444,6 +461,7 @@ class Launcher {
   std::vector<std::string> command_;
   std::vector<Child> children_;
   std::optional<std::string> failure_;
+  std::vector<std::string> also_failed_;
   bool stopping_ = false;
   Clock::time_point kill_at_{};
   int interrupted_ = 0;

@@ -51,7 +51,12 @@ int run(int argc, char** argv) {
     std::cout << "rank " << w->rank() << " of " << w->size() << " ok sum=" << sum << std::endl;
     return 0;
   }
-  if (mode == "exit" && w->rank() == target) return argc > 3 ? std::atoi(argv[3]) : 1;
+  if (mode == "exit") {
+    if (w->rank() == target) return argc > 3 ? std::atoi(argv[3]) : 1;
+    // The others stay quiet: it is launch that must stop them.
+    std::this_thread::sleep_for(std::chrono::seconds(100));
+    return 0;
+  }
   if (mode == "sigkill" && w->rank() == target) ::raise(SIGKILL);
   allreduce_forever(*w);
   return 0;

@@ -33,14 +33,13 @@ std::string slurp(const std::filesystem::path& p) {
   return s.str();
 }
 
-// Runs commgrid with args; coreutils timeout turns a hang into exit 124.
-Result launch(const std::vector<std::string>& args, int limit_s = 60) {
+// Runs a shell command with stdout and stderr captured.
+Result run_shell(const std::string& command) {
   const auto dir = std::filesystem::temp_directory_path();
   const std::string stem = "commgrid-launch-test-" + std::to_string(::getpid());
   const auto out = dir / (stem + ".out"), err = dir / (stem + ".err");
-  std::string cmd = "timeout " + std::to_string(limit_s) + " " + quote(COMMGRID_CLI);
-  for (const auto& a : args) cmd += " " + quote(a);
-  cmd += " </dev/null >" + quote(out.string()) + " 2>" + quote(err.string());
+  const std::string cmd = "( " + command + " ) </dev/null >" + quote(out.string()) + " 2>" +
+                          quote(err.string());
   const auto t0 = std::chrono::steady_clock::now();
   const int status = std::system(cmd.c_str());
   Result r;
@@ -51,6 +50,13 @@ Result launch(const std::vector<std::string>& args, int limit_s = 60) {
   std::filesystem::remove(out);
   std::filesystem::remove(err);
   return r;
+}
+
+// Runs commgrid with args; coreutils timeout turns a hang into exit 124.
+Result launch(const std::vector<std::string>& args, int limit_s = 60) {
+  std::string cmd = "timeout " + std::to_string(limit_s) + " " + quote(COMMGRID_CLI);
+  for (const auto& a : args) cmd += " " + quote(a);
+  return run_shell(cmd);
 }
 
 bool has(const std::string& text, const std::string& part) {
@@ -83,6 +89,7 @@ TEST(Launch, ARankExitingNonZeroStopsTheOthersAndIsNamed) {
   Result r = launch({"launch", "-n", "3", "--timeout", "60", "--", kWorker, "exit", "1", "3"});
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(has(r.err, "error: rank 1 exited with code 3\n")) << r.err;
+  // The others would sleep 100 s: launch stopped them.
   EXPECT_LT(r.seconds, 30) << "the others were not stopped promptly";
 }
 
@@ -126,12 +133,23 @@ TEST(Launch, ExitCodeIsZeroOnlyWhenEveryRankExitsZero) {
 }
 
 TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
-  const auto t0 = std::chrono::steady_clock::now();
-  Result r = launch({"launch", "-n", "2", "--grace", "1", "--", kWorker, "sleep"}, 3);
-  // coreutils timeout sends SIGTERM after 3 s; launch stops its ranks and exits 128+15.
+  // SIGTERM to launch after 2 s: it stops its ranks (which would sleep 100 s) and exits
+  // 128+15. The ranks print their pid first so the test can check that none is left.
+  Result r = run_shell("timeout 60 " + quote(COMMGRID_CLI) + " launch -n 2 --grace 1 -- sh -c " +
+                       quote("echo pid $$; exec " + kWorker + " sleep") +
+                       " & pid=$!; sleep 2; kill -TERM $pid; wait $pid");
   EXPECT_EQ(r.code, 143) << r.err;
-  EXPECT_TRUE(has(r.err, "interrupted by SIGTERM")) << r.err;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 15);
+  EXPECT_TRUE(has(r.err, "error: interrupted by SIGTERM; stopped 2 ranks")) << r.err;
+  EXPECT_LT(r.seconds, 15);
+  std::smatch m;
+  std::string out = r.out;
+  int pids = 0;
+  while (std::regex_search(out, m, std::regex(R"(\] pid (\d+))"))) {
+    ++pids;
+    EXPECT_NE(::kill(std::stoi(m[1].str()), 0), 0) << "rank process " << m[1] << " survived";
+    out = m.suffix();
+  }
+  EXPECT_EQ(pids, 2) << r.out;
 }
 
 }  // namespace
