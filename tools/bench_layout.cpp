@@ -62,7 +62,13 @@ void use_memory_mode(MemoryMode mode) {
 }
 
 std::size_t group_list_bytes(const GroupList& groups) noexcept {
-  return groups.members().size() * sizeof(Rank) + (groups.size() + 1) * sizeof(std::size_t);
+  // GroupList keeps offsets only when its groups differ in size (one per group, plus one);
+  // its public interface does not say, so uniformity is checked here.
+  bool uniform = true;
+  for (std::size_t i = 1; i < groups.size() && uniform; ++i)
+    uniform = groups[i].size() == groups[0].size();
+  const std::size_t offsets = uniform ? 0 : groups.size() + 1;
+  return groups.members().size() * sizeof(Rank) + offsets * sizeof(std::size_t);
 }
 
 std::unique_ptr<std::int64_t[]> write_integers(std::size_t n, std::int64_t first) {

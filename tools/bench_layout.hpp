@@ -32,7 +32,7 @@ inline constexpr std::array<GroupKind, 7> kQueryKinds = {
 /// of 128 ranks). Validated; throws ConfigError for a world it does not fit.
 ParallelConfig bench_config(std::int64_t world_size);
 
-/// Bytes a GroupList holds: its members plus its offsets (one per group, plus one).
+/// Bytes a GroupList holds: its members, plus its offsets when its groups differ in size.
 std::size_t group_list_bytes(const GroupList& groups) noexcept;
 
 /// The baseline: n int64 values (first, first+1, ...) written into newly allocated memory,

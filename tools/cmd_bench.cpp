@@ -1,6 +1,9 @@
 // `commgrid bench layout|init|collectives`: the benchmarks of docs/benchmarks.md with the
 // command's own timing loops (no Google Benchmark needed), printed as a table or JSON.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -8,14 +11,33 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_layout.hpp"
+#include "bench_runtime.hpp"
 #include "command.hpp"
+#include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
+#include "commgrid/process_groups.hpp"
 #include "layout_flags.hpp"
+#if COMMGRID_HAS_MPI
+#include "commgrid/mpi.hpp"
+#endif
+#if COMMGRID_HAS_GLOO
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "commgrid/gloo.hpp"
+#include "commgrid/local_ranks.hpp"
+#endif
 
 namespace commgrid::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
+using bench::DirectCollectives;
 
 struct BenchLayoutOptions {
   std::string worlds, query_worlds, repeats = "5", queries = "100000", memory = "warm",
@@ -173,6 +195,285 @@ int run_bench_layout(const BenchLayoutOptions& o) {
   return 0;
 }
 
+
+// ---- init and collectives: real ranks ----------------------------------------------
+
+/// Flags shared by `bench init` and `bench collectives`.
+struct RuntimeFlags {
+  std::string backend = "mpi", local, timeout = "600", format = "table", direct = "blocking";
+};
+
+struct BenchInitFlags {
+  RuntimeFlags rt;
+  LayoutFlags layout;
+  std::string strategies = "split,member,per-group", repeats = "5";
+};
+
+struct BenchCollectivesFlags {
+  RuntimeFlags rt;
+  std::string sizes = "1KiB,64MiB", iterations = "1000";
+};
+
+/// What a runtime benchmark does once its world exists; returns the text rank 0 prints.
+using WorldJob = std::function<std::string(Communicator& world, DirectCollectives* direct)>;
+
+std::string fold(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+#if COMMGRID_HAS_MPI
+/// MPI called directly on the same communicator that commgrid's world wraps.
+class MpiDirect final : public DirectCollectives {
+ public:
+  /// nonblocking: MPI_Iallreduce + MPI_Wait, the same MPI algorithm that commgrid's MPI
+  /// backend starts (it polls MPI_Test for its timeout), so that only commgrid's own cost
+  /// differs; otherwise the blocking calls, which Open MPI may serve with another algorithm.
+  MpiDirect(MPI_Comm comm, bool nonblocking) : comm_(comm), nonblocking_(nonblocking) {}
+  void allreduce(const float* send, float* recv, std::size_t count) override {
+    const int n = static_cast<int>(count);
+    if (!nonblocking_) {
+      check(MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+      return;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req), "MPI_Iallreduce");
+    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
+  void allgather(const float* send, float* recv, std::size_t count) override {
+    const int n = static_cast<int>(count);
+    if (!nonblocking_) {
+      check(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_), "MPI_Allgather");
+      return;
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Iallgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_, &req), "MPI_Iallgather");
+    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
+  [[nodiscard]] std::string description() const override {
+    return nonblocking_ ? "MPI_Iallreduce / MPI_Iallgather + MPI_Wait"
+                        : "MPI_Allreduce / MPI_Allgather";
+  }
+
+ private:
+  static void check(int rc, const char* op) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw BackendError(std::string("bench: direct ") + op + ": " + std::string(text, len));
+  }
+  MPI_Comm comm_;
+  bool nonblocking_;
+};
+#endif
+
+/// Runs `job` on every rank of an MPI world (this process is one rank of an mpirun job);
+/// rank 0 prints. `prepare` checks the input once the world size is known, on every rank
+/// alike, so that bad input ends every rank with exit 2 before any communication.
+int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
+               const WorldJob& job) {
+#if COMMGRID_HAS_MPI
+  const auto timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
+  mpi::MpiEnvironment env;
+  const std::unique_ptr<mpi::MpiCommunicator> world = mpi::world(timeout);
+  const int rank = world->rank();
+  try {
+    prepare(world->size());
+  } catch (const ConfigError& e) {
+    if (rank == 0) std::cerr << "error: " << fold(e.what()) << "\n";
+    return 2;
+  }
+  std::string text;
+  try {
+    MpiDirect direct(world->native(), rt.direct == "nonblocking");
+    text = job(*world, &direct);
+  } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
+    if (rank == 0) std::cerr << "error: " << fold(e.what()) << "\n";
+    return 2;
+  } catch (const Error& e) {
+    // Possibly this rank's alone: end the job rather than leave the others waiting.
+    std::cerr << "error: rank " << rank << ": " << fold(e.what()) << std::endl;
+    mpi::MpiEnvironment::abort(1);
+  }
+  if (rank == 0) std::cout << text << std::flush;
+  return 0;
+#else
+  (void)rt;
+  (void)prepare;
+  (void)job;
+  throw ConfigError("backend",
+                    "bench: this build of commgrid has no MPI backend; install an MPI (e.g. "
+                    "libopenmpi-dev) and rebuild with -DCOMMGRID_WITH_MPI=ON, or use --backend gloo");
+#endif
+}
+
+
+#if COMMGRID_HAS_GLOO
+/// Gloo called directly: its own full-mesh context over the same TCP transport on
+/// loopback, set up on first use (init does not need it), the algorithms called as Gloo's
+/// documentation shows (separate input and output, Gloo's own vectorized sum).
+class GlooDirect final : public DirectCollectives {
+ public:
+  GlooDirect(::gloo::rendezvous::Store& store, int rank, int size,
+             std::chrono::milliseconds timeout)
+      : store_(store), rank_(rank), size_(size), timeout_(timeout) {}
+  void allreduce(const float* send, float* recv, std::size_t count) override {
+    ::gloo::AllreduceOptions opts(context());
+    opts.setInput(const_cast<float*>(send), count);
+    opts.setOutput(recv, count);
+    opts.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+    opts.setTag(tag_++);
+    opts.setTimeout(timeout_);
+    guard("allreduce", [&] { ::gloo::allreduce(opts); });
+  }
+  void allgather(const float* send, float* recv, std::size_t count) override {
+    ::gloo::AllgatherOptions opts(context());
+    opts.setInput(const_cast<float*>(send), count);
+    opts.setOutput(recv, count * static_cast<std::size_t>(size_));
+    opts.setTag(tag_++);
+    opts.setTimeout(timeout_);
+    guard("allgather", [&] { ::gloo::allgather(opts); });
+  }
+  [[nodiscard]] std::string description() const override {
+    return "gloo::allreduce / gloo::allgather on a plain gloo context";
+  }
+
+ private:
+  const std::shared_ptr<::gloo::Context>& context() {
+    if (!ctx_) {
+      guard("connect", [&] {
+        ::gloo::transport::tcp::attr attr;
+        attr.hostname = "127.0.0.1";
+        auto device = ::gloo::transport::tcp::CreateDevice(attr);
+        ::gloo::rendezvous::PrefixStore prefixed("bench-direct", store_);
+        auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
+        ctx->setTimeout(timeout_);
+        ctx->connectFullMesh(prefixed, device);
+        ctx_ = std::move(ctx);
+      });
+    }
+    return ctx_;
+  }
+  template <typename F>
+  static void guard(const char* op, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      throw BackendError(std::string("bench: direct gloo ") + op + ": " + fold(e.what()));
+    }
+  }
+  ::gloo::rendezvous::Store& store_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<::gloo::Context> ctx_;
+  int tag_ = 0;
+};
+#endif
+
+/// Runs `job` on --local N ranks, each a thread of this process over Gloo; rank 0's text
+/// is printed. Bad input throws ConfigError before any thread starts.
+int run_on_gloo(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
+                const WorldJob& job) {
+#if COMMGRID_HAS_GLOO
+  if (rt.local.empty())
+    throw ConfigError("local", "local: --backend gloo needs --local N (N ranks as threads of "
+                               "this process)");
+  const int n = static_cast<int>(parse_integer("local", rt.local, 1, 4096));
+  const auto timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
+  prepare(n);
+  GlooOptions options;
+  options.timeout = timeout;
+  ::gloo::rendezvous::HashStore direct_store;  // thread-safe; the direct contexts meet here
+  std::string text;
+  run_local_ranks(
+      n,
+      [&](Communicator& world) {
+        GlooDirect direct(direct_store, world.rank(), world.size(), timeout);
+        std::string mine = job(world, &direct);
+        if (world.rank() == 0) text = std::move(mine);
+      },
+      options);
+  std::cout << text << std::flush;
+  return 0;
+#else
+  (void)rt;
+  (void)prepare;
+  (void)job;
+  throw ConfigError("backend",
+                    "bench: this build of commgrid has no Gloo backend; install Gloo (e.g. "
+                    "libgloo-dev) and rebuild with -DCOMMGRID_WITH_GLOO=ON, or use --backend mpi");
+#endif
+}
+
+int run_world(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
+              const WorldJob& job) {
+  check_format(rt.format);
+  if (rt.direct != "blocking" && rt.direct != "nonblocking")
+    throw ConfigError("direct", "direct: unknown reference \"" + rt.direct +
+                                    "\" (valid: blocking, nonblocking)");
+  if (rt.backend == "mpi") {
+    if (!rt.local.empty())
+      throw ConfigError("local", "local: --local is for --backend gloo (under MPI the launcher "
+                                 "sets the number of ranks)");
+    return run_on_mpi(rt, prepare, job);
+  }
+  if (rt.backend == "gloo") return run_on_gloo(rt, prepare, job);
+  throw ConfigError("backend", "backend: unknown backend \"" + rt.backend + "\" (valid: mpi, gloo)");
+}
+
+std::vector<CreationStrategy> parse_strategies(const std::string& text) {
+  std::vector<CreationStrategy> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', start);
+    const CreationStrategy s = parse_strategy(
+        std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (std::find(out.begin(), out.end(), s) != out.end())
+      throw InvalidValueError("strategies", "strategies: \"" + std::string(strategy_name(s)) +
+                                                "\" is given twice");
+    out.push_back(s);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+int run_bench_init(const BenchInitFlags& f) {
+  const std::vector<CreationStrategy> strategies = parse_strategies(f.strategies);
+  const int repeats = static_cast<int>(parse_integer("repeats", f.repeats, 1, 1000));
+  auto config = std::make_shared<ParallelConfig>();
+  return run_world(
+      f.rt, [&](int world_size) { *config = to_config(f.layout, world_size); },
+      [&](Communicator& world, DirectCollectives*) {
+        const bench::InitResult r = bench::run_init_bench(world, *config, strategies, repeats);
+        return f.rt.format == "json" ? bench::init_json(r, *config).dump(2) + "\n"
+                                     : bench::init_table(r, *config);
+      });
+}
+
+int run_bench_collectives(const BenchCollectivesFlags& f) {
+  const std::vector<std::size_t> sizes = bench::parse_sizes("sizes", f.sizes);
+  const int iterations = static_cast<int>(parse_integer("iterations", f.iterations, 1, 10000000));
+  return run_world(
+      f.rt, [](int) {},
+      [&](Communicator& world, DirectCollectives* direct) {
+        const bench::CollectivesResult r =
+            bench::run_collectives_bench(world, *direct, sizes, iterations);
+        return f.rt.format == "json" ? bench::collectives_json(r).dump(2) + "\n"
+                                     : bench::collectives_table(r);
+      });
+}
+
+void add_runtime_flags(CLI::App& app, RuntimeFlags& rt) {
+  app.add_option("--backend", rt.backend, "mpi (default; run under mpirun) or gloo");
+  app.add_option("--local", rt.local, "with --backend gloo: N ranks as threads in this process");
+  app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)");
+  app.add_option("--format", rt.format, "table (default) or json");
+}
+
 }  // namespace
 
 Command add_bench_command(CLI::App& root) {
@@ -194,8 +495,32 @@ Command add_bench_command(CLI::App& root) {
                      "for lists and baselines alike)");
   layout->add_option("--format", lo->format, "table (default) or json");
 
-  return {app, [app, layout, lo]() -> int {
+  auto fi = std::make_shared<BenchInitFlags>();
+  CLI::App* init = app->add_subcommand(
+      "init", "time ProcessGroups::initialize with each creation strategy on real ranks");
+  add_layout_flags(*init, fi->layout, /*with_world_size=*/true);
+  init->add_option("--strategies", fi->strategies, "split,member,per-group (default: all three)");
+  init->add_option("--repeats", fi->repeats, "repetitions; the fastest counts (5)");
+  add_runtime_flags(*init, fi->rt);
+  init->footer("Example: mpirun --oversubscribe -np 16 commgrid bench init --tp 2 --pp 2\n"
+               "         commgrid bench init --backend gloo --local 16 --tp 2 --pp 2");
+
+  auto fc = std::make_shared<BenchCollectivesFlags>();
+  CLI::App* coll = app->add_subcommand(
+      "collectives", "allreduce and allgather through commgrid vs the backend called directly");
+  coll->add_option("--sizes", fc->sizes, "bytes per rank, e.g. 1KiB,64MiB (default)");
+  coll->add_option("--iterations", fc->iterations,
+                   "calls of each kind per size (1000; fewer for large sizes, at least 5)");
+  add_runtime_flags(*coll, fc->rt);
+  coll->add_option("--direct", fc->rt.direct,
+                   "MPI reference: blocking (MPI_Allreduce, default) or nonblocking "
+                   "(MPI_Iallreduce + MPI_Wait, the algorithm commgrid's MPI backend uses)");
+  coll->footer("Example: mpirun --oversubscribe -np 4 commgrid bench collectives");
+
+  return {app, [app, layout, lo, init, fi, coll, fc]() -> int {
             if (layout->parsed()) return run_bench_layout(*lo);
+            if (init->parsed()) return run_bench_init(*fi);
+            if (coll->parsed()) return run_bench_collectives(*fc);
             throw ConfigError("bench", "bench: no benchmark given (layout, init, collectives)");
           }};
 }
