@@ -1,6 +1,8 @@
 // `commgrid verify`: create the groups on real ranks (under mpirun) and prove each one.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <iostream>
 #include <memory>
 
@@ -13,6 +15,9 @@
 #if COMMGRID_HAS_MPI
 #include "commgrid/mpi.hpp"
 #endif
+#if COMMGRID_HAS_GLOO
+#include "verify_gloo.hpp"
+#endif
 
 namespace commgrid::cli {
 namespace {
@@ -23,7 +28,7 @@ constexpr std::chrono::seconds kVerifyTimeout{120};
 
 struct VerifyFlags {
   LayoutFlags layout;
-  std::string strategy, kinds, timeout, fault_rank;
+  std::string strategy, kinds, timeout, fault_rank, backend, local;
 };
 
 std::string one_line(std::string s) {
@@ -45,6 +50,25 @@ int run_verify_command(const VerifyFlags& f) {
                         : std::chrono::seconds(parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
   if (!f.fault_rank.empty())
     opts.fault_rank = static_cast<int>(parse_integer("fault_rank", f.fault_rank, 0, INT32_MAX));
+  // Gloo when asked, or by default with --local or under a store launcher (COMMGRID_RANK,
+  // set by commgrid launch); MPI otherwise.
+  const std::string backend = !f.backend.empty() ? f.backend
+                              : (!f.local.empty() || std::getenv("COMMGRID_RANK")) ? "gloo"
+                                                                                  : "mpi";
+  if (backend != "mpi" && backend != "gloo")
+    throw InvalidValueError("backend", "backend: expected mpi or gloo, got '" + backend + "'");
+  if (backend == "mpi" && !f.local.empty())
+    throw ConfigError("local", "local: --local runs ranks as threads and needs --backend gloo");
+  if (backend == "gloo") {
+#if COMMGRID_HAS_GLOO
+    std::optional<int> local;
+    if (!f.local.empty()) local = static_cast<int>(parse_integer("local", f.local, 1, 1024));
+    return run_verify_gloo(f.layout, opts, timeout, local);
+#else
+    throw ConfigError("backend", "verify: this build of commgrid has no Gloo backend; install "
+                                 "libgloo-dev and rebuild with -DCOMMGRID_WITH_GLOO=ON");
+#endif
+  }
 #if COMMGRID_HAS_MPI
   mpi::MpiEnvironment env;
   int rank = 0;
@@ -104,9 +128,15 @@ Command add_verify_command(CLI::App& root) {
   app->add_option("--kinds", flags->kinds, "only these kinds, e.g. tp,dp,pp (default: all)");
   app->add_option("--timeout", flags->timeout,
                   "seconds any rank waits for the others in one call (default 120)");
+  app->add_option("--backend", flags->backend,
+                  "mpi (under mpirun) or gloo (--local N, or under commgrid launch); default: "
+                  "gloo with --local or COMMGRID_RANK set, else mpi");
+  app->add_option("--local", flags->local,
+                  "run N ranks as threads of this process (Gloo, no launcher needed)");
   // Hidden (empty group): makes one rank misreport itself, to test verify's failure path.
   app->add_option("--fault-rank", flags->fault_rank)->group("");
   app->footer("Example: mpirun -np 8 commgrid verify --tp 2 --pp 2 --cp 2\n"
+              "         commgrid verify --backend gloo --local 8 --tp 2 --pp 2 --ep 2\n"
               "Exit codes: 0 every group verified, 1 a check or the communication failed, "
               "2 bad input or ranks given different flags.");
   return {app, [flags] { return run_verify_command(*flags); }};

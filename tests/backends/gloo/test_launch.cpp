@@ -153,3 +153,41 @@ TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
 }
 
 }  // namespace
+
+// ---- commgrid verify on Gloo ------------------------------------------------------
+
+namespace {
+
+TEST(VerifyGloo, EightRankThreadsOnAMoeConfigPrintTheTable) {
+  Result r = launch({"verify", "--backend", "gloo", "--local", "8", "--tp", "2", "--pp", "2",
+                     "--ep", "2", "--timeout", "30"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "tp_ep_pp")) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 8 ranks\n$)")))
+      << r.out;
+}
+
+TEST(VerifyGloo, UnderLaunchWithTheEnvironmentStore) {
+  // No --backend: COMMGRID_RANK from launch selects Gloo.
+  Result r = launch({"launch", "-n", "4", "--timeout", "30", "--", COMMGRID_CLI, "verify",
+                     "--tp", "2", "--pp", "2", "--strategy", "split"});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\[rank 0\] verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+      << r.out;
+  EXPECT_FALSE(has(r.out, "[rank 1] verified")) << "only rank 0 prints the table";
+}
+
+TEST(VerifyGloo, BadInputIsExitTwoAndAFailedCheckIsExitOne) {
+  Result bad = launch({"verify", "--backend", "gloo", "--local", "8", "--tp", "3"});
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_TRUE(has(bad.err, "error: world_size 8 is not divisible")) << bad.err;
+  EXPECT_EQ(launch({"verify", "--backend", "mpi", "--local", "2"}).code, 2);
+  EXPECT_EQ(launch({"verify", "--backend", "nccl", "--local", "2"}).code, 2);
+  EXPECT_EQ(launch({"verify", "--backend", "gloo", "--local", "0"}).code, 2);
+  Result fault = launch({"verify", "--backend", "gloo", "--local", "4", "--tp", "2",
+                         "--fault-rank", "1", "--timeout", "30"});
+  EXPECT_EQ(fault.code, 1) << fault.out << fault.err;
+  EXPECT_TRUE(has(fault.err, "error: verify failed:")) << fault.err;
+}
+
+}  // namespace
