@@ -158,6 +158,23 @@ std::vector<Rank> Layout::embedding_members(GroupKind k, std::span<const Rank> p
   return {pp_group.front(), pp_group.back()};
 }
 
+GroupList Layout::default_embedding_groups(GroupKind k) const {
+  // The pp groups' first members are the ranks whose pp coordinate is 0, ascending; the
+  // last members are those plus (pp-1) pp strides. No pp group is materialized.
+  const std::int64_t P = config_.pp, S = dense_.stride(Axis::pp);
+  const std::int64_t n = world_size() / P;
+  const bool two = k == GroupKind::embd && P > 1;
+  GroupList out;
+  Rank* dst = out.assign_uniform(static_cast<std::size_t>(n), two ? 2 : 1).data();
+  const Rank last = (P - 1) * S;
+  for (Rank block = 0; block < world_size(); block += S * P)
+    for (Rank r = block; r < block + S; ++r) {
+      *dst++ = r;
+      if (two) *dst++ = r + last;
+    }
+  return out;
+}
+
 void Layout::check_policy_results() const {
   const GroupList pp_groups = dense_.groups({Axis::pp});
   for (GroupKind k : {GroupKind::embd, GroupKind::pos_embd}) {
@@ -204,6 +221,9 @@ GroupList Layout::groups(GroupKind k, int level) const {
   switch (k) {
     case GroupKind::embd:
     case GroupKind::pos_embd: {
+      const EmbeddingPolicy& policy =
+          k == GroupKind::embd ? policies_.embedding : policies_.position_embedding;
+      if (!policy) return default_embedding_groups(k);
       const GroupList pp_groups = dense_.groups({Axis::pp});
       out.reserve(pp_groups.size(), pp_groups.size() * 2);
       for (std::size_t i = 0; i < pp_groups.size(); ++i)
@@ -216,18 +236,20 @@ GroupList Layout::groups(GroupKind k, int level) const {
         hierarchical_split(cp_groups[i], config_.hcp, level, out);
       return out;
     }
-    case GroupKind::intra_dp_cp: {
-      const GroupList parents = dense_.groups({Axis::dp, Axis::cp});
-      const std::array<std::int64_t, 2> split = {dp_ * config_.cp / N, N};
-      for (std::size_t i = 0; i < parents.size(); ++i) hierarchical_split(parents[i], split, 0, out);
+    case GroupKind::intra_dp_cp:
+    case GroupKind::intra_expt_dp: {
+      // Level 0 of [size/N, N] is consecutive chunks of each parent: the parents' members
+      // in the same order, cut N times finer.
+      out = k == GroupKind::intra_dp_cp ? dense_.groups({Axis::dp, Axis::cp})
+                                        : expert_.groups({Axis::dp});
+      out.regroup(out.empty() ? 1 : out[0].size() / static_cast<std::size_t>(N));
       return out;
     }
-    case GroupKind::intra_expt_dp:
     case GroupKind::inter_dist_opt: {
       const GroupList parents = expert_.groups({Axis::dp});
       const std::array<std::int64_t, 2> split = {edp_ / N, N};
-      const int lvl = k == GroupKind::intra_expt_dp ? 0 : 1;
-      for (std::size_t i = 0; i < parents.size(); ++i) hierarchical_split(parents[i], split, lvl, out);
+      out.reserve(parents.size() * static_cast<std::size_t>(edp_ / N), parents.members().size());
+      for (std::size_t i = 0; i < parents.size(); ++i) hierarchical_split(parents[i], split, 1, out);
       return out;
     }
     case GroupKind::intra_dist_opt: {

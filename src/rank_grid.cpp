@@ -95,20 +95,44 @@ GroupList RankGrid::groups(AxisSet masked) const {
   const Split s = split_axes(order_, masked);
   const std::int64_t g = group_size(masked);
   const std::int64_t n = world_size_ / g;
-  // Offsets of the members relative to the group's base, computed once; each group is
-  // then its base plus these offsets. Bases advance like an odometer over the unmasked
-  // axes (first unmasked axis fastest).
+  // Offsets of the members relative to the group's base, computed once; every group is
+  // its base plus these offsets. The first unmasked axis (the fastest-moving group digit)
+  // is a tight loop; the other unmasked axes advance like an odometer.
   std::vector<Rank> offsets(static_cast<std::size_t>(g));
-  for (std::int64_t k = 0; k < g; ++k) offsets[static_cast<std::size_t>(k)] = member(masked, 0, k);
+  {
+    std::array<std::int64_t, kNumAxes> digit{};
+    Rank off = 0;
+    for (std::int64_t k = 0; k < g; ++k) {
+      offsets[static_cast<std::size_t>(k)] = off;
+      for (int j = 0; j < s.n_masked; ++j) {  // odometer over the masked axes
+        const Axis a = s.masked[j];
+        off += strides_[idx(a)];
+        if (++digit[j] < sizes_[idx(a)]) break;
+        off -= digit[j] * strides_[idx(a)];
+        digit[j] = 0;
+      }
+    }
+  }
   GroupList out;
-  std::span<Rank> buf = out.assign_uniform(static_cast<std::size_t>(n), static_cast<std::size_t>(g));
+  Rank* __restrict dst =
+      out.assign_uniform(static_cast<std::size_t>(n), static_cast<std::size_t>(g)).data();
+  const Rank* __restrict off = offsets.data();
+  const std::int64_t inner = s.n_unmasked > 0 ? sizes_[idx(s.unmasked[0])] : 1;
+  const std::int64_t inner_stride = s.n_unmasked > 0 ? strides_[idx(s.unmasked[0])] : 0;
   std::array<std::int64_t, kNumAxes> digit{};
   Rank base = 0;
-  Rank* dst = buf.data();
-  for (std::int64_t q = 0; q < n; ++q) {
-    for (std::int64_t k = 0; k < g; ++k) dst[k] = base + offsets[static_cast<std::size_t>(k)];
-    dst += g;
-    for (int j = 0; j < s.n_unmasked; ++j) {
+  for (std::int64_t outer = n / inner; outer > 0; --outer) {
+    if (g == 1) {
+      for (std::int64_t d = 0; d < inner; ++d) dst[d] = base + d * inner_stride;
+      dst += inner;
+    } else {
+      for (std::int64_t d = 0; d < inner; ++d) {
+        const Rank b = base + d * inner_stride;
+        for (std::int64_t k = 0; k < g; ++k) dst[k] = b + off[k];
+        dst += g;
+      }
+    }
+    for (int j = 1; j < s.n_unmasked; ++j) {
       const Axis a = s.unmasked[j];
       base += strides_[idx(a)];
       if (++digit[j] < sizes_[idx(a)]) break;

@@ -89,6 +89,7 @@ class Layout {
   [[nodiscard]] std::vector<Rank> embedding_members(GroupKind k,
                                                     std::span<const Rank> pp_group) const;
   void check_policy_results() const;
+  [[nodiscard]] GroupList default_embedding_groups(GroupKind k) const;
 
   ParallelConfig config_;
   EmbeddingPolicies policies_;
