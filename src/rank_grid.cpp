@@ -91,6 +91,17 @@ std::vector<Rank> RankGrid::group_of(AxisSet masked, Rank r) const {
   return members;
 }
 
+void RankGrid::advance(const std::array<Axis, kNumAxes>& axes, int first, int count,
+                       std::array<std::int64_t, kNumAxes>& digit, Rank& rank) const noexcept {
+  for (int j = first; j < count; ++j) {
+    const Axis a = axes[static_cast<std::size_t>(j)];
+    rank += strides_[idx(a)];
+    if (++digit[static_cast<std::size_t>(j)] < sizes_[idx(a)]) return;
+    rank -= digit[static_cast<std::size_t>(j)] * strides_[idx(a)];
+    digit[static_cast<std::size_t>(j)] = 0;
+  }
+}
+
 GroupList RankGrid::groups(AxisSet masked) const {
   const Split s = split_axes(order_, masked);
   const std::int64_t g = group_size(masked);
@@ -104,13 +115,7 @@ GroupList RankGrid::groups(AxisSet masked) const {
     Rank off = 0;
     for (std::int64_t k = 0; k < g; ++k) {
       offsets[static_cast<std::size_t>(k)] = off;
-      for (int j = 0; j < s.n_masked; ++j) {  // odometer over the masked axes
-        const Axis a = s.masked[j];
-        off += strides_[idx(a)];
-        if (++digit[j] < sizes_[idx(a)]) break;
-        off -= digit[j] * strides_[idx(a)];
-        digit[j] = 0;
-      }
+      advance(s.masked, 0, s.n_masked, digit, off);
     }
   }
   GroupList out;
@@ -132,13 +137,7 @@ GroupList RankGrid::groups(AxisSet masked) const {
         dst += g;
       }
     }
-    for (int j = 1; j < s.n_unmasked; ++j) {
-      const Axis a = s.unmasked[j];
-      base += strides_[idx(a)];
-      if (++digit[j] < sizes_[idx(a)]) break;
-      base -= digit[j] * strides_[idx(a)];
-      digit[j] = 0;
-    }
+    advance(s.unmasked, 1, s.n_unmasked, digit, base);
   }
   return out;
 }

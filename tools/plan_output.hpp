@@ -106,4 +106,8 @@ void write_topology_table(std::ostream& out, const TopologyReport& report);
 /// "kinds": [...], "warnings": [{"kind", "message", "order"}]}.
 nlohmann::ordered_json topology_json(const TopologyReport& report);
 
+/// Escapes &, <, > and " for XML and HTML text and attribute values (the config is user
+/// input, and "</" must never end an inline script).
+std::string xml_escape(std::string_view s);
+
 }  // namespace commgrid::cli

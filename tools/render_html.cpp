@@ -135,21 +135,6 @@ g.c.hl rect{stroke:#000;stroke-width:2}
 g.c.cur rect{stroke:#d00000;stroke-width:3}
 )CSS";
 
-// Escapes text for HTML content (the config is user input; "</" never ends a script).
-std::string html_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptions& opt) {
@@ -186,12 +171,12 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
       // A data: icon, so that no browser asks a server for favicon.ico.
       << "<link rel=\"icon\" href=\"data:,\">\n"
-      << "<title>" << html_escape(title) << "</title>\n"
+      << "<title>" << xml_escape(title) << "</title>\n"
       << "<style>" << kCss << svg_panel_css() << "</style>\n"
       // Installed first, so that an error anywhere later is still recorded for tests.
       << "<script>addEventListener(\"error\",function(e){var d=document.documentElement;"
          "d.dataset.errors=(d.dataset.errors||\"\")+e.message+\";\"});</script>\n"
-      << "</head>\n<body>\n<header>\n<h1>" << html_escape(title) << " (innermost first)</h1>\n"
+      << "</head>\n<body>\n<header>\n<h1>" << xml_escape(title) << " (innermost first)</h1>\n"
       << "<p>dense tp " << c.tp << " &times; cp " << c.cp << " &times; dp " << layout.dp()
       << " &times; pp " << c.pp << " &nbsp;|&nbsp; expert etp " << c.expert_tp() << " &times; ep "
       << c.ep << " &times; edp " << layout.expert_dp() << " &times; pp " << c.pp << "</p>\n"

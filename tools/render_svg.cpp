@@ -44,19 +44,6 @@ bool is_dark(const std::string& hex) {
   return 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45;
 }
 
-std::string xml_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // Kinds built on the expert grid: their cells show expert coordinates.
 bool expert_kind(GroupKind k) {
@@ -100,6 +87,20 @@ std::string group_summary(const PicturePanel& p) {
 }
 
 }  // namespace
+
+std::string xml_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
 
 std::vector<std::string> group_colours(std::size_t n) {
   constexpr double kGoldenAngle = 137.50776405003785;

@@ -50,6 +50,10 @@ class RankGrid {
 
  private:
   static constexpr int idx(Axis a) noexcept { return static_cast<int>(a); }
+  // Steps an odometer over axes[first..count) (the first fastest) by one, moving `rank`
+  // along: the next member or group base in enumeration order.
+  void advance(const std::array<Axis, kNumAxes>& axes, int first, int count,
+               std::array<std::int64_t, kNumAxes>& digit, Rank& rank) const noexcept;
   std::array<std::int64_t, kNumAxes> sizes_{};
   std::array<std::int64_t, kNumAxes> strides_{};
   std::array<Axis, kNumAxes> order_{};

@@ -12,51 +12,16 @@
 #include <string>
 #include <vector>
 
+#include "cli_runner.hpp"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-  double seconds = 0;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs a shell command with stdout and stderr captured.
-Result run_shell(const std::string& command) {
-  const auto dir = std::filesystem::temp_directory_path();
-  const std::string stem = "commgrid-launch-test-" + std::to_string(::getpid());
-  const auto out = dir / (stem + ".out"), err = dir / (stem + ".err");
-  const std::string cmd = "( " + command + " ) </dev/null >" + quote(out.string()) + " 2>" +
-                          quote(err.string());
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::filesystem::remove(out);
-  std::filesystem::remove(err);
-  return r;
-}
+using Result = commgrid::test::CliResult;
+using commgrid::test::run_shell;
 
 // Runs commgrid with args; coreutils timeout turns a hang into exit 124.
 Result launch(const std::vector<std::string>& args, int limit_s = 60) {
-  std::string cmd = "timeout " + std::to_string(limit_s) + " " + quote(COMMGRID_CLI);
-  for (const auto& a : args) cmd += " " + quote(a);
-  return run_shell(cmd);
+  return commgrid::test::run_cli(COMMGRID_CLI, args, limit_s);
 }
 
 bool has(const std::string& text, const std::string& part) {
@@ -135,8 +100,8 @@ TEST(Launch, ExitCodeIsZeroOnlyWhenEveryRankExitsZero) {
 TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
   // SIGTERM to launch after 2 s: it stops its ranks (which would sleep 100 s) and exits
   // 128+15. The ranks print their pid first so the test can check that none is left.
-  Result r = run_shell("timeout 60 " + quote(COMMGRID_CLI) + " launch -n 2 --grace 1 -- sh -c " +
-                       quote("echo pid $$; exec " + kWorker + " sleep") +
+  Result r = run_shell("timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) + " launch -n 2 --grace 1 -- sh -c " +
+                       commgrid::test::shell_quote("echo pid $$; exec " + kWorker + " sleep") +
                        " & pid=$!; sleep 2; kill -TERM $pid; wait $pid");
   EXPECT_EQ(r.code, 143) << r.err;
   EXPECT_TRUE(has(r.err, "error: interrupted by SIGTERM; stopped 2 ranks")) << r.err;
