@@ -1,4 +1,7 @@
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -304,6 +307,48 @@ void MpiCommunicator::group_of_members(std::span<const int> members, const char*
   check(MPI_Group_incl(all.group, static_cast<int>(members.size()), members.data(), &out), op);
 }
 
+namespace {
+// Communicator creation has no nonblocking form in MPI, so a rank that never arrives would
+// hang every other rank forever. A watchdog thread bounds the call by the communicator's
+// timeout: past it, the job cannot continue (the other ranks are inside the same blocking
+// call), so it prints one line naming the call and the group and aborts the whole job,
+// which mpirun reports and ends.
+class CreationWatchdog {
+ public:
+  CreationWatchdog(std::chrono::milliseconds timeout, std::string what)
+      : what_(std::move(what)), thread_([this, timeout] { watch(timeout); }) {}
+  ~CreationWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  CreationWatchdog(const CreationWatchdog&) = delete;
+  CreationWatchdog& operator=(const CreationWatchdog&) = delete;
+
+ private:
+  void watch(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, timeout, [this] { return done_; })) return;
+    std::fprintf(stderr,
+                 "error: %s: did not complete within %.1f s (a rank did not arrive); "
+                 "aborting the job\n",
+                 what_.c_str(), static_cast<double>(timeout.count()) / 1000.0);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts after the members it reads exist
+};
+}  // namespace
+
 std::unique_ptr<Communicator> MpiCommunicator::split(std::optional<std::int64_t> color,
                                                      std::int64_t key, std::string name) {
   check_usable("split");
@@ -314,6 +359,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(std::optional<std::int64_t>
     throw BackendError("mpi split on " + this->name() + " for " + name + ": key " +
                        std::to_string(key) + " does not fit an int");
   MPI_Comm out = MPI_COMM_NULL;
+  const CreationWatchdog watchdog(timeout(), "mpi split on " + this->name() + " for " + name);
   const int rc = MPI_Comm_split(comm_, color ? static_cast<int>(*color) : MPI_UNDEFINED,
                                 static_cast<int>(key), &out);
   count_creation();
@@ -332,6 +378,7 @@ std::unique_ptr<Communicator> MpiCommunicator::create_group(std::span<const int>
                        std::to_string(rank_) + " is not a member; only members call it");
   MPI_Comm out = MPI_COMM_NULL;
   const int tag = create_group_tag(name, tag_upper_bound(comm_));
+  const CreationWatchdog watchdog(timeout(), "mpi create_group on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create_group(comm_, group.group, tag, &out);
   count_creation();
   if (rc != MPI_SUCCESS)
@@ -345,6 +392,8 @@ std::unique_ptr<Communicator> MpiCommunicator::create_group_collective(
   GroupGuard group;
   group_of_members(members, "create_group_collective", group.group);
   MPI_Comm out = MPI_COMM_NULL;
+  const CreationWatchdog watchdog(timeout(),
+                                  "mpi create_group_collective on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create(comm_, group.group, &out);
   count_creation();
   if (rc != MPI_SUCCESS)
