@@ -7,6 +7,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <unistd.h>
@@ -55,6 +56,13 @@ std::string seconds_text(Ms t) {
 // before Gloo starts, is missing) rather than Gloo's bare key list.
 std::string arrival_key(const std::string& prefix, int rank) {
   return prefix + "/arrived/" + std::to_string(rank);
+}
+
+// After connecting, each member records the address it listens on for each peer
+// ("<peer> <address>" lines). Gloo names a peer that closed its connection by that address
+// only, so a survivor looks it up here to name the rank that failed.
+std::string address_key(const std::string& prefix, int rank) {
+  return prefix + "/addresses/" + std::to_string(rank);
 }
 
 class RendezvousStore final : public ::gloo::rendezvous::Store {
@@ -117,6 +125,12 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout);
   guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
   guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+  std::string addresses;
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank) addresses += std::to_string(peer) + " " + ctx->getPair(peer)->address().str() + "\n";
+  guard(op, group, [&] {
+    shared.store->set(address_key(prefix, rank), std::span<const char>(addresses.data(), addresses.size()));
+  });
   // A member returns from connectFullMesh once its own side is connected, possibly while a
   // peer is still finishing its handshake; a member that then ended at once (destroying the
   // group) would make that peer fail. A barrier makes creation complete on all members.
@@ -185,6 +199,45 @@ class GlooCommunicator final : public Communicator {
         prefix_(std::move(prefix)) {}
 
   std::string_view backend() const noexcept override { return "gloo"; }
+
+  /// Maps the peer address in a Gloo error ("Connection closed by peer
+  /// [127.0.0.1]:29891") back to the peer's rank in this group and its global rank, from
+  /// the addresses the members recorded at creation; "" when no member's address matches.
+  std::string peer_named_in(const std::string& text) const {
+    const std::string me = std::to_string(rank()) + " ";
+    for (int i = 0; i < size(); ++i) {
+      if (i == rank()) continue;
+      try {
+        const std::string key = address_key(prefix_, i);
+        if (!shared_->store->has(key)) continue;
+        const std::vector<char> raw = shared_->store->get(key);
+        std::istringstream lines(std::string(raw.begin(), raw.end()));
+        for (std::string line; std::getline(lines, line);) {
+          if (line.rfind(me, 0) != 0) continue;
+          const std::string address = line.substr(me.size());
+          if (!address.empty() && text.find(address) != std::string::npos)
+            return "rank " + std::to_string(i) + " of " + name() + " (global rank " +
+                   std::to_string(global_ranks_[static_cast<size_t>(i)]) + ")";
+        }
+      } catch (const Error&) {
+        // The store itself may be failing too; the error stands without the name.
+      }
+    }
+    return "";
+  }
+
+  /// guard() for calls on this group's connections: a peer that closed its connection
+  /// (it died or exited) is named by its rank, not only by its address.
+  template <typename F>
+  void call(std::string_view op, F&& fn, const std::string& hint = "") {
+    try {
+      guard(op, name(), std::forward<F>(fn), hint);
+    } catch (const AbortedError& e) {
+      const std::string who = peer_named_in(e.what());
+      if (who.empty()) throw;
+      throw AbortedError(std::string(e.what()) + "; the peer that closed the connection is " + who);
+    }
+  }
   int rank() const noexcept override { return ctx_->rank; }
   int size() const noexcept override { return ctx_->size; }
 
@@ -251,7 +304,7 @@ class GlooCommunicator final : public Communicator {
       ::gloo::BarrierOptions opts(ctx_);
       opts.setTag(next_tag());
       opts.setTimeout(timeout());
-      guard("barrier", name(), [&] { ::gloo::barrier(opts); });
+      call("barrier", [&] { ::gloo::barrier(opts); });
     }
     return std::make_unique<Work>();
   }
@@ -266,7 +319,7 @@ class GlooCommunicator final : public Communicator {
       opts.setRoot(root);
       opts.setTag(next_tag());
       opts.setTimeout(timeout());
-      guard("broadcast", name(), [&] { ::gloo::broadcast(opts); });
+      call("broadcast", [&] { ::gloo::broadcast(opts); });
     }
     return std::make_unique<Work>();
   }
@@ -354,7 +407,7 @@ class GlooCommunicator final : public Communicator {
     check_buffer("send", buf, count);
     if (count == 0) return std::make_unique<Work>();
     const std::string hint = peer_text(peer, tag);
-    guard("send", name(), [&] {
+    call("send", [&] {
       auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), bytes(count, type));
       ub->send(peer, p2p_slot(tag));
       if (!ub->waitSend(timeout()))
@@ -369,7 +422,7 @@ class GlooCommunicator final : public Communicator {
     check_buffer("recv", buf, count);
     if (count == 0) return std::make_unique<Work>();
     const std::string hint = peer_text(peer, tag);
-    guard("recv", name(), [&] {
+    call("recv", [&] {
       auto ub = ctx_->createUnboundBuffer(buf, bytes(count, type));
       ub->recv(peer, p2p_slot(tag));
       if (!ub->waitRecv(timeout()))
@@ -461,7 +514,7 @@ class GlooCommunicator final : public Communicator {
     opts.setReduceFunction(reduce_function<T>(op));
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    guard("allreduce", name(), [&] { ::gloo::allreduce(opts); });
+    call("allreduce", [&] { ::gloo::allreduce(opts); });
   }
 
   template <typename T>
@@ -484,7 +537,7 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(static_cast<std::uint8_t*>(recv), block * static_cast<size_t>(size()));
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    guard(op, name(), [&] { ::gloo::allgather(opts); });
+    call(op, [&] { ::gloo::allgather(opts); });
   }
 
   void alltoall_bytes(std::string_view op, const void* send, void* recv, size_t block) {
@@ -499,7 +552,7 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(static_cast<std::uint8_t*>(recv), total);
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    guard(op, name(), [&] { ::gloo::alltoall(opts); });
+    call(op, [&] { ::gloo::alltoall(opts); });
   }
 
   std::shared_ptr<Shared> shared_;

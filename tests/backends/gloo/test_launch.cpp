@@ -156,3 +156,22 @@ TEST(VerifyGloo, BadInputIsExitTwoAndAFailedCheckIsExitOne) {
 }
 
 }  // namespace
+
+// Without launch (which would stop the survivor first): two processes over a file store,
+// rank 1 dies by SIGKILL mid-job; rank 0 fails at once and names it by rank, not only by
+// the address Gloo reports.
+TEST(GlooFaultsProcesses, ASurvivorNamesThePeerThatDied) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("commgrid-dies-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string env = "COMMGRID_WORLD_SIZE=2 COMMGRID_TIMEOUT=30 COMMGRID_STORE=file://" + dir;
+  const std::string worker = commgrid::test::shell_quote(kWorker);
+  Result r = run_shell(env + " COMMGRID_RANK=0 timeout 60 " + worker + " sigkill 1 & " + env +
+                       " COMMGRID_RANK=1 timeout 60 " + worker + " sigkill 1; wait $!");
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(has(r.err, "gloo allreduce on world: ")) << r.err;
+  EXPECT_TRUE(has(r.err, "the peer that closed the connection is rank 1 of world (global rank 1)"))
+      << r.err;
+  EXPECT_LT(r.seconds, 20) << "the survivor waited for its timeout instead of failing at once";
+}
