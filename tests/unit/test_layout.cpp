@@ -1,6 +1,8 @@
 // Layout: the spec's worked examples, per-rank quantities, policies, errors, scale.
 #include <gtest/gtest.h>
 
+#include "make_config.hpp"
+
 #include <algorithm>
 
 #include "commgrid/error.hpp"
@@ -11,20 +13,11 @@ namespace {
 
 using Groups = std::vector<std::vector<Rank>>;
 
-ParallelConfig make(std::int64_t w, std::int64_t tp, std::int64_t pp, std::int64_t cp = 1,
-                    std::int64_t ep = 1) {
-  ParallelConfig c;
-  c.world_size = w;
-  c.tp = tp;
-  c.pp = pp;
-  c.cp = cp;
-  c.ep = ep;
-  return c;
-}
+using test::make_config;
 
 // Spec §8 (b): world 16, tp 2, pp 2, ep 2, etp 1, N = 2.
 TEST(Layout, ExampleBDistributedOptimizer) {
-  ParallelConfig c = make(16, 2, 2, 1, 2);
+  ParallelConfig c = make_config(16, 2, 2, 1, 2);
   c.etp = 1;
   c.dist_opt_instances = 2;
   const Layout l(c);
@@ -46,7 +39,7 @@ TEST(Layout, ExampleBDistributedOptimizer) {
 
 // Spec §8 (c): order tp-pp-dp puts pp inside dp.
 TEST(Layout, ExampleCOrderTpPpDp) {
-  ParallelConfig c = make(8, 2, 2);
+  ParallelConfig c = make_config(8, 2, 2);
   c.order = "tp-pp-dp";
   const Layout l(c);
   EXPECT_EQ(l.groups(GroupKind::pp).to_vectors(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
@@ -57,7 +50,7 @@ TEST(Layout, ExampleCOrderTpPpDp) {
 
 // Spec §7: hcp example, world 16, tp 2, cp 4, hcp [2,2].
 TEST(Layout, HierarchicalCp) {
-  ParallelConfig c = make(16, 2, 1, 4);
+  ParallelConfig c = make_config(16, 2, 1, 4);
   c.hcp = {2, 2};
   const Layout l(c);
   EXPECT_EQ(l.levels(GroupKind::hcp), 2);
@@ -75,7 +68,7 @@ TEST(Layout, HierarchicalCp) {
 
 // Spec §9: rank 5 of example (a).
 TEST(Layout, RankFiveOfExampleA) {
-  const Layout l(make(16, 2, 2, 2));
+  const Layout l(make_config(16, 2, 2, 2));
   const RankCoordinates x = l.coordinates(5);
   EXPECT_EQ(x, (RankCoordinates{1, 0, 1, 0, 1, 0, 2}));
   const auto tp = l.group_of(GroupKind::tp, 5);
@@ -95,7 +88,7 @@ TEST(Layout, RankFiveOfExampleA) {
 }
 
 TEST(Layout, MiddleStagesAreInNoEmbeddingGroup) {
-  const Layout l(make(8, 1, 4));
+  const Layout l(make_config(8, 1, 4));
   EXPECT_TRUE(l.group_of(GroupKind::embd, 0));
   EXPECT_FALSE(l.group_of(GroupKind::embd, 2));
   EXPECT_FALSE(l.group_of(GroupKind::embd, 5));
@@ -108,7 +101,7 @@ TEST(Layout, CustomPolicies) {
   // Last stage first: an unsorted list; the communicator rank is the sorted position.
   p.embedding = [](std::span<const Rank> g) { return std::vector<Rank>{g.back(), g.front()}; };
   p.position_embedding = [](std::span<const Rank> g) { return std::vector<Rank>{g[1]}; };
-  const Layout l(make(8, 1, 4), p);
+  const Layout l(make_config(8, 1, 4), p);
   EXPECT_EQ(l.groups(GroupKind::embd).to_vectors(), (Groups{{6, 0}, {7, 1}}));
   EXPECT_EQ(l.groups(GroupKind::pos_embd).to_vectors(), (Groups{{2}, {3}}));
   const auto g = l.group_of(GroupKind::embd, 6);
@@ -121,7 +114,7 @@ TEST(Layout, BadPoliciesAreRejectedAtConstruction) {
   EmbeddingPolicies p;
   p.embedding = [](std::span<const Rank> g) { return std::vector<Rank>{g.front(), 3}; };
   try {
-    Layout l(make(16, 1, 2), p);
+    Layout l(make_config(16, 1, 2), p);
     FAIL() << "accepted a policy returning a foreign rank";
   } catch (const PolicyError& e) {
     EXPECT_STREQ(e.what(),
@@ -129,16 +122,16 @@ TEST(Layout, BadPoliciesAreRejectedAtConstruction) {
                  "that group");
   }
   p.embedding = [](std::span<const Rank>) { return std::vector<Rank>{}; };
-  EXPECT_THROW(Layout(make(16, 1, 2), p), PolicyError);
+  EXPECT_THROW(Layout(make_config(16, 1, 2), p), PolicyError);
   p.embedding = {};
   p.position_embedding = [](std::span<const Rank> g) {
     return std::vector<Rank>{g.front(), g.front()};
   };
-  EXPECT_THROW(Layout(make(16, 1, 2), p), PolicyError);
+  EXPECT_THROW(Layout(make_config(16, 1, 2), p), PolicyError);
 }
 
 TEST(Layout, Errors) {
-  const Layout l(make(8, 2, 2));
+  const Layout l(make_config(8, 2, 2));
   try {
     (void)l.group_of(GroupKind::tp, 8);
     FAIL();
@@ -149,7 +142,7 @@ TEST(Layout, Errors) {
   EXPECT_THROW((void)l.groups(GroupKind::inter_dist_opt), UnknownKindError);
   EXPECT_THROW((void)l.groups(GroupKind::hcp), UnknownKindError);
   EXPECT_THROW((void)l.coordinates(100), RankOutOfRangeError);
-  EXPECT_THROW(Layout(make(8, 3, 1)), DivisibilityError);
+  EXPECT_THROW(Layout(make_config(8, 3, 1)), DivisibilityError);
   EXPECT_THROW(parse_kind("foo"), UnknownKindError);
   EXPECT_EQ(parse_kinds("tp,dp"), (std::vector<GroupKind>{GroupKind::tp, GroupKind::dp}));
   try {
@@ -170,7 +163,7 @@ TEST(Layout, KindNamesRoundTrip) {
 
 // A 2^30-rank world: one rank's small groups, computed without enumerating the world.
 TEST(Layout, BillionRankWorldAnswersOneRank) {
-  ParallelConfig c = make(std::int64_t{1} << 30, 8, 8, 2, 8);
+  ParallelConfig c = make_config(std::int64_t{1} << 30, 8, 8, 2, 8);
   c.etp = 1;
   const Layout l(c);
   const Rank r = (std::int64_t{1} << 30) - 3;

@@ -1,23 +1,15 @@
 // Node topology: spans of known layouts, the warnings, and the order search.
 #include <gtest/gtest.h>
 
+#include "make_config.hpp"
+
 #include "commgrid/error.hpp"
 #include "commgrid/topology.hpp"
 
 namespace commgrid {
 namespace {
 
-ParallelConfig make(std::int64_t w, std::int64_t tp, std::int64_t pp = 1, std::int64_t cp = 1,
-                    std::int64_t ep = 1, const char* order = kDefaultOrder) {
-  ParallelConfig c;
-  c.world_size = w;
-  c.tp = tp;
-  c.pp = pp;
-  c.cp = cp;
-  c.ep = ep;
-  c.order = order;
-  return c;
-}
+using test::make_config;
 
 KindSpan span_of(const TopologyReport& r, GroupKind k, int level = 0) {
   for (const KindSpan& s : r.kinds)
@@ -48,7 +40,7 @@ TEST(NodeMap, NodesSpannedIgnoresMemberOrder) {
 // tp 8 on 8-GPU nodes with the default order: each tp group is one node; dp strides over
 // all of them.
 TEST(Topology, DefaultOrderKeepsTpInsideNodes) {
-  const Layout l(make(64, 8));
+  const Layout l(make_config(64, 8));
   const std::vector<GroupKind> kinds = {GroupKind::tp, GroupKind::dp, GroupKind::pp};
   const TopologyReport r = check_topology(l, kinds, NodeMap(8));
   EXPECT_EQ(r.nodes, 8);
@@ -63,7 +55,7 @@ TEST(Topology, DefaultOrderKeepsTpInsideNodes) {
 // dp innermost: every tp group strides over all 8 nodes; moving tp in front of dp (one
 // swap, the smallest change) fixes it, and expt_tp (etp = tp) with it.
 TEST(Topology, DpInnermostSplitsTpAcrossNodes) {
-  const Layout l(make(64, 8, 1, 1, 1, "dp-tp-cp-ep-pp"));
+  const Layout l(make_config(64, 8, 1, 1, 1, "dp-tp-cp-ep-pp"));
   const NodeMap nodes(8);
   const std::vector<GroupKind> kinds = {GroupKind::tp};
   const TopologyReport r = check_topology(l, kinds, nodes);
@@ -85,13 +77,13 @@ TEST(Topology, DpInnermostSplitsTpAcrossNodes) {
 
 // The suggestion keeps the user's tokens (an order that omits size-1 axes stays short).
 TEST(Topology, SuggestionPermutesTheGivenTokens) {
-  const ParallelConfig c = make(64, 8, 1, 1, 1, "dp-tp");
+  const ParallelConfig c = make_config(64, 8, 1, 1, 1, "dp-tp");
   EXPECT_EQ(suggest_order(c, GroupKind::tp, NodeMap(8)), "tp-dp");
 }
 
 // ep groups on the expert grid: dp before ep spreads them; swapping the two fixes it.
 TEST(Topology, ExpertParallelAcrossNodes) {
-  const Layout l(make(16, 1, 1, 1, 4, "tp-cp-dp-ep-pp"));
+  const Layout l(make_config(16, 1, 1, 1, 4, "tp-cp-dp-ep-pp"));
   const NodeMap nodes(4);
   const TopologyReport r = check_topology(l, std::vector<GroupKind>{GroupKind::ep}, nodes);
   EXPECT_EQ(span_of(r, GroupKind::ep), (KindSpan{GroupKind::ep, 0, 4, 4, 4, 4, 4}));
@@ -103,7 +95,7 @@ TEST(Topology, ExpertParallelAcrossNodes) {
 // cp 2 x tp 8 cannot both fit an 8-GPU node: keeping cp inside means tp crosses, which
 // the search accepts only because no order keeps both inside.
 TEST(Topology, ContextParallelTradesAgainstTp) {
-  const Layout l(make(32, 8, 1, 2));
+  const Layout l(make_config(32, 8, 1, 2));
   const NodeMap nodes(8);
   const TopologyReport r = check_topology(l, std::vector<GroupKind>{GroupKind::cp}, nodes);
   EXPECT_EQ(span_of(r, GroupKind::cp), (KindSpan{GroupKind::cp, 0, 16, 2, 2, 16, 2}));
@@ -117,7 +109,7 @@ TEST(Topology, ContextParallelTradesAgainstTp) {
 }
 
 TEST(Topology, GroupLargerThanANodeHasNoFix) {
-  const Layout l(make(32, 16));
+  const Layout l(make_config(32, 16));
   const TopologyReport r = check_topology(l, std::vector<GroupKind>{GroupKind::tp}, NodeMap(8));
   ASSERT_EQ(r.warnings.size(), 2u);  // tp and expt_tp
   EXPECT_FALSE(r.warnings[0].order.has_value());
@@ -129,7 +121,7 @@ TEST(Topology, GroupLargerThanANodeHasNoFix) {
 // A partial last node: 12 ranks on 8-GPU nodes. tp 3 groups [6,7,8] straddle the
 // boundary and no order avoids that.
 TEST(Topology, PartialLastNode) {
-  const Layout l(make(12, 3));
+  const Layout l(make_config(12, 3));
   const NodeMap nodes(8);
   const TopologyReport r = check_topology(l, std::vector<GroupKind>{GroupKind::tp}, nodes);
   EXPECT_EQ(r.nodes, 2);
@@ -138,11 +130,11 @@ TEST(Topology, PartialLastNode) {
   EXPECT_FALSE(r.warnings[0].order.has_value());
   EXPECT_NE(r.warnings[0].message().find("no valid order keeps them inside"), std::string::npos);
   // tp 4 on the same nodes fits.
-  EXPECT_TRUE(check_topology(Layout(make(12, 4)), {}, nodes).warnings.empty());
+  EXPECT_TRUE(check_topology(Layout(make_config(12, 4)), {}, nodes).warnings.empty());
 }
 
 TEST(Topology, HcpLevelsAndUnsortedKinds) {
-  ParallelConfig c = make(16, 2, 1, 4);
+  ParallelConfig c = make_config(16, 2, 1, 4);
   c.hcp = {2, 2};
   const Layout l(c);
   const std::vector<GroupKind> kinds = {GroupKind::hcp, GroupKind::intra_dist_opt};
@@ -155,7 +147,7 @@ TEST(Topology, HcpLevelsAndUnsortedKinds) {
 }
 
 TEST(Topology, Errors) {
-  const Layout l(make(16, 2));
+  const Layout l(make_config(16, 2));
   EXPECT_THROW((void)check_topology(l, std::vector<GroupKind>{GroupKind::hcp}, NodeMap(8)),
                UnknownKindError);
   EXPECT_THROW((void)suggest_order(l.config(), GroupKind::dp, NodeMap(8)), ConfigError);
