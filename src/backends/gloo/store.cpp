@@ -106,9 +106,14 @@ class CheckableFileStore : public ::gloo::rendezvous::FileStore {
   bool has(const std::string& key) { return check({key}); }
 };
 
-class MemoryStore final : public Store {
+// A commgrid Store over one of Gloo's stores (S), named by `uri`.
+template <class S>
+class GlooBackedStore final : public Store {
  public:
-  std::string uri() const override { return "memory"; }
+  template <class... Args>
+  explicit GlooBackedStore(std::string uri, Args&&... args)
+      : uri_(std::move(uri)), store_(std::forward<Args>(args)...) {}
+  std::string uri() const override { return uri_; }
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& value) override {
@@ -118,25 +123,11 @@ class MemoryStore final : public Store {
   bool do_has(const std::string& key) override { return store_.has(key); }
 
  private:
-  CheckableHashStore store_;
+  std::string uri_;
+  S store_;
 };
-
-class FileStore final : public Store {
- public:
-  explicit FileStore(const std::string& folder) : folder_(folder), store_(folder) {}
-  std::string uri() const override { return "file://" + folder_; }
-
- protected:
-  void do_set(const std::string& key, const std::vector<char>& value) override {
-    store_.set(key, value);
-  }
-  std::vector<char> do_get(const std::string& key) override { return store_.get(key); }
-  bool do_has(const std::string& key) override { return store_.has(key); }
-
- private:
-  std::string folder_;
-  CheckableFileStore store_;
-};
+using MemoryStore = GlooBackedStore<CheckableHashStore>;
+using FileStore = GlooBackedStore<CheckableFileStore>;
 
 class RedisStore final : public Store {
  public:
@@ -209,7 +200,7 @@ std::string probe_tcp(const std::string& host, int port, int timeout_ms) {
 
 }  // namespace
 
-std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>(); }
+std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>("memory"); }
 
 std::shared_ptr<Store> make_file_store(const std::string& folder) {
   std::error_code ec;
@@ -217,7 +208,7 @@ std::shared_ptr<Store> make_file_store(const std::string& folder) {
     throw ConfigError("store", "file store '" + folder + "': not an existing folder");
   std::shared_ptr<Store> out;
   gloo_backend::guard("store open", "file://" + folder,
-                      [&] { out = std::make_shared<FileStore>(folder); });
+                      [&] { out = std::make_shared<FileStore>("file://" + folder, folder); });
   return out;
 }
 

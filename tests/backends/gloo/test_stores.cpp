@@ -81,6 +81,19 @@ TEST(GlooFileStore, AMissingRankIsNamed) {
 }
 
 /// A redis-server on a free loopback port, started for the test and stopped after.
+// A loopback TCP port that was free a moment ago (bound, read, closed).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
 class RedisServer {
  public:
   RedisServer() {
@@ -118,17 +131,6 @@ class RedisServer {
   [[nodiscard]] int port() const { return port_; }
 
  private:
-  static int free_port() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-  }
   pid_t pid_ = -1;
   int port_ = 0;
   bool ready_ = false;
@@ -148,18 +150,7 @@ TEST(GlooRedisStore, RanksMeetThroughARealRedisServer) {
 }
 
 TEST(GlooRedisStore, AnUnreachableServerIsABackendErrorNamingIt) {
-  int port = 0;
-  {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-    ::close(fd);
-  }
+  const int port = free_port();  // nothing listens there once it is closed
   try {
     make_redis_store("127.0.0.1", port);
     ADD_FAILURE() << "connected to a closed port";
