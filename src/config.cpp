@@ -116,6 +116,14 @@ void ParallelConfig::validate() const {
   require_positive("dist_opt_instances", dist_opt_instances);
   if (etp) require_positive("etp", *etp);
   if (vpp) require_positive("vpp", *vpp);
+  // Rule 12 for the sizes no product bounds: the runtime reports vpp and the hcp level as
+  // an int, like every rank.
+  if (vpp && *vpp > kMaxWorldSize)
+    throw OverflowError("vpp", "vpp = " + str(*vpp) + " exceeds " + str(kMaxWorldSize) +
+                                   ", the largest virtual pipeline size");
+  if (hcp.size() > static_cast<std::size_t>(kMaxWorldSize))
+    throw OverflowError("hcp", "hcp has " + std::to_string(hcp.size()) + " levels, more than " +
+                                   str(kMaxWorldSize));
   for (std::size_t i = 0; i < hcp.size(); ++i)
     if (hcp[i] < 1)
       throw InvalidValueError("hcp", "hcp[" + std::to_string(i) + "] must be >= 1, got " +
@@ -138,10 +146,24 @@ void ParallelConfig::validate() const {
                                               "*" + str(pp) + "*" + str(cp) + " = " +
                                               str(*dense));
   const std::int64_t dp_size = W / *dense;
+  // The rules below run in Megatron-core's order (4, 5, 10 dense, 6, 10 expert, 7, 11, 8a,
+  // 9, 8b), so that when several fail, the first reported is the one Megatron raises.
+  const std::string dp_text = "dp = " + str(W) + "/(" + str(tp) + "*" + str(pp) + "*" +
+                              str(cp) + ") = " + str(dp_size);
   // Rule 5.
   if (vpp && pp <= 1)
     throw IncompatibleError("vpp", "vpp = " + str(*vpp) + " requires pp > 1, got pp = " +
                                        str(pp));
+  // Rule 10, dense grid: every axis the order omits has size 1. Megatron's generator looks
+  // at the axes in the sequence tp, pp, dp, ep, cp (ep is 1 on the dense grid).
+  auto omitted = [&](const char* token, const std::string& what) {
+    throw OrderError("order", "order \"" + order + "\" omits \"" + token + "\", but " + what +
+                                  "; add \"" + token + "\" to the order");
+  };
+  if (!in_order(Axis::tp) && tp != 1) omitted("tp", "tp = " + str(tp));
+  if (!in_order(Axis::pp) && pp != 1) omitted("pp", "pp = " + str(pp));
+  if (!in_order(Axis::dp) && dp_size != 1) omitted("dp", dp_text);
+  if (!in_order(Axis::cp) && cp != 1) omitted("cp", "cp = " + str(cp));
   // Rule 6.
   const std::int64_t e = expert_tp();
   const std::string etp_note = etp ? "" : " (etp defaults to tp)";
@@ -158,57 +180,16 @@ void ParallelConfig::validate() const {
   const std::string edp_text =
       "expert_dp = " + str(W) + "/(" + str(e) + "*" + str(ep) + "*" + str(pp) + ") = " +
       str(edp_size);
-  const std::string dp_text = "dp = " + str(W) + "/(" + str(tp) + "*" + str(pp) + "*" +
-                              str(cp) + ") = " + str(dp_size);
+  // Rule 10, expert grid, same sequence (pp was checked above; cp is 1 here).
+  if (!in_order(Axis::tp) && e != 1) omitted("tp", "etp = " + str(e));
+  if (!in_order(Axis::dp) && edp_size != 1) omitted("dp", edp_text);
+  if (!in_order(Axis::ep) && ep != 1) omitted("ep", "ep = " + str(ep));
   // Rule 7.
   if (tokens.back() != Axis::pp && pp != 1 && edp_size != dp_size)
     throw IncompatibleError("order", "order \"" + order + "\" does not end with pp and pp = " +
                                          str(pp) +
                                          ", so expert_dp must equal dp; got " + edp_text +
                                          ", " + dp_text);
-  // Rule 8a, 8b.
-  const std::int64_t N = dist_opt_instances;
-  if ((dp_size * cp) % N != 0)
-    throw DivisibilityError("dist_opt_instances",
-                            "dist_opt_instances = " + str(N) + " must divide dp*cp = " +
-                                str(dp_size) + "*" + str(cp) + " = " + str(dp_size * cp));
-  if (edp_size % N != 0)
-    throw DivisibilityError("dist_opt_instances",
-                            "dist_opt_instances = " + str(N) + " must divide " + edp_text);
-  // Rule 9 (with rule 12's checked product).
-  if (!hcp.empty()) {
-    std::int64_t prod = 1;
-    bool over = false;
-    for (std::int64_t h : hcp) {
-      if (prod > kMaxWorldSize / h) {
-        over = true;
-        break;
-      }
-      prod *= h;
-    }
-    if (over)
-      throw IncompatibleError("hcp", "hcp sizes " + list_text(hcp) +
-                                         " multiply to more than cp = " + str(cp));
-    if (prod != cp)
-      throw IncompatibleError("hcp", "hcp sizes " + list_text(hcp) + " multiply to " +
-                                         str(prod) + ", but cp = " + str(cp));
-  }
-  // Rule 10: every axis the order omits has size 1 in both grids.
-  auto omitted = [&](const char* token, const std::string& what) {
-    throw OrderError("order", "order \"" + order + "\" omits \"" + token + "\", but " + what +
-                                  "; add \"" + token + "\" to the order");
-  };
-  if (!in_order(Axis::tp)) {
-    if (tp != 1) omitted("tp", "tp = " + str(tp));
-    if (e != 1) omitted("tp", "etp = " + str(e));
-  }
-  if (!in_order(Axis::cp) && cp != 1) omitted("cp", "cp = " + str(cp));
-  if (!in_order(Axis::ep) && ep != 1) omitted("ep", "ep = " + str(ep));
-  if (!in_order(Axis::dp)) {
-    if (dp_size != 1) omitted("dp", dp_text);
-    if (edp_size != 1) omitted("dp", edp_text);
-  }
-  if (!in_order(Axis::pp) && pp != 1) omitted("pp", "pp = " + str(pp));
   // Rule 11: the pp stride (product of the sizes of the axes before pp) must agree.
   if (pp != 1) {
     std::int64_t sd = 1, se = 1;
@@ -241,6 +222,34 @@ void ParallelConfig::validate() const {
                                   first(sd) + " vs " + first(se) + ")");
     }
   }
+  // Rule 8a.
+  const std::int64_t N = dist_opt_instances;
+  if ((dp_size * cp) % N != 0)
+    throw DivisibilityError("dist_opt_instances",
+                            "dist_opt_instances = " + str(N) + " must divide dp*cp = " +
+                                str(dp_size) + "*" + str(cp) + " = " + str(dp_size * cp));
+  // Rule 9 (with rule 12's checked product).
+  if (!hcp.empty()) {
+    std::int64_t prod = 1;
+    bool over = false;
+    for (std::int64_t h : hcp) {
+      if (prod > kMaxWorldSize / h) {
+        over = true;
+        break;
+      }
+      prod *= h;
+    }
+    if (over)
+      throw IncompatibleError("hcp", "hcp sizes " + list_text(hcp) +
+                                         " multiply to more than cp = " + str(cp));
+    if (prod != cp)
+      throw IncompatibleError("hcp", "hcp sizes " + list_text(hcp) + " multiply to " +
+                                         str(prod) + ", but cp = " + str(cp));
+  }
+  // Rule 8b.
+  if (edp_size % N != 0)
+    throw DivisibilityError("dist_opt_instances",
+                            "dist_opt_instances = " + str(N) + " must divide " + edp_text);
 }
 
 std::string ParallelConfig::canonical() const {

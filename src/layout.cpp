@@ -55,7 +55,8 @@ const ParallelConfig& validated(const ParallelConfig& c) {
   return c;
 }
 
-// u, s and l of level `level` of a hierarchical split (spec §7).
+// u (the product of the sizes before the level) and s (the level's size) of one level of a
+// hierarchical split.
 struct Level {
   std::int64_t u = 1, s = 1;
 };
@@ -68,9 +69,8 @@ Level level_of(std::span<const std::int64_t> sizes, int level) {
 
 // Rank at position p of a parent list: its level group (indices into the parent) and the
 // group's index among the parent's level groups.
-std::pair<std::int64_t, std::vector<std::int64_t>> split_group_of(
-    std::int64_t p, std::span<const std::int64_t> sizes, int level) {
-  const Level v = level_of(sizes, level);
+std::pair<std::int64_t, std::vector<std::int64_t>> split_group_of(std::int64_t p,
+                                                                  const Level& v) {
   const std::int64_t d = (p / v.u) % v.s;
   std::vector<std::int64_t> idx(static_cast<std::size_t>(v.s));
   for (std::int64_t t = 0; t < v.s; ++t) idx[static_cast<std::size_t>(t)] = p + (t - d) * v.u;
@@ -113,6 +113,14 @@ Layout::Layout(ParallelConfig config, EmbeddingPolicies policies)
       dense_(sizes(config_.tp, config_.cp, 1, dp_, config_.pp), config_.resolved_order()),
       expert_(sizes(config_.expert_tp(), 1, config_.ep, edp_, config_.pp),
               config_.resolved_order()) {
+  // Prefix products of the hcp sizes, so that each level costs O(1) to locate (20,000
+  // levels would otherwise be quadratic).
+  hcp_inner_.reserve(config_.hcp.size());
+  std::int64_t u = 1;
+  for (std::int64_t h : config_.hcp) {
+    hcp_inner_.push_back(u);
+    u *= h;
+  }
   if (policies_.embedding || policies_.position_embedding) check_policy_results();
 }
 
@@ -158,23 +166,6 @@ std::vector<Rank> Layout::embedding_members(GroupKind k, std::span<const Rank> p
   return {pp_group.front(), pp_group.back()};
 }
 
-GroupList Layout::default_embedding_groups(GroupKind k) const {
-  // The pp groups' first members are the ranks whose pp coordinate is 0, ascending; the
-  // last members are those plus (pp-1) pp strides. No pp group is materialized.
-  const std::int64_t P = config_.pp, S = dense_.stride(Axis::pp);
-  const std::int64_t n = world_size() / P;
-  const bool two = k == GroupKind::embd && P > 1;
-  GroupList out;
-  Rank* dst = out.assign_uniform(static_cast<std::size_t>(n), two ? 2 : 1).data();
-  const Rank last = (P - 1) * S;
-  for (Rank block = 0; block < world_size(); block += S * P)
-    for (Rank r = block; r < block + S; ++r) {
-      *dst++ = r;
-      if (two) *dst++ = r + last;
-    }
-  return out;
-}
-
 void Layout::check_policy_results() const {
   const GroupList pp_groups = dense_.groups({Axis::pp});
   for (GroupKind k : {GroupKind::embd, GroupKind::pos_embd}) {
@@ -213,54 +204,169 @@ std::int64_t Layout::num_groups(GroupKind k, int level) const {
   }
 }
 
-GroupList Layout::groups(GroupKind k, int level) const {
+std::optional<std::int64_t> Layout::group_size(GroupKind k, int level) const {
   check_kind(k, level);
-  if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).groups(g->mask);
-  const std::int64_t N = config_.dist_opt_instances;
-  GroupList out;
+  if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).group_size(g->mask);
+  const std::int64_t W = world_size(), N = config_.dist_opt_instances;
   switch (k) {
     case GroupKind::embd:
     case GroupKind::pos_embd: {
       const EmbeddingPolicy& policy =
           k == GroupKind::embd ? policies_.embedding : policies_.position_embedding;
-      if (!policy) return default_embedding_groups(k);
+      if (!policy) return k == GroupKind::embd && config_.pp > 1 ? 2 : 1;
+      const GroupList all = groups(k);
+      for (std::size_t i = 1; i < all.size(); ++i)
+        if (all[i].size() != all[0].size()) return std::nullopt;
+      return static_cast<std::int64_t>(all[0].size());
+    }
+    case GroupKind::hcp: return config_.hcp[static_cast<std::size_t>(level)];
+    case GroupKind::intra_dp_cp: return dp_ * config_.cp / N;
+    case GroupKind::intra_expt_dp: return edp_ / N;
+    case GroupKind::inter_dist_opt: return N;
+    case GroupKind::intra_dist_opt: return W / N;
+    default: COMMGRID_ENFORCE(false, "unhandled kind " + std::string(kind_name(k)));
+  }
+}
+
+std::int64_t Layout::num_members(GroupKind k, int level) const {
+  if (auto g = group_size(k, level)) return *g * num_groups(k, level);
+  return static_cast<std::int64_t>(groups(k, level).members().size());
+}
+
+void Layout::members(GroupKind k, int level, std::int64_t first, std::span<Rank> out) const {
+  check_kind(k, level);
+  const auto n = static_cast<std::int64_t>(out.size());
+  const std::int64_t total = num_members(k, level);
+  if (first < 0 || first > total || n > total - first)
+    throw ConfigError("first", "members: entries [" + std::to_string(first) + ", " +
+                                   std::to_string(first + n) + ") outside [0, " +
+                                   std::to_string(total) + ") of kind " +
+                                   std::string(kind_name(k)));
+  if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).fill(g->mask, first, out);
+  const std::int64_t N = config_.dist_opt_instances;
+  switch (k) {
+    case GroupKind::intra_dp_cp: return dense_.fill({Axis::dp, Axis::cp}, first, out);
+    // Level 0 of [edp/N, N] is consecutive chunks of each expert dp group, and the N
+    // instances are runs of consecutive tp_ep_pp groups: both lists are their parent's.
+    case GroupKind::intra_expt_dp: return expert_.fill({Axis::dp}, first, out);
+    case GroupKind::intra_dist_opt: return expert_.fill({Axis::tp, Axis::ep, Axis::pp}, first, out);
+    case GroupKind::embd:
+    case GroupKind::pos_embd: {
+      const EmbeddingPolicy& policy =
+          k == GroupKind::embd ? policies_.embedding : policies_.position_embedding;
+      if (policy) {
+        const GroupList all = groups(k);
+        std::copy_n(all.members().begin() + first, n, out.begin());
+        return;
+      }
+      // Group q is pp group q's first member (and its last): the ranks whose pp
+      // coordinate is 0, ascending, are (q / S) * S * P + q % S.
+      const std::int64_t P = config_.pp, S = dense_.stride(Axis::pp);
+      const std::int64_t per = k == GroupKind::embd && P > 1 ? 2 : 1;
+      const std::int64_t last = (P - 1) * S;
+      std::int64_t q = first / per, which = first % per, j = q % S;
+      Rank r = (q / S) * S * P + j;
+      for (Rank& m : out) {
+        m = which == 0 ? r : r + last;
+        if (++which < per) continue;
+        which = 0;
+        ++r;
+        if (++j == S) {  // the next block of pp stage 0
+          j = 0;
+          r += last;
+        }
+      }
+      return;
+    }
+    case GroupKind::hcp: {
+      // Entry e: member t of level group G; G counts the cp groups' level groups in order.
+      const std::int64_t s = config_.hcp[static_cast<std::size_t>(level)];
+      const std::int64_t u = hcp_inner_[static_cast<std::size_t>(level)];
+      const std::int64_t per_parent = config_.cp / s;
+      const AxisSet cp_mask{Axis::cp};
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t e = first + i, G = e / s, t = e % s;
+        const std::int64_t q = G / per_parent, local = G % per_parent;
+        const std::int64_t p = (local / u) * s * u + t * u + local % u;
+        out[static_cast<std::size_t>(i)] = dense_.member(cp_mask, q, p);
+      }
+      return;
+    }
+    case GroupKind::inter_dist_opt: {
+      // Level 1 of [s0, N] over each expert dp group: group b of parent q is its members
+      // b, b + s0, ..., b + (N-1) s0.
+      const std::int64_t s0 = edp_ / N;
+      const AxisSet dp_mask{Axis::dp};
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t e = first + i, G = e / N, t = e % N;
+        out[static_cast<std::size_t>(i)] = expert_.member(dp_mask, G / s0, t * s0 + G % s0);
+      }
+      return;
+    }
+    default: COMMGRID_ENFORCE(false, "unhandled kind " + std::string(kind_name(k)));
+  }
+}
+
+GroupList Layout::groups(GroupKind k, int level) const {
+  check_kind(k, level);
+  if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).groups(g->mask);
+  GroupList out;
+  if (k == GroupKind::embd || k == GroupKind::pos_embd) {
+    const EmbeddingPolicy& policy =
+        k == GroupKind::embd ? policies_.embedding : policies_.position_embedding;
+    if (policy) {
       const GroupList pp_groups = dense_.groups({Axis::pp});
       out.reserve(pp_groups.size(), pp_groups.size() * 2);
       for (std::size_t i = 0; i < pp_groups.size(); ++i)
         out.push_back(embedding_members(k, pp_groups[i]));
       return out;
     }
-    case GroupKind::hcp: {
-      const GroupList cp_groups = dense_.groups({Axis::cp});
-      for (std::size_t i = 0; i < cp_groups.size(); ++i)
-        hierarchical_split(cp_groups[i], config_.hcp, level, out);
-      return out;
+  }
+  const std::int64_t g = *group_size(k, level);
+  const std::int64_t n = num_groups(k, level);
+  members(k, level, 0, out.assign_uniform(static_cast<std::size_t>(n), static_cast<std::size_t>(g)));
+  return out;
+}
+
+std::optional<std::int64_t> Layout::group_index(GroupKind k, Rank r, int level) const {
+  check_rank(r);
+  check_kind(k, level);
+  if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).group_index(g->mask, r);
+  const std::int64_t N = config_.dist_opt_instances;
+  switch (k) {
+    case GroupKind::embd:
+    case GroupKind::pos_embd: {
+      const EmbeddingPolicy& policy =
+          k == GroupKind::embd ? policies_.embedding : policies_.position_embedding;
+      if (policy) {
+        auto ref = group_of(k, r);
+        return ref ? std::optional<std::int64_t>(ref->index) : std::nullopt;
+      }
+      const std::int64_t c = dense_.coordinate(r, Axis::pp);
+      if (c != 0 && !(k == GroupKind::embd && c == config_.pp - 1)) return std::nullopt;
+      return dense_.group_index({Axis::pp}, r);
     }
-    case GroupKind::intra_dp_cp:
+    case GroupKind::hcp: {
+      const AxisSet m{Axis::cp};
+      const std::int64_t s = config_.hcp[static_cast<std::size_t>(level)];
+      const std::int64_t u = hcp_inner_[static_cast<std::size_t>(level)];
+      const std::int64_t p = dense_.position(m, r);
+      return dense_.group_index(m, r) * (config_.cp / s) + (p / (u * s)) * u + p % u;
+    }
+    case GroupKind::intra_dp_cp: {
+      const AxisSet m{Axis::dp, Axis::cp};
+      return dense_.group_index(m, r) * N + dense_.position(m, r) / (dp_ * config_.cp / N);
+    }
     case GroupKind::intra_expt_dp: {
-      // Level 0 of [size/N, N] is consecutive chunks of each parent: the parents' members
-      // in the same order, cut N times finer.
-      out = k == GroupKind::intra_dp_cp ? dense_.groups({Axis::dp, Axis::cp})
-                                        : expert_.groups({Axis::dp});
-      out.regroup(out.empty() ? 1 : out[0].size() / static_cast<std::size_t>(N));
-      return out;
+      const AxisSet m{Axis::dp};
+      return expert_.group_index(m, r) * N + expert_.position(m, r) / (edp_ / N);
     }
     case GroupKind::inter_dist_opt: {
-      const GroupList parents = expert_.groups({Axis::dp});
-      const std::array<std::int64_t, 2> split = {edp_ / N, N};
-      out.reserve(parents.size() * static_cast<std::size_t>(edp_ / N), parents.members().size());
-      for (std::size_t i = 0; i < parents.size(); ++i) hierarchical_split(parents[i], split, 1, out);
-      return out;
+      const AxisSet m{Axis::dp};
+      const std::int64_t s0 = edp_ / N;
+      return expert_.group_index(m, r) * s0 + expert_.position(m, r) % s0;
     }
-    case GroupKind::intra_dist_opt: {
-      // Runs of edp/N consecutive tp_ep_pp groups, concatenated in list order.
-      const GroupList parts = expert_.groups({Axis::tp, Axis::ep, Axis::pp});
-      const std::size_t run = static_cast<std::size_t>(edp_ / N);
-      const std::size_t per = parts.empty() ? 0 : parts[0].size();
-      std::span<Rank> buf = out.assign_uniform(static_cast<std::size_t>(N), run * per);
-      std::copy(parts.members().begin(), parts.members().end(), buf.begin());
-      return out;
-    }
+    case GroupKind::intra_dist_opt: return expert_.coordinate(r, Axis::dp) / (edp_ / N);
     default: COMMGRID_ENFORCE(false, "unhandled kind " + std::string(kind_name(k)));
   }
 }
@@ -300,17 +406,17 @@ std::optional<GroupRef> Layout::group_of(GroupKind k, Rank r, int level) const {
       const std::vector<Rank> parent = grid.group_of(mask, r);
       const std::int64_t p = grid.position(mask, r);
       const std::int64_t q = grid.group_index(mask, r);
-      std::vector<std::int64_t> split;
-      int lvl = level;
+      const auto L = static_cast<std::int64_t>(parent.size());
+      Level v;
       if (k == GroupKind::hcp) {
-        split = config_.hcp;
+        v = {hcp_inner_[static_cast<std::size_t>(level)], config_.hcp[static_cast<std::size_t>(level)]};
+      } else if (k == GroupKind::inter_dist_opt) {
+        v = {L / N, N};
       } else {
-        split = {static_cast<std::int64_t>(parent.size()) / N, N};
-        lvl = k == GroupKind::inter_dist_opt ? 1 : 0;
+        v = {1, L / N};
       }
-      auto [local, idx] = split_group_of(p, split, lvl);
-      const std::int64_t per_parent =
-          static_cast<std::int64_t>(parent.size()) / split[static_cast<std::size_t>(lvl)];
+      auto [local, idx] = split_group_of(p, v);
+      const std::int64_t per_parent = L / v.s;
       std::vector<Rank> members(idx.size());
       for (std::size_t t = 0; t < idx.size(); ++t) members[t] = parent[static_cast<std::size_t>(idx[t])];
       return make_ref(q * per_parent + local, r, std::move(members));

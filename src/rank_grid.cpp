@@ -1,26 +1,8 @@
 #include "commgrid/rank_grid.hpp"
 
+#include <algorithm>
+
 namespace commgrid {
-namespace {
-
-// The axes of the grid, in grid order, split into masked and unmasked ones.
-struct Split {
-  std::array<Axis, kNumAxes> masked{}, unmasked{};
-  int n_masked = 0, n_unmasked = 0;
-};
-
-Split split_axes(const std::array<Axis, kNumAxes>& order, AxisSet masked) {
-  Split s;
-  for (Axis a : order) {
-    if (masked.contains(a))
-      s.masked[s.n_masked++] = a;
-    else
-      s.unmasked[s.n_unmasked++] = a;
-  }
-  return s;
-}
-
-}  // namespace
 
 RankGrid::RankGrid(const std::array<std::int64_t, kNumAxes>& sizes,
                    const std::array<Axis, kNumAxes>& order)
@@ -91,55 +73,90 @@ std::vector<Rank> RankGrid::group_of(AxisSet masked, Rank r) const {
   return members;
 }
 
-void RankGrid::advance(const std::array<Axis, kNumAxes>& axes, int first, int count,
-                       std::array<std::int64_t, kNumAxes>& digit, Rank& rank) const noexcept {
-  for (int j = first; j < count; ++j) {
-    const Axis a = axes[static_cast<std::size_t>(j)];
-    rank += strides_[idx(a)];
-    if (++digit[static_cast<std::size_t>(j)] < sizes_[idx(a)]) return;
-    rank -= digit[static_cast<std::size_t>(j)] * strides_[idx(a)];
-    digit[static_cast<std::size_t>(j)] = 0;
-  }
+GroupList RankGrid::groups(AxisSet masked) const {
+  const std::int64_t g = group_size(masked);
+  GroupList out;
+  const std::span<Rank> buf =
+      out.assign_uniform(static_cast<std::size_t>(world_size_ / g), static_cast<std::size_t>(g));
+  fill(masked, 0, buf);
+  return out;
 }
 
-GroupList RankGrid::groups(AxisSet masked) const {
-  const Split s = split_axes(order_, masked);
-  const std::int64_t g = group_size(masked);
-  const std::int64_t n = world_size_ / g;
-  // Offsets of the members relative to the group's base, computed once; every group is
-  // its base plus these offsets. The first unmasked axis (the fastest-moving group digit)
-  // is a tight loop; the other unmasked axes advance like an odometer.
-  std::vector<Rank> offsets(static_cast<std::size_t>(g));
-  {
-    std::array<std::int64_t, kNumAxes> digit{};
-    Rank off = 0;
-    for (std::int64_t k = 0; k < g; ++k) {
-      offsets[static_cast<std::size_t>(k)] = off;
-      advance(s.masked, 0, s.n_masked, digit, off);
+void RankGrid::fill(AxisSet masked, std::int64_t first, std::span<Rank> out) const noexcept {
+  // The concatenated member list is one odometer over the axes, the masked ones (in grid
+  // order) fastest, then the unmasked ones. Axes of size 1 add nothing, and an axis whose
+  // stride continues the previous one (stride == size * stride before it) merges with it:
+  // expt_tp with etp 1 becomes one run 0, 1, ..., W-1, and most kinds a few long runs.
+  struct Dim {
+    std::int64_t size = 1, stride = 1;
+  };
+  std::array<Dim, kNumAxes> dim{};
+  int n = 0;
+  auto add = [&](Axis a) {
+    const std::int64_t s = sizes_[idx(a)], t = strides_[idx(a)];
+    if (s == 1) return;
+    if (n > 0 && dim[n - 1].stride * dim[n - 1].size == t) {
+      dim[n - 1].size *= s;
+      return;
     }
+    dim[n++] = {s, t};
+  };
+  for (Axis a : order_)
+    if (masked.contains(a)) add(a);
+  for (Axis a : order_)
+    if (!masked.contains(a)) add(a);
+  if (n == 0) {  // a world of one rank
+    for (Rank& r : out) r = 0;
+    return;
   }
-  GroupList out;
-  Rank* __restrict dst =
-      out.assign_uniform(static_cast<std::size_t>(n), static_cast<std::size_t>(g)).data();
-  const Rank* __restrict off = offsets.data();
-  const std::int64_t inner = s.n_unmasked > 0 ? sizes_[idx(s.unmasked[0])] : 1;
-  const std::int64_t inner_stride = s.n_unmasked > 0 ? strides_[idx(s.unmasked[0])] : 0;
+  // The odometer's digits at `first`; base is the rank of digits 1.. (digit 0 excluded).
   std::array<std::int64_t, kNumAxes> digit{};
+  std::int64_t rest = first;
   Rank base = 0;
-  for (std::int64_t outer = n / inner; outer > 0; --outer) {
-    if (g == 1) {
-      for (std::int64_t d = 0; d < inner; ++d) dst[d] = base + d * inner_stride;
-      dst += inner;
-    } else {
-      for (std::int64_t d = 0; d < inner; ++d) {
-        const Rank b = base + d * inner_stride;
-        for (std::int64_t k = 0; k < g; ++k) dst[k] = b + off[k];
-        dst += g;
-      }
-    }
-    advance(s.unmasked, 1, s.n_unmasked, digit, base);
+  for (int j = 0; j < n; ++j) {
+    digit[j] = rest % dim[j].size;
+    rest /= dim[j].size;
+    if (j > 0) base += digit[j] * dim[j].stride;
   }
-  return out;
+  const std::int64_t s0 = dim[0].size, t0 = dim[0].stride;
+  const std::int64_t s1 = n > 1 ? dim[1].size : 1, t1 = n > 1 ? dim[1].stride : 0;
+  Rank* __restrict dst = out.data();
+  auto left = static_cast<std::int64_t>(out.size());
+  std::int64_t d0 = digit[0];
+  // Steps digits from `from` on by one, moving base along.
+  auto advance = [&](int from) {
+    for (int j = from; j < n; ++j) {
+      base += dim[j].stride;
+      if (++digit[j] < dim[j].size) return;
+      base -= digit[j] * dim[j].stride;
+      digit[j] = 0;
+    }
+  };
+  while (left > 0) {
+    if (d0 == 0 && n > 1 && digit[1] == 0 && left >= s0 * s1 && s0 < 64) {
+      // Whole blocks of the two fastest digits: short first digits (cp 2, tp 8) would
+      // otherwise pay an odometer step every few members.
+      for (std::int64_t k1 = 0; k1 < s1; ++k1) {
+        const Rank b1 = base + k1 * t1;
+        for (std::int64_t k0 = 0; k0 < s0; ++k0) dst[k0] = b1 + k0 * t0;
+        dst += s0;
+      }
+      left -= s0 * s1;
+      // digit 1 wrapped to 0: carry into digit 2.
+      advance(2);
+      continue;
+    }
+    const std::int64_t cnt = std::min(s0 - d0, left);
+    if (t0 == 1) {
+      for (std::int64_t k = 0; k < cnt; ++k) dst[k] = base + d0 + k;
+    } else {
+      for (std::int64_t k = 0; k < cnt; ++k) dst[k] = base + (d0 + k) * t0;
+    }
+    dst += cnt;
+    left -= cnt;
+    d0 = 0;
+    advance(1);
+  }
 }
 
 }  // namespace commgrid

@@ -31,9 +31,10 @@ struct ParallelConfig {
   std::optional<std::int64_t> vpp;            ///< virtual pipeline size; recorded only
   std::string order = kDefaultOrder;          ///< innermost axis first
 
-  /// Checks every rule of the layout spec (§4, rules 1-12) in the spec's order and throws
-  /// the first failure as a ConfigError subclass whose message names the parameters and
-  /// their values. Creates nothing.
+  /// Checks every rule of docs/layout.md ("Errors"): sizes >= 1, a well-formed order,
+  /// divisibility, the expert grid, the distributed optimizer, hcp, no overflow. When
+  /// several fail, throws the one Megatron-core reports first, as a ConfigError subclass
+  /// whose message names the parameters and their values. Creates nothing.
   void validate() const;
 
   /// etp, or tp when etp is not given.

@@ -77,6 +77,22 @@ class Layout {
   /// The group of the kind that holds rank r, computed directly; nullopt when r is in no
   /// group of the kind (embd, pos_embd). Throws RankOutOfRangeError, UnknownKindError.
   [[nodiscard]] std::optional<GroupRef> group_of(GroupKind k, Rank r, int level = 0) const;
+  /// Only the index of r's group (GroupRef::index), in O(1) without listing members (a
+  /// custom embedding policy is called once); nullopt when r is in no group of the kind.
+  [[nodiscard]] std::optional<std::int64_t> group_index(GroupKind k, Rank r,
+                                                        int level = 0) const;
+
+  /// The size every group of the kind has (at that level), or nullopt when the groups
+  /// differ in size (possible only with a custom embedding policy). O(1).
+  [[nodiscard]] std::optional<std::int64_t> group_size(GroupKind k, int level = 0) const;
+  /// The number of members of all groups of the kind together (W for most kinds).
+  [[nodiscard]] std::int64_t num_members(GroupKind k, int level = 0) const;
+  /// Entries [first, first + out.size()) of the kind's member list: every group's members,
+  /// group after group, in the order of groups(). With the group size, this streams any
+  /// kind of any world in pieces: O(out.size()) time and no other memory (except with a
+  /// custom embedding policy, whose groups are listed whole). Throws ConfigError when the
+  /// range does not lie inside [0, num_members()).
+  void members(GroupKind k, int level, std::int64_t first, std::span<Rank> out) const;
 
   /// r's coordinates on the dense and expert grids. Throws RankOutOfRangeError.
   [[nodiscard]] RankCoordinates coordinates(Rank r) const;
@@ -89,18 +105,20 @@ class Layout {
   [[nodiscard]] std::vector<Rank> embedding_members(GroupKind k,
                                                     std::span<const Rank> pp_group) const;
   void check_policy_results() const;
-  [[nodiscard]] GroupList default_embedding_groups(GroupKind k) const;
 
   ParallelConfig config_;
   EmbeddingPolicies policies_;
+  std::vector<std::int64_t> hcp_inner_;  ///< per hcp level: product of the sizes before it
   std::int64_t dp_ = 1;
   std::int64_t edp_ = 1;
   RankGrid dense_;
   RankGrid expert_;
 };
 
-/// The hierarchical split of a parent list (spec §7): level `level` of sizes `sizes`
-/// (whose product is parent.size()), appended to `out` in the spec's order.
+/// The hierarchical split of a parent list P into levels of sizes [h0, h1, ...] (their
+/// product is |P|), as Megatron-core builds hierarchical cp groups: level 0 is consecutive
+/// chunks of h0 members, each later level strides by the product of the sizes before it.
+/// Appends level `level`'s groups to `out`.
 void hierarchical_split(std::span<const Rank> parent, std::span<const std::int64_t> sizes,
                         int level, GroupList& out);
 

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "commgrid/axis.hpp"
@@ -37,9 +38,9 @@ class RankGrid {
   [[nodiscard]] std::int64_t group_size(AxisSet masked) const noexcept;
   /// Number of groups of the masked axes: W / group_size.
   [[nodiscard]] std::int64_t num_groups(AxisSet masked) const noexcept;
-  /// Index of r's group in enumeration order (spec §5, q(r)).
+  /// Index of r's group in enumeration order (groups are listed by their smallest member).
   [[nodiscard]] std::int64_t group_index(AxisSet masked, Rank r) const noexcept;
-  /// r's position inside its group (spec §5, k(r)).
+  /// r's position inside its group (members are ascending).
   [[nodiscard]] std::int64_t position(AxisSet masked, Rank r) const noexcept;
   /// Member k of group q.
   [[nodiscard]] Rank member(AxisSet masked, std::int64_t q, std::int64_t k) const noexcept;
@@ -47,13 +48,14 @@ class RankGrid {
   [[nodiscard]] std::vector<Rank> group_of(AxisSet masked, Rank r) const;
   /// Every group of the masked axes, in enumeration order.
   [[nodiscard]] GroupList groups(AxisSet masked) const;
+  /// Entries [first, first + out.size()) of the member list of every group of the masked
+  /// axes concatenated in enumeration order (entry i is member i mod g of group i / g).
+  /// O(out.size()) and no other memory, so any part of any world can be streamed.
+  /// Requires 0 <= first and first + out.size() <= world_size().
+  void fill(AxisSet masked, std::int64_t first, std::span<Rank> out) const noexcept;
 
  private:
   static constexpr int idx(Axis a) noexcept { return static_cast<int>(a); }
-  // Steps an odometer over axes[first..count) (the first fastest) by one, moving `rank`
-  // along: the next member or group base in enumeration order.
-  void advance(const std::array<Axis, kNumAxes>& axes, int first, int count,
-               std::array<std::int64_t, kNumAxes>& digit, Rank& rank) const noexcept;
   std::array<std::int64_t, kNumAxes> sizes_{};
   std::array<std::int64_t, kNumAxes> strides_{};
   std::array<Axis, kNumAxes> order_{};
