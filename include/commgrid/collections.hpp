@@ -1,4 +1,4 @@
-// The seed's two group collections, handed to model code instead of global state:
+// Megatron-core's two group collections, handed to model code instead of global state:
 // ModelCommProcessGroups (13 fields) and GradCommProcessGroups (6 fields).
 #pragma once
 
@@ -84,7 +84,7 @@ class GroupField {
   std::string where_;  ///< "ModelCommProcessGroups.tp", for messages
 };
 
-/// The common part of the two collections: named fields, each a group kind of spec §7.
+/// The common part of the two collections: named fields, each a group kind (GroupKind).
 class GroupCollection {
  public:
   /// "ModelCommProcessGroups" or "GradCommProcessGroups".
@@ -133,7 +133,7 @@ class GroupCollection {
 /// The groups a model's layers use (Megatron-core's ModelCommProcessGroups).
 class ModelCommProcessGroups : public GroupCollection {
  public:
-  /// The 13 fields, in the seed's order.
+  /// The 13 fields, in Megatron-core's order.
   static constexpr std::array<GroupKind, 13> kFields = {
       GroupKind::tp,    GroupKind::pp,      GroupKind::mp,    GroupKind::embd,
       GroupKind::pos_embd, GroupKind::cp,   GroupKind::tp_cp, GroupKind::hcp,
@@ -171,7 +171,7 @@ class ModelCommProcessGroups : public GroupCollection {
 /// GradCommProcessGroups), with the same API as ModelCommProcessGroups.
 class GradCommProcessGroups : public GroupCollection {
  public:
-  /// The 6 fields, in the seed's order.
+  /// The 6 fields, in Megatron-core's order.
   static constexpr std::array<GroupKind, 6> kFields = {
       GroupKind::dp,           GroupKind::dp_cp,         GroupKind::expt_dp,
       GroupKind::intra_dp_cp,  GroupKind::intra_expt_dp, GroupKind::inter_dist_opt};

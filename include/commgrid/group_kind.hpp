@@ -10,7 +10,7 @@
 
 namespace commgrid {
 
-/// Every kind of group, in the order of the reference output (spec §7).
+/// Every kind of group, in the order Megatron-core's reference output lists them.
 enum class GroupKind : std::uint8_t {
   dp_cp,
   intra_dp_cp,

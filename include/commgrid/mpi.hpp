@@ -61,7 +61,9 @@ class MpiEnvironment {
 /// are nonblocking MPI calls polled with MPI_Test until they complete or the
 /// communicator's timeout passes (TimeoutError); after a timeout the communicator is
 /// unusable, because MPI cannot cancel a started collective, and every later call throws.
-/// Creating groups (split, create_group*) uses MPI's blocking calls and has no timeout.
+/// Creating groups (split, create_group*) uses MPI's blocking calls, which cannot be
+/// cancelled: a watchdog bounds each by the timeout and, past it, prints which call and
+/// group did not complete and aborts the whole job (MPI_Abort).
 /// Every call completes before returning: the returned Work is already done.
 class MpiCommunicator final : public Communicator {
  public:

@@ -136,7 +136,7 @@ class ProcessGroups {
   /// This rank's rank in its group of the kind (get_*_rank): the communicator's rank,
   /// which is the position among the members sorted ascending.
   [[nodiscard]] int rank(GroupKind k, int level = 0) const;
-  /// The global ranks of this rank's group, in the kind's member order (spec §7; not
+  /// The global ranks of this rank's group, in the kind's member order (docs/layout.md; not
   /// sorted for intra_dist_opt and for an unsorted custom embedding policy).
   [[nodiscard]] const std::vector<Rank>& global_ranks(GroupKind k, int level = 0) const;
   /// Index of this rank's group in the kind's enumeration order.
@@ -175,7 +175,7 @@ class ProcessGroups {
   /// pp rank == pp-1; with a virtual stage also vstage == vpp-1.
   [[nodiscard]] bool is_pipeline_last_stage(std::optional<int> vstage = std::nullopt) const;
   /// Without vstage: whether this rank is in an embd group. With vstage, the virtual-aware
-  /// form of spec §9: the list's first entry is in only at the first stage, its last entry
+  /// form of Megatron-core's getter: the list's first entry is in only at the first stage, its last entry
   /// only at the last stage, any other entry always.
   [[nodiscard]] bool is_rank_in_embedding_group(std::optional<int> vstage = std::nullopt) const;
   /// Whether this rank is in a pos_embd group.
