@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <numeric>
 #include <tuple>
 
 #include "commgrid/error.hpp"
@@ -58,6 +59,41 @@ int kendall_distance(const std::vector<Axis>& from, const std::vector<Axis>& to)
   return d;
 }
 
+// The node-local kinds crossing nodes as bits, the most important highest, so that a
+// smaller value is a better layout: tp inside beats anything else, then cp, ep, expt_tp.
+int crossing_mask(const Layout& layout, const NodeMap& nodes) {
+  int mask = 0;
+  for (GroupKind k : kNodeLocalKinds) mask = mask * 2 + (crosses_nodes(layout, k, nodes) ? 1 : 0);
+  return mask;
+}
+
+int priority_bit(GroupKind k) {
+  for (std::size_t i = 0; i < kNodeLocalKinds.size(); ++i)
+    if (kNodeLocalKinds[i] == k) return 1 << (kNodeLocalKinds.size() - 1 - i);
+  return 0;
+}
+
+// "tp·cp = 16 > 8 GPUs per node" when the kinds' group sizes together exceed a node.
+std::string product_text(const Layout& layout, const std::vector<GroupKind>& kinds,
+                         std::int64_t gpus_per_node) {
+  std::string names;
+  std::int64_t product = 1;
+  for (GroupKind k : kinds) {
+    names += (names.empty() ? "" : "\u00b7") + std::string(kind_name(k));
+    product *= local_group_size(layout, k);
+  }
+  if (product <= gpus_per_node) return "";
+  return names + " = " + std::to_string(product) + " > " + std::to_string(gpus_per_node) +
+         " GPUs per node";
+}
+
+std::string kind_list(const std::vector<GroupKind>& kinds) {
+  std::string s;
+  for (std::size_t i = 0; i < kinds.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == kinds.size() ? " and " : ", ") + std::string(kind_name(kinds[i]));
+  return s;
+}
+
 }  // namespace
 
 NodeMap::NodeMap(std::int64_t gpus_per_node) : g_(gpus_per_node) {
@@ -80,19 +116,82 @@ std::int64_t NodeMap::nodes_spanned(std::span<const Rank> members) const {
 bool wants_node_local(GroupKind k) noexcept { return local_kind(k).has_value(); }
 
 KindSpan kind_span(const Layout& layout, GroupKind k, int level, const NodeMap& nodes) {
-  const GroupList groups = layout.groups(k, level);
   KindSpan s;
   s.kind = k;
   s.level = level;
-  s.groups = static_cast<std::int64_t>(groups.size());
-  s.min_group_size = groups.empty() ? 0 : INT64_MAX;
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const auto size = static_cast<std::int64_t>(groups[i].size());
-    s.min_group_size = std::min(s.min_group_size, size);
-    s.max_group_size = std::max(s.max_group_size, size);
-    const std::int64_t spanned = nodes.nodes_spanned(groups[i]);
-    s.crossing_groups += spanned > 1 ? 1 : 0;
-    s.max_nodes_spanned = std::max(s.max_nodes_spanned, spanned);
+  s.groups = layout.num_groups(k, level);
+  const std::optional<std::int64_t> size = layout.group_size(k, level);
+  if (!size) {
+    // Groups of several sizes (a custom embedding policy): listed whole, as the policy's
+    // own results are.
+    const GroupList groups = layout.groups(k, level);
+    s.min_group_size = groups.empty() ? 0 : INT64_MAX;
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const auto n = static_cast<std::int64_t>(groups[i].size());
+      s.min_group_size = std::min(s.min_group_size, n);
+      s.max_group_size = std::max(s.max_group_size, n);
+      const std::int64_t spanned = nodes.nodes_spanned(groups[i]);
+      s.crossing_groups += spanned > 1 ? 1 : 0;
+      s.max_nodes_spanned = std::max(s.max_nodes_spanned, spanned);
+    }
+    return s;
+  }
+  s.min_group_size = s.max_group_size = *size;
+  if (s.groups == 0) return s;
+  if (*size == 1) {
+    s.max_nodes_spanned = 1;
+    return s;
+  }
+  // Stream the members in pieces; every kind but intra_dist_opt lists each group
+  // ascending, so a group's nodes are counted as changes of node along it. intra_dist_opt
+  // marks nodes in a bitmap (one bit per node), cleared after each group.
+  const bool ascending = k != GroupKind::intra_dist_opt;
+  const std::int64_t G = nodes.gpus_per_node();
+  std::vector<std::uint64_t> seen;
+  std::vector<std::int64_t> touched;
+  if (!ascending) seen.assign(static_cast<std::size_t>(nodes.nodes(layout.world_size()) / 64 + 1), 0);
+  const std::int64_t total = layout.num_members(k, level);
+  constexpr std::int64_t kPiece = 1 << 16;
+  std::vector<Rank> buf(static_cast<std::size_t>(std::min(total, kPiece)));
+  std::int64_t pos = 0, count = 0, node = -1, next = 0;
+  auto finish_group = [&] {
+    s.crossing_groups += count > 1 ? 1 : 0;
+    s.max_nodes_spanned = std::max(s.max_nodes_spanned, count);
+    if (!ascending) {
+      if (static_cast<std::int64_t>(touched.size()) * 64 < static_cast<std::int64_t>(seen.size())) {
+        for (std::int64_t n : touched) seen[static_cast<std::size_t>(n / 64)] = 0;
+      } else {
+        std::fill(seen.begin(), seen.end(), 0);
+      }
+      touched.clear();
+    }
+    pos = count = 0;
+    node = -1;
+    next = 0;
+  };
+  for (std::int64_t first = 0; first < total; first += kPiece) {
+    const std::int64_t n = std::min(kPiece, total - first);
+    layout.members(k, level, first, std::span<Rank>(buf.data(), static_cast<std::size_t>(n)));
+    for (std::int64_t i = 0; i < n; ++i) {
+      const Rank r = buf[static_cast<std::size_t>(i)];
+      if (ascending) {
+        if (r >= next) {  // a node change: divide only then
+          node = r / G;
+          next = (node + 1) * G;
+          ++count;
+        }
+      } else {
+        const std::int64_t nd = r / G;
+        std::uint64_t& word = seen[static_cast<std::size_t>(nd / 64)];
+        const std::uint64_t bit = std::uint64_t{1} << (nd % 64);
+        if ((word & bit) == 0) {
+          if (word == 0 && touched.size() < seen.size()) touched.push_back(nd);
+          word |= bit;
+          ++count;
+        }
+      }
+      if (++pos == *size) finish_group();
+    }
   }
   return s;
 }
@@ -103,15 +202,23 @@ bool crosses_nodes(const Layout& layout, GroupKind k, const NodeMap& nodes) {
     throw ConfigError("kind", "crosses_nodes: kind " + std::string(kind_name(k)) +
                                   " is not one of tp, cp, ep, expt_tp");
   const RankGrid& grid = lk->expert ? layout.expert_grid() : layout.dense_grid();
-  const std::int64_t size = grid.size(lk->axis);
-  if (size == 1 || grid.world_size() <= nodes.gpus_per_node()) return false;
-  const AxisSet mask{lk->axis};
-  const std::int64_t last = (size - 1) * grid.stride(lk->axis);
-  const std::int64_t n = grid.num_groups(mask);
-  for (std::int64_t q = 0; q < n; ++q) {
-    const Rank first = grid.member(mask, q, 0);
-    if (nodes.node(first) != nodes.node(first + last)) return true;
-  }
+  const std::int64_t s = grid.size(lk->axis), G = nodes.gpus_per_node();
+  if (s == 1 || grid.world_size() <= G) return false;
+  // A group is base + j*t (j < s). Its bases are x + y*T with x < t (every value of the
+  // axes below) and y < m, T = t*s. It crosses when base mod G + e reaches G, e = (s-1)*t.
+  // Over x, base mod G reaches min(rho + t - 1, G - 1) for rho = y*T mod G, so some group
+  // crosses exactly when max(rho) + t - 1 + e >= G.
+  const std::int64_t t = grid.stride(lk->axis), e = (s - 1) * t;
+  if (e >= G) return true;
+  const std::int64_t need = G - (t - 1 + e);  // some rho must reach it
+  if (need <= 0) return true;
+  const std::int64_t T = t * s, m = grid.world_size() / T;
+  const std::int64_t g = std::gcd(T, G);
+  if (m >= G / g) return G - g >= need;  // the residues are every multiple of g
+  const std::int64_t step = T % G;
+  std::int64_t rho = 0;
+  for (std::int64_t y = 0; y < m; ++y, rho = (rho + step) % G)
+    if (rho >= need) return true;
   return false;
 }
 
@@ -148,14 +255,36 @@ std::optional<std::string> suggest_order(const ParallelConfig& config, GroupKind
   return std::get<2>(*best);
 }
 
+std::string best_order(const ParallelConfig& config, const NodeMap& nodes) {
+  const std::vector<Axis> given = parse_order(config.order);
+  std::vector<Axis> perm = given;
+  std::sort(perm.begin(), perm.end());
+  using Score = std::tuple<int, int, std::string>;
+  Score best{crossing_mask(Layout(config), nodes), 0, config.order};
+  do {
+    ParallelConfig candidate = config;
+    candidate.order = join(perm);
+    std::optional<Layout> layout;
+    try {
+      layout.emplace(candidate);
+    } catch (const ConfigError&) {
+      continue;  // e.g. the pp strides of the two grids disagree (rule 11)
+    }
+    Score score{crossing_mask(*layout, nodes), kendall_distance(given, perm), candidate.order};
+    if (score < best) best = std::move(score);
+  } while (std::next_permutation(perm.begin(), perm.end()));
+  return std::get<2>(best);
+}
+
 std::string TopologyWarning::message() const {
   std::string s = std::string(kind_name(kind)) + " groups cross nodes (" +
                   std::to_string(crossing_groups) + " of " + std::to_string(groups) +
                   " groups span up to " + std::to_string(max_nodes_spanned) + " nodes); ";
-  if (order) return s + "order \"" + *order + "\" keeps them inside";
+  if (order) return s + "order \"" + *order + "\" keeps them inside" + (reason.empty() ? "" : "; " + reason);
   if (group_size > gpus_per_node)
     return s + "no order keeps them inside: a group has " + std::to_string(group_size) +
            " ranks, a node " + std::to_string(gpus_per_node) + " GPUs";
+  if (!reason.empty()) return s + reason;
   return s + "no valid order keeps them inside";
 }
 
@@ -170,8 +299,14 @@ TopologyReport check_topology(const Layout& layout, std::span<const GroupKind> k
     if (!layout.has_kind(k)) (void)layout.num_groups(k);  // throws, naming why it is absent
     for (int l = 0; l < layout.levels(k); ++l) report.kinds.push_back(kind_span(layout, k, l, nodes));
   }
+  const int now = crossing_mask(layout, nodes);
+  report.best_order = now == 0 ? layout.config().order : best_order(layout.config(), nodes);
+  ParallelConfig best_config = layout.config();
+  best_config.order = report.best_order;
+  const Layout best(best_config);
+  const int then = crossing_mask(best, nodes);
   for (GroupKind k : kNodeLocalKinds) {
-    if (!crosses_nodes(layout, k, nodes)) continue;
+    if ((now & priority_bit(k)) == 0) continue;
     const KindSpan s = kind_span(layout, k, 0, nodes);
     TopologyWarning w;
     w.kind = k;
@@ -180,7 +315,43 @@ TopologyReport check_topology(const Layout& layout, std::span<const GroupKind> k
     w.max_nodes_spanned = s.max_nodes_spanned;
     w.group_size = s.max_group_size;
     w.gpus_per_node = nodes.gpus_per_node();
-    w.order = suggest_order(layout.config(), k, nodes);
+    if ((then & priority_bit(k)) == 0) {
+      // The best order keeps k inside: advise it, and say what it pushes out instead.
+      w.order = report.best_order;
+      w.avoidable = true;
+      std::vector<GroupKind> pushed;
+      for (GroupKind o : kNodeLocalKinds)
+        if ((then & priority_bit(o)) != 0 && (now & priority_bit(o)) == 0) pushed.push_back(o);
+      if (!pushed.empty()) {
+        std::vector<GroupKind> both = {k};
+        both.insert(both.end(), pushed.begin(), pushed.end());
+        const std::string why = product_text(layout, both, nodes.gpus_per_node());
+        w.reason = kind_list(pushed) + " groups then cross" + (why.empty() ? "" : " (" + why + ")");
+      }
+    } else if (w.group_size <= nodes.gpus_per_node()) {
+      // k fits a node, but not beside the more important kinds the best order keeps
+      // inside: name them, with their sizes when together they exceed a node.
+      std::vector<GroupKind> kept;
+      if (const auto alone = suggest_order(layout.config(), k, nodes)) {
+        ParallelConfig c = layout.config();
+        c.order = *alone;
+        const int mask = crossing_mask(Layout(c), nodes);
+        for (GroupKind o : kNodeLocalKinds) {
+          if (o == k) break;
+          if ((then & priority_bit(o)) == 0 && (mask & priority_bit(o)) != 0) kept.push_back(o);
+        }
+      }
+      if (!kept.empty()) {
+        std::vector<GroupKind> all = kept;
+        all.push_back(k);
+        const std::string why = product_text(layout, all, nodes.gpus_per_node());
+        const std::string name(kind_name(k));
+        w.reason = (why.empty() ? "no valid order keeps " + name + " inside together with " +
+                                      kind_list(kept)
+                                : why + ": " + name + " groups must cross nodes") +
+                   "; keeping " + kind_list(kept) + " inside";
+      }
+    }
     report.warnings.push_back(std::move(w));
   }
   return report;

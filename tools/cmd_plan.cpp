@@ -104,7 +104,7 @@ int run_plan(const PlanOptions& o) {
 
   if (!report) return 0;
   for (const TopologyWarning& w : report->warnings) std::cerr << "warning: " << w.message() << "\n";
-  return o.strict && !report->warnings.empty() ? kExitTopologyWarning : 0;
+  return o.strict && report->avoidable() ? kExitTopologyWarning : 0;
 }
 
 }  // namespace

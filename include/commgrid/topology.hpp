@@ -61,9 +61,17 @@ struct TopologyWarning {
   std::int64_t max_nodes_spanned = 0;
   std::int64_t group_size = 0;
   std::int64_t gpus_per_node = 0;
-  /// An order that keeps every group of this kind inside one node (see suggest_order),
-  /// or nullopt when no valid order does.
+  /// The order to use instead (best_order), when it keeps this kind inside; nullopt when
+  /// no valid order keeps it inside without pushing a more important kind out.
   std::optional<std::string> order;
+  /// Whether another order would have kept this kind inside (`order` is set): only these
+  /// fail `--strict`. False when the kind cannot be inside: a group is larger than a node,
+  /// or more important kinds need the node (see `reason`).
+  bool avoidable = false;
+  /// Without an order: why the kind must cross ("tp·cp = 16 > 8 GPUs per node: cp groups
+  /// must cross nodes; keeping tp inside"). With one: the less important kinds that the
+  /// order pushes out instead ("cp groups then cross"), or empty.
+  std::string reason;
   /// One line without a prefix: `tp groups cross nodes (8 of 8 groups span up to 2 nodes);
   /// order "tp-cp-ep-dp-pp" keeps them inside`.
   [[nodiscard]] std::string message() const;
@@ -77,20 +85,30 @@ struct TopologyReport {
   std::string order;                      ///< the layout's order string
   std::vector<KindSpan> kinds;            ///< one row per requested kind and hcp level
   std::vector<TopologyWarning> warnings;  ///< in the order tp, cp, ep, expt_tp
+  std::string best_order;                 ///< best_order() of the layout's config
+  /// Whether some warning could have been avoided by another order (`--strict` fails).
+  [[nodiscard]] bool avoidable() const noexcept {
+    for (const TopologyWarning& w : warnings)
+      if (w.avoidable) return true;
+    return false;
+  }
 };
 
 /// The kinds whose traffic is heavy and latency-bound enough that they belong inside a
 /// node: tp, cp, ep and expt_tp.
 [[nodiscard]] bool wants_node_local(GroupKind k) noexcept;
 
-/// How the groups of one kind (one hcp level) sit on the nodes. O(W): enumerates the kind.
-/// Throws UnknownKindError for a kind the layout does not build.
+/// How the groups of one kind (one hcp level) sit on the nodes. O(W) time: streams the
+/// kind's members in pieces, so memory stays small at any world (a kind whose groups are
+/// not ascending, intra_dist_opt, needs one bit per node). Throws UnknownKindError for a
+/// kind the layout does not build.
 [[nodiscard]] KindSpan kind_span(const Layout& layout, GroupKind k, int level,
                                  const NodeMap& nodes);
 
 /// Whether any group of a node-local kind (tp, cp, ep, expt_tp) crosses a node boundary.
-/// O(number of groups), no allocation: those kinds are single grid axes whose members are
-/// ascending, so a group crosses exactly when its first and last members differ in node.
+/// Those kinds are single grid axes, so the answer follows from the axis' size and stride
+/// and the residues of the group bases modulo the node size: O(min(groups, gpus_per_node)),
+/// no allocation.
 [[nodiscard]] bool crosses_nodes(const Layout& layout, GroupKind k, const NodeMap& nodes);
 
 /// An order that keeps every group of kind k inside one node, or nullopt when none exists.
@@ -109,10 +127,20 @@ struct TopologyReport {
 [[nodiscard]] std::optional<std::string> suggest_order(const ParallelConfig& config,
                                                        GroupKind k, const NodeMap& nodes);
 
+/// The order that serves the node-local kinds best, by importance tp > cp > ep > expt_tp:
+/// among the valid permutations of config.order's tokens, the one that keeps tp inside
+/// nodes if any can, then cp, then ep, then expt_tp (each only without giving up a more
+/// important one), then the closest to config.order (Kendall tau distance), then the
+/// first as a string. Returns config.order when nothing better exists, so following the
+/// advice never loops: the best order's best order is itself. At most 120 candidates,
+/// each checked in O(min(W, gpus_per_node)) per kind.
+[[nodiscard]] std::string best_order(const ParallelConfig& config, const NodeMap& nodes);
+
 /// Checks a layout: one KindSpan per requested kind (per level for hcp; kinds the layout
 /// does not build throw UnknownKindError), and one warning for each of tp, cp, ep and
 /// expt_tp whose groups cross nodes, whether or not it was requested (a kind left out of
-/// the table must not hide a slow layout).
+/// the table must not hide a slow layout). Every warning that names an order names
+/// best_order(), so the advice is the same whichever kind it is read from.
 [[nodiscard]] TopologyReport check_topology(const Layout& layout, std::span<const GroupKind> kinds,
                                             const NodeMap& nodes);
 

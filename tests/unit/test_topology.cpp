@@ -92,20 +92,25 @@ TEST(Topology, ExpertParallelAcrossNodes) {
   EXPECT_EQ(r.warnings[0].order, "tp-cp-ep-dp-pp");
 }
 
-// cp 2 x tp 8 cannot both fit an 8-GPU node: keeping cp inside means tp crosses, which
-// the search accepts only because no order keeps both inside.
-TEST(Topology, ContextParallelTradesAgainstTp) {
+// cp 2 x tp 8 cannot both fit an 8-GPU node: tp, the more important kind, stays inside,
+// and the cp warning says why instead of suggesting an order that would push tp out.
+TEST(Topology, ContextParallelYieldsToTp) {
   const Layout l(make_config(32, 8, 1, 2));
   const NodeMap nodes(8);
   const TopologyReport r = check_topology(l, std::vector<GroupKind>{GroupKind::cp}, nodes);
   EXPECT_EQ(span_of(r, GroupKind::cp), (KindSpan{GroupKind::cp, 0, 16, 2, 2, 16, 2}));
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_EQ(r.warnings[0].kind, GroupKind::cp);
-  EXPECT_EQ(r.warnings[0].order, "cp-tp-ep-dp-pp");
-  ParallelConfig fixed = l.config();
-  fixed.order = *r.warnings[0].order;
-  EXPECT_TRUE(crosses_nodes(Layout(fixed), GroupKind::tp, nodes));
-  EXPECT_FALSE(crosses_nodes(Layout(fixed), GroupKind::cp, nodes));
+  EXPECT_FALSE(r.warnings[0].order.has_value());
+  EXPECT_FALSE(r.warnings[0].avoidable);
+  EXPECT_FALSE(r.avoidable());
+  EXPECT_EQ(r.best_order, l.config().order);
+  // cp alone could be kept inside, at tp's expense.
+  ParallelConfig alone = l.config();
+  alone.order = *suggest_order(l.config(), GroupKind::cp, nodes);
+  EXPECT_EQ(alone.order, "cp-tp-ep-dp-pp");
+  EXPECT_TRUE(crosses_nodes(Layout(alone), GroupKind::tp, nodes));
+  EXPECT_FALSE(crosses_nodes(Layout(alone), GroupKind::cp, nodes));
 }
 
 TEST(Topology, GroupLargerThanANodeHasNoFix) {
