@@ -1,0 +1,284 @@
+// train_gpt: a small float64 GPT trained through commgrid's two collections, on any dense
+// layout, over Gloo (rank-threads with --local N, or under `commgrid launch`) or MPI (under
+// mpirun). main alone creates the world and the ProcessGroups; the model, the schedule and
+// the optimizer receive only the collections.
+#include <CLI/CLI.hpp>
+#include <commgrid/commgrid.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "layout_flags.hpp"
+#include "setup.hpp"
+#include "trainer.hpp"
+
+namespace {
+
+using commgrid::cli::parse_integer;
+using train_gpt::GroupFault;
+using train_gpt::StepResult;
+using train_gpt::TrainConfig;
+
+/// How long any rank waits for the others in one call unless --timeout says otherwise.
+constexpr int kDefaultTimeoutSeconds = 120;
+
+struct Flags {
+  commgrid::cli::LayoutFlags layout;
+  std::string backend, local, timeout;
+  std::string steps = "10", global_batch = "8", micro_batches = "1", seed = "1234";
+  std::string lr = "0.01", clip_grad = "1.0";
+  std::string vocab = "64", hidden = "32", heads = "4", seq = "32", layers = "4";
+  std::string format = "table", fault;
+  bool sequence_parallel = false, dist_opt = false;
+};
+
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+double parse_double(const std::string& param, const std::string& text, double min) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+    throw commgrid::InvalidValueError(param, param + ": expected a number, got \"" + text + "\"");
+  if (v < min)
+    throw commgrid::InvalidValueError(param, param + " must be >= " + std::to_string(min) + ", got " + text);
+  return v;
+}
+
+int to_int(const char* param, const std::string& text, int min) {
+  return static_cast<int>(parse_integer(param, text, min, 1 << 20));
+}
+
+// Everything that does not depend on the world size, checked before any rank starts.
+TrainConfig train_config(const Flags& f, std::optional<int> vpp) {
+  TrainConfig c;
+  c.model.vocab = to_int("vocab", f.vocab, 1);
+  c.model.hidden = to_int("hidden", f.hidden, 1);
+  c.model.heads = to_int("heads", f.heads, 1);
+  c.model.seq = to_int("seq", f.seq, 1);
+  c.model.layers = to_int("layers", f.layers, 1);
+  c.model.seed = static_cast<std::uint64_t>(parse_integer("seed", f.seed, 0));
+  c.steps = to_int("steps", f.steps, 1);
+  c.global_batch = to_int("global_batch", f.global_batch, 1);
+  c.micro_batches = to_int("micro_batches", f.micro_batches, 1);
+  c.vpp = vpp.value_or(1);
+  c.sequence_parallel = f.sequence_parallel;
+  c.optimizer.lr = parse_double("lr", f.lr, 0.0);
+  c.optimizer.clip_grad = parse_double("clip_grad", f.clip_grad, 0.0);
+  c.optimizer.dist_opt = f.dist_opt;
+  if (f.fault == "skip-embd-sum") c.fault_skip_embd_sum = true;
+  return c;
+}
+
+GroupFault group_fault(const std::string& fault) {
+  if (fault.empty() || fault == "skip-embd-sum") return GroupFault::none;
+  if (fault == "swap-tp-dp-cp") return GroupFault::swap_tp_dp_cp;
+  throw commgrid::InvalidValueError("fault", "fault: expected swap-tp-dp-cp or skip-embd-sum, got \"" + fault + "\"");
+}
+
+void print(const std::string& format, const commgrid::ParallelConfig& layout, const TrainConfig& c,
+           const std::vector<StepResult>& steps) {
+  if (format == "json") {
+    nlohmann::ordered_json j;
+    auto& cfg = j["config"];
+    cfg["world_size"] = layout.world_size;
+    cfg["tp"] = layout.tp;
+    cfg["pp"] = layout.pp;
+    cfg["cp"] = layout.cp;
+    cfg["dp"] = layout.dp();
+    cfg["hcp"] = layout.hcp;
+    cfg["vpp"] = c.vpp;
+    cfg["order"] = layout.order;
+    cfg["dist_opt"] = c.optimizer.dist_opt;
+    cfg["dist_opt_instances"] = layout.dist_opt_instances;
+    cfg["sequence_parallel"] = c.sequence_parallel;
+    cfg["vocab"] = c.model.vocab;
+    cfg["hidden"] = c.model.hidden;
+    cfg["heads"] = c.model.heads;
+    cfg["seq"] = c.model.seq;
+    cfg["layers"] = c.model.layers;
+    cfg["steps"] = c.steps;
+    cfg["global_batch"] = c.global_batch;
+    cfg["micro_batches"] = c.micro_batches;
+    cfg["seed"] = c.model.seed;
+    cfg["lr"] = c.optimizer.lr;
+    cfg["clip_grad"] = c.optimizer.clip_grad;
+    j["steps"] = nlohmann::ordered_json::array();
+    for (const StepResult& s : steps)
+      j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}});
+    std::cout << j.dump(2) << "\n" << std::flush;
+    return;
+  }
+  std::ostringstream out;
+  out << "world " << layout.world_size << ": tp " << layout.tp << ", pp " << layout.pp;
+  if (c.vpp > 1) out << " (vpp " << c.vpp << ")";
+  out << ", cp " << layout.cp << ", dp " << layout.dp() << ", order " << layout.order;
+  if (c.sequence_parallel) out << ", sequence parallel";
+  if (c.optimizer.dist_opt) out << ", dist-opt x" << layout.dist_opt_instances;
+  out << "\nmodel: vocab " << c.model.vocab << ", hidden " << c.model.hidden << ", heads "
+      << c.model.heads << ", seq " << c.model.seq << ", layers " << c.model.layers
+      << "; global batch " << c.global_batch << " in " << c.micro_batches << " micro-batch"
+      << (c.micro_batches == 1 ? "" : "es") << " per dp rank\n";
+  out << "step              loss         grad_norm\n";
+  for (const StepResult& s : steps)
+    out << std::setw(4) << s.step << std::fixed << std::setprecision(12) << std::setw(18) << s.loss
+        << std::setw(18) << s.grad_norm << "\n";
+  std::cout << out.str() << std::flush;
+}
+
+bool is_config_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const commgrid::ConfigError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+int run(const Flags& f) {
+  if (f.format != "table" && f.format != "json")
+    throw commgrid::InvalidValueError("format", "format: expected table or json, got \"" + f.format + "\"");
+  const GroupFault fault = group_fault(f.fault);
+  const std::chrono::milliseconds timeout = std::chrono::seconds(
+      f.timeout.empty() ? kDefaultTimeoutSeconds : parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
+  const std::string backend = !f.backend.empty() ? f.backend
+                              : (!f.local.empty() || std::getenv("COMMGRID_RANK")) ? "gloo"
+                                                                                  : "mpi";
+  if (backend != "mpi" && backend != "gloo")
+    throw commgrid::InvalidValueError("backend", "backend: expected gloo or mpi, got \"" + backend + "\"");
+  if (backend == "mpi" && !f.local.empty())
+    throw commgrid::IncompatibleError("local", "local: --local runs ranks as threads and needs --backend gloo");
+
+  // The layout and the run are checked before the world exists, identically on every
+  // rank, so that bad input is exit 2 everywhere and no rank waits for another.
+  auto checked = [&](std::int64_t world_size) {
+    const commgrid::ParallelConfig layout = commgrid::cli::to_config(f.layout, world_size);
+    TrainConfig c = train_config(f, layout.vpp ? std::optional<int>(static_cast<int>(*layout.vpp)) : std::nullopt);
+    train_gpt::check_train_config(c, layout);
+    return std::pair{layout, c};
+  };
+
+  if (backend == "gloo") {
+#if COMMGRID_HAS_GLOO
+    commgrid::GlooOptions gloo;
+    gloo.timeout = timeout;
+    if (!f.local.empty()) {
+      const int n = static_cast<int>(parse_integer("local", f.local, 1, 1024));
+      const auto [layout, config] = checked(n);
+      std::mutex mutex;
+      std::vector<StepResult> results;
+      const commgrid::LocalRunResult r = commgrid::run_local_ranks_collect(n, [&](commgrid::Communicator& world) {
+        auto steps = train_gpt::run_rank(world, layout, config, fault);
+        if (world.rank() == 0) {
+          std::lock_guard lock(mutex);
+          results = std::move(steps);
+        }
+      }, gloo);
+      if (r.first_failed_rank >= 0) {
+        std::cerr << "error: " << one_line(r.first_failure) << "\n";
+        return is_config_error(r.errors[static_cast<std::size_t>(r.first_failed_rank)]) ? 2 : 1;
+      }
+      print(f.format, layout, config, results);
+      return 0;
+    }
+    const commgrid::WorldEnv env = commgrid::read_world_env();
+    const auto [layout, config] = checked(env.size);
+    auto world = commgrid::make_gloo_world_from_env(gloo);
+    const auto results = train_gpt::run_rank(*world, layout, config, fault);
+    if (world->rank() == 0) print(f.format, layout, config, results);
+    return 0;
+#else
+    throw commgrid::ConfigError("backend", "backend: this build has no Gloo backend");
+#endif
+  }
+#if COMMGRID_HAS_MPI
+  commgrid::mpi::MpiEnvironment env;
+  const std::unique_ptr<commgrid::mpi::MpiCommunicator> world = commgrid::mpi::world(timeout);
+  const int rank = world->rank();
+  commgrid::ParallelConfig layout;
+  TrainConfig config;
+  try {
+    std::tie(layout, config) = checked(world->size());
+  } catch (const commgrid::ConfigError& e) {
+    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 2;
+  }
+  try {
+    const auto results = train_gpt::run_rank(*world, layout, config, fault);
+    if (rank == 0) print(f.format, layout, config, results);
+  } catch (const commgrid::ConfigError& e) {  // the same on every rank
+    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    // Possibly this rank alone: end the job instead of leaving the others waiting.
+    std::cerr << "error: rank " << rank << ": " << one_line(e.what()) << std::endl;
+    commgrid::mpi::MpiEnvironment::abort(1);
+  }
+  return 0;
+#else
+  throw commgrid::ConfigError("backend", "backend: this build has no MPI backend");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"train_gpt: a small float64 GPT trained through commgrid's collections; "
+               "every layout gives the losses of one rank"};
+  Flags f;
+  commgrid::cli::add_layout_flags(app, f.layout, /*with_world_size=*/true);
+  app.add_option("--backend", f.backend,
+                 "gloo (--local N, or under commgrid launch) or mpi (under mpirun); default: "
+                 "gloo with --local or COMMGRID_RANK set, else mpi");
+  app.add_option("--local", f.local, "run N ranks as threads of this process (Gloo)");
+  app.add_option("--timeout", f.timeout, "seconds any rank waits for the others in one call (120)");
+  app.add_option("--steps,--train-iters", f.steps, "training steps (10)");
+  app.add_option("--global-batch,--global-batch-size", f.global_batch, "samples per step (8)");
+  app.add_option("--micro-batches", f.micro_batches, "micro-batches per data-parallel rank and step (1)");
+  app.add_option("--seed", f.seed, "seed of the parameters and the data (1234)");
+  app.add_option("--lr", f.lr, "Adam learning rate (0.01)");
+  app.add_option("--clip-grad", f.clip_grad, "clip the global gradient norm to this; 0: off (1.0)");
+  app.add_option("--vocab,--vocab-size", f.vocab, "vocabulary size (64)");
+  app.add_option("--hidden,--hidden-size", f.hidden, "hidden size (32)");
+  app.add_option("--heads,--num-attention-heads", f.heads, "attention heads (4)");
+  app.add_option("--seq,--seq-length", f.seq, "sequence length (32)");
+  app.add_option("--layers,--num-layers", f.layers, "transformer layers (4)");
+  app.add_flag("--sequence-parallel", f.sequence_parallel,
+               "split activations along the sequence in the tp regions");
+  app.add_flag("--dist-opt,--use-distributed-optimizer", f.dist_opt,
+               "shard Adam's state over intra_dp_cp (the distributed optimizer)");
+  app.add_option("--format", f.format, "table or json (table)");
+  // Hidden (empty group): test-only faults that a comparison with one rank must catch.
+  app.add_option("--fault", f.fault)->group("");
+  app.footer("Examples: train_gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
+             "          mpirun -np 4 train_gpt --cp 2 --dist-opt --format json\n"
+             "          commgrid launch -n 4 -- train_gpt --pp 2 --vpp 2 --micro-batches 2\n"
+             "Exit codes: 0 trained, 1 a communication failure, 2 bad input.");
+  try {
+    app.parse(argc, argv);
+    return run(f);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const commgrid::ConfigError& e) {
+    std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << one_line(e.what()) << "\n";
+    return 1;
+  }
+}

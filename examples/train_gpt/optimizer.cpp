@@ -1,0 +1,164 @@
+#include "optimizer.hpp"
+
+#include <cmath>
+
+namespace train_gpt {
+
+using commgrid::ReduceOp;
+
+namespace {
+
+// Sums the gradients of `selected` parameters over `group` in one call.
+void allreduce_grads(const std::vector<Param*>& selected, commgrid::Communicator& group) {
+  std::size_t n = 0;
+  for (const Param* p : selected) n += static_cast<std::size_t>(p->grad.size());
+  if (n == 0) return;
+  std::vector<double> flat;
+  flat.reserve(n);
+  for (const Param* p : selected) flat.insert(flat.end(), p->grad.data(), p->grad.data() + p->grad.size());
+  group.allreduce(std::span<double>(flat), ReduceOp::sum)->wait();
+  std::size_t at = 0;
+  for (Param* p : selected) {
+    std::copy_n(flat.data() + at, p->grad.size(), p->grad.data());
+    at += static_cast<std::size_t>(p->grad.size());
+  }
+}
+
+std::vector<Param*> select(const std::vector<Param*>& params, bool (*pred)(const Param&)) {
+  std::vector<Param*> out;
+  for (Param* p : params)
+    if (pred(*p)) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+void finalize_model_grads(const std::vector<Param*>& params, const ModelParallel& mp,
+                          bool skip_embd_sum) {
+  if (mp.sequence_parallel() && mp.tp_size() > 1)
+    allreduce_grads(select(params, [](const Param& p) { return p.sequence_parallel; }), mp.tp());
+  if (commgrid::Communicator* embd = mp.embd(); embd && embd->size() > 1 && !skip_embd_sum) {
+    const auto words = select(params, [](const Param& p) { return p.word_embedding; });
+    // Every member must take part, or the others wait: a member without the embedding is
+    // a model/layout disagreement, reported before any communication.
+    if (words.size() != 1)
+      throw commgrid::InternalError("embd: rank in " + embd->name() + " holds " +
+                                    std::to_string(words.size()) + " word embeddings, expected 1");
+    allreduce_grads(words, *embd);
+  }
+  if (commgrid::Communicator* pos = mp.pos_embd(); pos && pos->size() > 1)
+    allreduce_grads(select(params, [](const Param& p) { return p.position_embedding; }), *pos);
+}
+
+Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcessGroups& grads,
+                     const ModelParallel& mp, OptimizerConfig config)
+    : params_(std::move(params)), mp_(mp), config_(config), dp_cp_(&*grads.dp_cp()) {
+  for (const Param* p : params_) {
+    const bool counted = !(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy;
+    norm_weight_.insert(norm_weight_.end(), static_cast<std::size_t>(p->value.size()), counted ? 1.0 : 0.0);
+  }
+  numel_ = norm_weight_.size();
+  if (config_.dist_opt) {
+    intra_ = &*grads.intra_dp_cp();
+    inter_ = grads.inter_dist_opt().get();  // none with one instance
+    const auto shards = static_cast<std::size_t>(intra_->size());
+    padded_ = (numel_ + shards - 1) / shards * shards;
+    shard_ = padded_ / shards;
+    shard_begin_ = shard_ * static_cast<std::size_t>(intra_->rank());
+    norm_weight_.resize(padded_, 0.0);
+    std::vector<double> values;
+    pack_values(values);
+    master_.assign(values.begin() + static_cast<std::ptrdiff_t>(shard_begin_),
+                   values.begin() + static_cast<std::ptrdiff_t>(shard_begin_ + shard_));
+  } else {
+    padded_ = shard_ = numel_;
+  }
+  m_.assign(shard_, 0.0);
+  v_.assign(shard_, 0.0);
+}
+
+void Optimizer::pack_grads(std::vector<double>& flat) const {
+  flat.assign(padded_, 0.0);
+  std::size_t at = 0;
+  for (const Param* p : params_) {
+    std::copy_n(p->grad.data(), p->grad.size(), flat.data() + at);
+    at += static_cast<std::size_t>(p->grad.size());
+  }
+}
+
+void Optimizer::pack_values(std::vector<double>& flat) const {
+  flat.assign(padded_, 0.0);
+  std::size_t at = 0;
+  for (const Param* p : params_) {
+    std::copy_n(p->value.data(), p->value.size(), flat.data() + at);
+    at += static_cast<std::size_t>(p->value.size());
+  }
+}
+
+void Optimizer::unpack_values(const std::vector<double>& flat) {
+  std::size_t at = 0;
+  for (Param* p : params_) {
+    std::copy_n(flat.data() + at, p->value.size(), p->value.data());
+    at += static_cast<std::size_t>(p->value.size());
+  }
+}
+
+double Optimizer::clip_coefficient(double norm) const {
+  if (config_.clip_grad <= 0) return 1.0;
+  const double c = config_.clip_grad / (norm + 1e-6);
+  return c < 1.0 ? c : 1.0;
+}
+
+void Optimizer::adam(std::span<double> value, std::span<const double> grad, std::span<double> m,
+                     std::span<double> v, double clip) const {
+  const double b1 = config_.beta1, b2 = config_.beta2;
+  const double c1 = 1.0 - std::pow(b1, steps_), c2 = 1.0 - std::pow(b2, steps_);
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const double g = grad[i] * clip;
+    m[i] = b1 * m[i] + (1 - b1) * g;
+    v[i] = b2 * v[i] + (1 - b2) * g * g;
+    value[i] -= config_.lr * ((m[i] / c1) / (std::sqrt(v[i] / c2) + config_.eps) +
+                              config_.weight_decay * value[i]);
+  }
+}
+
+double Optimizer::step() {
+  ++steps_;
+  std::vector<double> flat;
+  pack_grads(flat);
+  const double inv_dp = 1.0 / static_cast<double>(dp_cp_->size());
+  std::vector<double> grad;  // this rank's shard (everything without dist_opt)
+  if (!config_.dist_opt) {
+    if (dp_cp_->size() > 1) dp_cp_->allreduce(std::span<double>(flat), ReduceOp::sum)->wait();
+    grad = std::move(flat);
+  } else {
+    grad.assign(shard_, 0.0);
+    intra_->reduce_scatter(std::span<const double>(flat), std::span<double>(grad), ReduceOp::sum)->wait();
+    if (inter_ != nullptr) inter_->allreduce(std::span<double>(grad), ReduceOp::sum)->wait();
+  }
+  for (double& g : grad) g *= inv_dp;
+
+  double sq = 0;
+  for (std::size_t i = 0; i < grad.size(); ++i)
+    sq += norm_weight_[shard_begin_ + i] * grad[i] * grad[i];
+  // The shards of one instance together hold the whole (tp, pp) part of the model.
+  if (intra_ != nullptr && intra_->size() > 1) intra_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
+  if (mp_.mp().size() > 1) mp_.mp().allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
+  const double norm = std::sqrt(sq);
+  const double clip = clip_coefficient(norm);
+
+  if (!config_.dist_opt) {
+    std::vector<double> values;
+    pack_values(values);
+    adam(values, grad, m_, v_, clip);
+    unpack_values(values);
+  } else {
+    adam(master_, grad, m_, v_, clip);
+    std::vector<double> values(padded_);
+    intra_->allgather(std::span<const double>(master_), std::span<double>(values))->wait();
+    unpack_values(values);
+  }
+  return norm;
+}
+
+}  // namespace train_gpt

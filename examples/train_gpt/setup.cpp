@@ -1,0 +1,26 @@
+#include "setup.hpp"
+
+namespace train_gpt {
+
+Collections make_collections(const commgrid::ProcessGroups& groups, GroupFault fault) {
+  Collections c{commgrid::ModelCommProcessGroups::from_state(groups),
+                commgrid::GradCommProcessGroups::from_state(groups)};
+  if (fault == GroupFault::swap_tp_dp_cp) {
+    const commgrid::GroupHandle tp = c.model.tp().handles().front();
+    const commgrid::GroupHandle dp_cp = c.grads.dp_cp().handles().front();
+    c.model.set("tp", dp_cp);
+    c.grads.set("dp_cp", tp);
+  }
+  return c;
+}
+
+std::vector<StepResult> run_rank(commgrid::Communicator& world, const commgrid::ParallelConfig& layout,
+                                 const TrainConfig& config, GroupFault fault) {
+  check_train_config(config, layout);
+  commgrid::ProcessGroups groups;
+  groups.initialize(world, layout);
+  const Collections c = make_collections(groups, fault);
+  return train(c.model, c.grads, config);
+}
+
+}  // namespace train_gpt

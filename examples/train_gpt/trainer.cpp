@@ -1,0 +1,97 @@
+#include "trainer.hpp"
+
+#include <string>
+
+#include "data.hpp"
+#include "model.hpp"
+#include "parallel.hpp"
+#include "schedule.hpp"
+
+namespace train_gpt {
+
+using commgrid::DivisibilityError;
+using commgrid::IncompatibleError;
+using commgrid::ReduceOp;
+
+namespace {
+
+// The checks shared by check_train_config (sizes from the layout) and train (sizes from
+// the groups).
+void check_sizes(const TrainConfig& c, std::int64_t tp, std::int64_t pp, std::int64_t cp,
+                 std::int64_t dp) {
+  const ModelConfig& m = c.model;
+  auto s = [](auto v) { return std::to_string(v); };
+  if (m.hidden % m.heads != 0)
+    throw DivisibilityError("hidden", "hidden " + s(m.hidden) + " is not divisible by heads " + s(m.heads));
+  if (m.layers % (pp * c.vpp) != 0)
+    throw DivisibilityError("layers", "layers " + s(m.layers) + " is not divisible by pp(" + s(pp) +
+                                          ") x vpp(" + s(c.vpp) + ") = " + s(pp * c.vpp));
+  if (m.heads % tp != 0)
+    throw DivisibilityError("heads", "heads " + s(m.heads) + " is not divisible by tp " + s(tp));
+  if (m.vocab % tp != 0)
+    throw DivisibilityError("vocab", "vocab " + s(m.vocab) + " is not divisible by tp " + s(tp));
+  if (m.seq % (2 * cp) != 0)
+    throw DivisibilityError("seq", "seq " + s(m.seq) + " is not divisible by 2 x cp = " + s(2 * cp));
+  if (c.sequence_parallel && (m.seq / cp) % tp != 0)
+    throw DivisibilityError("seq", "seq / cp = " + s(m.seq / cp) +
+                                       " is not divisible by tp " + s(tp) + " (sequence parallel)");
+  if (c.global_batch % (dp * c.micro_batches) != 0)
+    throw DivisibilityError("global_batch", "global_batch " + s(c.global_batch) +
+                                                " is not divisible by dp(" + s(dp) + ") x micro_batches(" +
+                                                s(c.micro_batches) + ") = " + s(dp * c.micro_batches));
+  if (c.vpp > 1 && c.micro_batches % pp != 0)
+    throw DivisibilityError("micro_batches", "micro_batches " + s(c.micro_batches) +
+                                                 " is not divisible by pp " + s(pp) +
+                                                 " (interleaved schedule with vpp " + s(c.vpp) + ")");
+}
+
+}  // namespace
+
+void check_train_config(const TrainConfig& c, const commgrid::ParallelConfig& layout) {
+  const std::int64_t vpp = layout.vpp.value_or(1);
+  if (vpp != c.vpp)
+    throw IncompatibleError("vpp", "vpp: the layout has " + std::to_string(vpp) +
+                                       ", the run " + std::to_string(c.vpp));
+  if (layout.dist_opt_instances > 1 && !c.optimizer.dist_opt)
+    throw IncompatibleError("dist_opt_instances",
+                            "dist_opt_instances " + std::to_string(layout.dist_opt_instances) +
+                                " needs the distributed optimizer (--dist-opt)");
+  check_sizes(c, layout.tp, layout.pp, layout.cp, layout.dp());
+}
+
+std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_groups,
+                              const commgrid::GradCommProcessGroups& grad_groups,
+                              const TrainConfig& config) {
+  commgrid::Communicator& dp = *grad_groups.dp();
+  commgrid::Communicator& dp_cp = *grad_groups.dp_cp();
+  check_sizes(config, model_groups.tp()->size(), model_groups.pp()->size(),
+              model_groups.cp()->size(), dp.size());
+  const ModelParallel mp(model_groups, config.sequence_parallel);
+  GptModel model(config.model, mp, config.vpp);
+  const std::vector<Param*> params = model.params();
+  Optimizer optimizer(params, grad_groups, mp, config.optimizer);
+  const DataLoader data(config.model, config.global_batch, config.micro_batches, dp.rank(),
+                        dp.size(), mp.positions_of(mp.cp_rank(), config.model.seq));
+  const double total_tokens = static_cast<double>(config.global_batch) * config.model.seq;
+  // Each rank's gradient is that of the mean over its own tokens; averaging over dp_cp
+  // (which has as many ranks as there are token shards) gives the global mean's.
+  const double local_tokens = total_tokens / static_cast<double>(dp_cp.size());
+  const bool last_stage = mp.pp_rank() == mp.pp_size() - 1;
+
+  std::vector<StepResult> results;
+  for (int step = 0; step < config.steps; ++step) {
+    model.zero_grad();
+    double loss = run_pipeline(model, mp, data, step, config.micro_batches, config.vpp,
+                               1.0 / local_tokens);
+    finalize_model_grads(params, mp, config.fault_skip_embd_sum);
+    const double norm = optimizer.step();
+    // The loss lives on the last stage: summed over its data-parallel ranks, then sent to
+    // every stage.
+    if (last_stage && dp_cp.size() > 1) dp_cp.allreduce(std::span<double>(&loss, 1), ReduceOp::sum)->wait();
+    if (mp.pp_size() > 1) mp.pp().broadcast(std::span<double>(&loss, 1), mp.pp_size() - 1)->wait();
+    results.push_back({step + 1, loss / total_tokens, norm});
+  }
+  return results;
+}
+
+}  // namespace train_gpt
