@@ -212,6 +212,25 @@ ModelCommProcessGroups::ModelCommProcessGroups(
   set_pairs(pairs);
 }
 
+namespace {
+std::vector<std::string> names_of(const std::vector<GroupKind>& kinds) {
+  std::vector<std::string> names;
+  names.reserve(kinds.size());
+  for (GroupKind k : kinds) names.emplace_back(kind_name(k));
+  return names;
+}
+}  // namespace
+
+ModelCommProcessGroups ModelCommProcessGroups::from_state(const ProcessGroups& state,
+                                                          const std::vector<GroupKind>& required) {
+  return from_state(state, std::optional<std::vector<std::string>>(names_of(required)));
+}
+
+GradCommProcessGroups GradCommProcessGroups::from_state(const ProcessGroups& state,
+                                                        const std::vector<GroupKind>& required) {
+  return from_state(state, std::optional<std::vector<std::string>>(names_of(required)));
+}
+
 ModelCommProcessGroups ModelCommProcessGroups::from_state(
     const ProcessGroups& state, const std::optional<std::vector<std::string>>& required) {
   ModelCommProcessGroups c;

@@ -9,15 +9,19 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "commgrid/error.hpp"
 
 namespace commgrid {
 
 /// Element types of communication buffers.
-enum class DataType : std::uint8_t { float32, float64, bfloat16, int32, int64 };
-/// Reductions. bfloat16 buffers hold 16-bit values and are reduced in float32.
-enum class ReduceOp : std::uint8_t { sum, max, min, prod };
+enum class DataType : std::uint8_t { float32, float64, bfloat16, int32, int64, float16, int8, uint8 };
+/// Reductions. bfloat16 and float16 buffers hold 16-bit values and are reduced in float32.
+/// avg is the sum divided by the group size (as NCCL's ncclAvg); on integer types the
+/// division truncates toward zero.
+enum class ReduceOp : std::uint8_t { sum, max, min, prod, avg };
 
 /// Bytes per element of a DataType.
 constexpr std::size_t element_size(DataType t) noexcept {
@@ -27,11 +31,74 @@ constexpr std::size_t element_size(DataType t) noexcept {
     case DataType::bfloat16: return 2;
     case DataType::int32: return 4;
     case DataType::int64: return 8;
+    case DataType::float16: return 2;
+    case DataType::int8: return 1;
+    case DataType::uint8: return 1;
   }
   return 0;
 }
 std::string_view datatype_name(DataType t) noexcept;
 std::string_view reduce_op_name(ReduceOp op) noexcept;
+
+/// bfloat16 <-> float32 conversions (round to nearest even), for backends that reduce
+/// bfloat16 in float32.
+float bf16_to_float(std::uint16_t v) noexcept;
+std::uint16_t float_to_bf16(float f) noexcept;
+/// IEEE 754 half precision <-> float32 (round to nearest even; subnormals, infinities and
+/// NaN kept).
+float fp16_to_float(std::uint16_t v) noexcept;
+std::uint16_t float_to_fp16(float f) noexcept;
+
+/// A bfloat16 value (the upper 16 bits of a float32), for typed buffers:
+/// std::span<commgrid::bfloat16>.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+  bfloat16() = default;
+  explicit bfloat16(float f) noexcept : bits(float_to_bf16(f)) {}
+  explicit operator float() const noexcept { return bf16_to_float(bits); }
+  static bfloat16 from_bits(std::uint16_t b) noexcept {
+    bfloat16 v;
+    v.bits = b;
+    return v;
+  }
+  friend bool operator==(bfloat16 a, bfloat16 b) noexcept { return a.bits == b.bits; }
+};
+static_assert(sizeof(bfloat16) == 2);
+
+/// An IEEE 754 half-precision value, for typed buffers: std::span<commgrid::float16>.
+struct float16 {
+  std::uint16_t bits = 0;
+  float16() = default;
+  explicit float16(float f) noexcept : bits(float_to_fp16(f)) {}
+  explicit operator float() const noexcept { return fp16_to_float(bits); }
+  static float16 from_bits(std::uint16_t b) noexcept {
+    float16 v;
+    v.bits = b;
+    return v;
+  }
+  friend bool operator==(float16 a, float16 b) noexcept { return a.bits == b.bits; }
+};
+static_assert(sizeof(float16) == 2);
+
+/// The DataType of a C++ element type; defined for the eight element types only.
+template <class T>
+struct DataTypeOf;
+template <> struct DataTypeOf<float> { static constexpr DataType value = DataType::float32; };
+template <> struct DataTypeOf<double> { static constexpr DataType value = DataType::float64; };
+template <> struct DataTypeOf<bfloat16> { static constexpr DataType value = DataType::bfloat16; };
+template <> struct DataTypeOf<float16> { static constexpr DataType value = DataType::float16; };
+template <> struct DataTypeOf<std::int32_t> { static constexpr DataType value = DataType::int32; };
+template <> struct DataTypeOf<std::int64_t> { static constexpr DataType value = DataType::int64; };
+template <> struct DataTypeOf<std::int8_t> { static constexpr DataType value = DataType::int8; };
+template <> struct DataTypeOf<std::uint8_t> { static constexpr DataType value = DataType::uint8; };
+
+/// An element type a typed buffer may hold (const or not).
+template <class T>
+concept CommElement = requires { DataTypeOf<std::remove_cv_t<T>>::value; };
+
+/// The DataType of T: datatype_of<float> == DataType::float32.
+template <CommElement T>
+inline constexpr DataType datatype_of = DataTypeOf<std::remove_cv_t<T>>::value;
 
 /// Default timeout of every rendezvous and collective: 30 minutes, as Megatron-core's
 /// distributed_timeout_minutes.
@@ -51,19 +118,52 @@ class TimeoutError : public BackendError {
   using BackendError::BackendError;
 };
 
-/// The handle of a collective. CPU backends complete before returning, so wait() returns at
-/// once; a GPU backend returns a pending handle (as c10d's Work), and wait() blocks until
-/// the operation completes or the timeout passes (TimeoutError).
+/// The handle of an operation. Blocking calls complete before returning, so their Work is
+/// done at once. isend, irecv and batch_isend_irecv (and a GPU backend's collectives) return
+/// a pending Work: wait() blocks until the operation completes or the communicator's
+/// timeout (taken when the operation was posted) passes, then throws TimeoutError naming
+/// the group and the peer. Buffers of a pending operation must stay valid and untouched
+/// until wait() returns. A pending Work destroyed without wait() waits in its destructor
+/// (bounded by the same timeout) and swallows errors: call wait() to see them.
 class Work {
  public:
   Work() = default;
   virtual ~Work() = default;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
-  /// Blocks until the operation completes.
+  /// Blocks until the operation completes; throws TimeoutError or BackendError.
   virtual void wait() {}
-  /// Whether the operation has completed.
+  /// Whether the operation has completed (never blocks).
   [[nodiscard]] virtual bool done() const { return true; }
+};
+
+/// One point-to-point operation of a batch (torch.distributed's P2POp): a send of `count`
+/// elements to `peer`, or a receive from it, with a tag (>= 0). `peer` is a rank of the
+/// communicator the batch runs on (use Communicator::group_rank to map a global rank).
+struct P2POp {
+  enum class Kind : std::uint8_t { send, recv };
+  Kind kind = Kind::send;
+  void* buf = nullptr;  ///< read for a send, written for a receive
+  std::size_t count = 0;
+  DataType type = DataType::float32;
+  int peer = 0;
+  int tag = 0;
+
+  static P2POp send(const void* buf, std::size_t count, DataType type, int peer, int tag = 0) {
+    return {Kind::send, const_cast<void*>(buf), count, type, peer, tag};
+  }
+  static P2POp recv(void* buf, std::size_t count, DataType type, int peer, int tag = 0) {
+    return {Kind::recv, buf, count, type, peer, tag};
+  }
+  template <CommElement T>
+  static P2POp send(std::span<T> buf, int peer, int tag = 0) {
+    return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
+  }
+  template <CommElement T>
+    requires(!std::is_const_v<T>)
+  static P2POp recv(std::span<T> buf, int peer, int tag = 0) {
+    return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
+  }
 };
 
 /// A communicator over a group of ranks. Every collective is collective: every rank of the
@@ -131,27 +231,199 @@ class Communicator {
   /// from rank i. Both hold size()*count elements.
   virtual std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
                                          DataType type) = 0;
-  /// Point to point: sends count elements to peer (a rank of this group) with a tag.
+  /// Collective: block j of send (send_counts[j] elements, blocks packed in rank order)
+  /// goes to rank j; block i of recv (recv_counts[i] elements) comes from rank i. Both
+  /// count lists have size() entries; zeros are allowed. recv_counts[i] on this rank must
+  /// equal send_counts[rank()] on rank i. send and recv must be different buffers.
+  virtual std::unique_ptr<Work> alltoallv(const void* send,
+                                          std::span<const std::size_t> send_counts, void* recv,
+                                          std::span<const std::size_t> recv_counts,
+                                          DataType type) = 0;
+  /// Collective: recv = every rank's send in rank order, rank i contributing
+  /// recv_counts[i] elements (recv_counts[rank()] == count). Zeros allowed.
+  virtual std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
+                                           std::span<const std::size_t> recv_counts,
+                                           DataType type) = 0;
+  /// Collective: root's recv = op over every rank's send (count elements). recv is only
+  /// written on root (other ranks may pass nullptr). send == recv allowed on root.
+  virtual std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count,
+                                       DataType type, ReduceOp op, int root) = 0;
+  /// Collective: root's recv (size()*count elements) = every rank's send (count) in rank
+  /// order. recv is only used on root (other ranks may pass nullptr).
+  virtual std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count,
+                                       DataType type, int root) = 0;
+  /// Collective: block i (count elements) of root's send (size()*count elements) goes to
+  /// rank i's recv. send is only read on root (other ranks may pass nullptr).
+  virtual std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count,
+                                        DataType type, int root) = 0;
+
+  /// Point to point, blocking: sends count elements to peer (a rank of this group) with a
+  /// tag >= 0. On Gloo a send returns only when the receiver has the data (synchronous,
+  /// like MPI_Ssend): two ranks that both send first deadlock; use batch_isend_irecv.
   virtual std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type,
                                      int peer, int tag) = 0;
-  /// Point to point: receives count elements from peer with a tag.
+  /// Point to point, blocking: receives exactly count elements from peer with a tag.
   virtual std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
                                      int tag) = 0;
+  /// Point to point, nonblocking: posts the send and returns a pending Work. Messages
+  /// between two ranks with the same tag are received in the order they were posted.
+  /// peer may be this rank (matched with this rank's own irecv).
+  virtual std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type,
+                                      int peer, int tag) = 0;
+  /// Point to point, nonblocking: posts the receive and returns a pending Work.
+  virtual std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
+                                      int tag) = 0;
+  /// Posts every operation of the batch, then returns one pending Work for all of them
+  /// (torch's batch_isend_irecv, NCCL's group calls). Because nothing waits before
+  /// everything is posted, any mix of sends and receives to any peers completes when the
+  /// peers post theirs: a symmetric exchange, a ring shift both ways, a peer that is both
+  /// next and previous stage. Not collective: only the ranks named take part.
+  virtual std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) = 0;
+
+  // ---- members: group ranks and global ranks ---------------------------------------
+  /// The global ranks (ranks of the world this communicator was created from) of the
+  /// members, ascending: members()[i] is group rank i (torch's get_process_group_ranks).
+  /// The world's members are 0 ... size()-1.
+  [[nodiscard]] const std::vector<std::int64_t>& members() const;
+  /// The global rank of group rank r (torch's get_global_rank). Throws RankOutOfRangeError.
+  [[nodiscard]] std::int64_t global_rank(int group_rank) const;
+  /// The group rank of a global rank (torch's get_group_rank). Throws RankOutOfRangeError
+  /// naming the group when `global` is not a member.
+  [[nodiscard]] int group_rank(std::int64_t global) const;
+
+  // ---- typed buffers: the DataType comes from the element type --------------------
+  // Sizes are checked before any communication: a mismatch is an InvalidValueError naming
+  // the operation, the group and both sizes.
+  template <CommElement T>
+  std::unique_ptr<Work> broadcast(std::span<T> buf, int root) {
+    return broadcast(buf.data(), buf.size(), datatype_of<T>, root);
+  }
+  /// In place: buf = op over every rank's buf.
+  template <CommElement T>
+  std::unique_ptr<Work> allreduce(std::span<T> buf, ReduceOp op) {
+    return allreduce(buf.data(), buf.data(), buf.size(), datatype_of<T>, op);
+  }
+  template <CommElement T>
+  std::unique_ptr<Work> allreduce(std::type_identity_t<std::span<const T>> send,
+                                  std::span<T> recv, ReduceOp op) {
+    check_typed("allreduce", "recv", recv.size(), send.size());
+    return allreduce(send.data(), recv.data(), send.size(), datatype_of<T>, op);
+  }
+  /// recv holds size() * send.size() elements.
+  template <CommElement T>
+  std::unique_ptr<Work> allgather(std::type_identity_t<std::span<const T>> send,
+                                  std::span<T> recv) {
+    check_typed("allgather", "recv", recv.size(), send.size() * group_size());
+    return allgather(send.data(), recv.data(), send.size(), datatype_of<T>);
+  }
+  /// send holds size() * recv.size() elements.
+  template <CommElement T>
+  std::unique_ptr<Work> reduce_scatter(std::type_identity_t<std::span<const T>> send,
+                                       std::span<T> recv, ReduceOp op) {
+    check_typed("reduce_scatter", "send", send.size(), recv.size() * group_size());
+    return reduce_scatter(send.data(), recv.data(), recv.size(), datatype_of<T>, op);
+  }
+  /// send and recv hold size() * block elements each.
+  template <CommElement T>
+  std::unique_ptr<Work> alltoall(std::type_identity_t<std::span<const T>> send,
+                                 std::span<T> recv) {
+    check_typed("alltoall", "recv", recv.size(), send.size());
+    check_typed("alltoall", "send", send.size(), send.size() / group_size() * group_size());
+    return alltoall(send.data(), recv.data(), send.size() / group_size(), datatype_of<T>);
+  }
+  template <CommElement T>
+  std::unique_ptr<Work> alltoallv(std::type_identity_t<std::span<const T>> send,
+                                  std::span<const std::size_t> send_counts, std::span<T> recv,
+                                  std::span<const std::size_t> recv_counts) {
+    check_counts("alltoallv", "send", send.size(), send_counts);
+    check_counts("alltoallv", "recv", recv.size(), recv_counts);
+    return alltoallv(send.data(), send_counts, recv.data(), recv_counts, datatype_of<T>);
+  }
+  template <CommElement T>
+  std::unique_ptr<Work> allgatherv(std::type_identity_t<std::span<const T>> send,
+                                   std::span<T> recv, std::span<const std::size_t> recv_counts) {
+    check_counts("allgatherv", "recv", recv.size(), recv_counts);
+    check_typed("allgatherv", "send", send.size(), recv_counts[static_cast<std::size_t>(rank())]);
+    return allgatherv(send.data(), send.size(), recv.data(), recv_counts, datatype_of<T>);
+  }
+  /// recv is used on root only (other ranks may pass an empty span).
+  template <CommElement T>
+  std::unique_ptr<Work> reduce(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
+                               ReduceOp op, int root) {
+    if (rank() == root) check_typed("reduce", "recv", recv.size(), send.size());
+    return reduce(send.data(), recv.data(), send.size(), datatype_of<T>, op, root);
+  }
+  /// recv (root only) holds size() * send.size() elements.
+  template <CommElement T>
+  std::unique_ptr<Work> gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
+                               int root) {
+    if (rank() == root) check_typed("gather", "recv", recv.size(), send.size() * group_size());
+    return gather(send.data(), recv.data(), send.size(), datatype_of<T>, root);
+  }
+  /// send (root only) holds size() * recv.size() elements.
+  template <CommElement T>
+  std::unique_ptr<Work> scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
+                                int root) {
+    if (rank() == root) check_typed("scatter", "send", send.size(), recv.size() * group_size());
+    return scatter(send.data(), recv.data(), recv.size(), datatype_of<T>, root);
+  }
+  template <CommElement T>
+  std::unique_ptr<Work> send(std::span<T> buf, int peer, int tag = 0) {
+    return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
+  }
+  template <CommElement T>
+    requires(!std::is_const_v<T>)
+  std::unique_ptr<Work> recv(std::span<T> buf, int peer, int tag = 0) {
+    return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
+  }
+  template <CommElement T>
+  std::unique_ptr<Work> isend(std::span<T> buf, int peer, int tag = 0) {
+    return isend(buf.data(), buf.size(), datatype_of<T>, peer, tag);
+  }
+  template <CommElement T>
+    requires(!std::is_const_v<T>)
+  std::unique_ptr<Work> irecv(std::span<T> buf, int peer, int tag = 0) {
+    return irecv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
+  }
 
  protected:
   Communicator(std::string name, std::chrono::milliseconds timeout)
       : name_(std::move(name)), timeout_(timeout) {}
   void count_creation() noexcept { ++creation_calls_; }
+  /// The members' global ranks, ascending (a backend sets them when it creates a group;
+  /// unset means 0 ... size()-1).
+  void set_members(std::vector<std::int64_t> members) { members_ = std::move(members); }
 
  private:
+  [[nodiscard]] std::size_t group_size() const noexcept { return static_cast<std::size_t>(size()); }
+  /// Throws InvalidValueError "<backend> <op> on <group>: <what> holds N elements, needs M".
+  void check_typed(const char* op, const char* what, std::size_t have, std::size_t need) const;
+  /// Checks that counts has size() entries summing to `have`.
+  void check_counts(const char* op, const char* what, std::size_t have,
+                    std::span<const std::size_t> counts) const;
+
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::int64_t creation_calls_ = 0;
+  mutable std::vector<std::int64_t> members_;
 };
 
-/// bfloat16 <-> float32 conversions (round to nearest even), for backends that reduce
-/// bfloat16 in float32.
-float bf16_to_float(std::uint16_t v) noexcept;
-std::uint16_t float_to_bf16(float f) noexcept;
+/// Brings a communicator's typed-buffer overloads into a derived class that declares the
+/// untyped virtual functions (which would otherwise hide them).
+#define COMMGRID_USING_TYPED_OVERLOADS                                                   \
+  using Communicator::broadcast;                                                         \
+  using Communicator::allreduce;                                                         \
+  using Communicator::allgather;                                                         \
+  using Communicator::reduce_scatter;                                                    \
+  using Communicator::alltoall;                                                          \
+  using Communicator::alltoallv;                                                         \
+  using Communicator::allgatherv;                                                        \
+  using Communicator::reduce;                                                            \
+  using Communicator::gather;                                                            \
+  using Communicator::scatter;                                                           \
+  using Communicator::send;                                                              \
+  using Communicator::recv;                                                              \
+  using Communicator::isend;                                                             \
+  using Communicator::irecv
 
 }  // namespace commgrid

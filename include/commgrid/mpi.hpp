@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "commgrid/communicator.hpp"
 
@@ -65,6 +66,8 @@ class MpiEnvironment {
 /// cancelled: a watchdog bounds each by the timeout and, past it, prints which call and
 /// group did not complete and aborts the whole job (MPI_Abort).
 /// Every call completes before returning: the returned Work is already done.
+class MpiP2PWork;
+
 class MpiCommunicator final : public Communicator {
  public:
   /// Takes ownership of `comm` (not MPI_COMM_WORLD or MPI_COMM_SELF: pass a duplicate, see
@@ -113,9 +116,32 @@ class MpiCommunicator final : public Communicator {
                              int tag) override;
   std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
                              int tag) override;
+  std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type, int peer,
+                              int tag) override;
+  std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
+                              int tag) override;
+  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override;
+  std::unique_ptr<Work> alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                  void* recv, std::span<const std::size_t> recv_counts,
+                                  DataType type) override;
+  std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
+                                   std::span<const std::size_t> recv_counts,
+                                   DataType type) override;
+  std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DataType type,
+                               ReduceOp op, int root) override;
+  std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count, DataType type,
+                               int root) override;
+  std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                int root) override;
+  COMMGRID_USING_TYPED_OVERLOADS;
 
  private:
+  friend class MpiP2PWork;
   void check(int rc, const char* op) const;
+  void check_tag(int tag, const char* op) const;
+  /// Counts and displacements of a v-collective, checked to fit MPI's ints.
+  void v_layout(std::span<const std::size_t> counts, const char* what, const char* op,
+                std::vector<int>& out_counts, std::vector<int>& out_displs) const;
   void check_usable(const char* op) const;
   int checked_count(std::size_t count, const char* op) const;
   void check_peer(int peer, const char* op) const;

@@ -101,6 +101,14 @@ class NamedGroup final : public Communicator {
   std::unique_ptr<Work> alltoall(const void*, void*, std::size_t, DataType) override { return fail_work(); }
   std::unique_ptr<Work> send(const void*, std::size_t, DataType, int, int) override { return fail_work(); }
   std::unique_ptr<Work> recv(void*, std::size_t, DataType, int, int) override { return fail_work(); }
+  std::unique_ptr<Work> isend(const void*, std::size_t, DataType, int, int) override { return fail_work(); }
+  std::unique_ptr<Work> irecv(void*, std::size_t, DataType, int, int) override { return fail_work(); }
+  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp>) override { return fail_work(); }
+  std::unique_ptr<Work> alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
+  std::unique_ptr<Work> allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
+  std::unique_ptr<Work> reduce(const void*, void*, std::size_t, DataType, ReduceOp, int) override { return fail_work(); }
+  std::unique_ptr<Work> gather(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
+  std::unique_ptr<Work> scatter(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
 
  private:
   static std::unique_ptr<Communicator> fail() { throw BackendError("none: no communication"); }

@@ -1,8 +1,10 @@
 // The Gloo backend: every Communicator method on Gloo's TCP transport, groups made by
 // member-only rendezvous through a Store.
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -16,6 +18,7 @@
 #include <array>
 #include <climits>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -24,6 +27,7 @@
 
 #include "commgrid/gloo.hpp"
 #include "gloo_errors.hpp"
+#include "reduce_util.hpp"
 
 namespace commgrid {
 namespace gloo_backend {
@@ -159,6 +163,8 @@ void reduce_into(T* out, const T* a, const T* b, size_t n, ReduceOp op) {
     case ReduceOp::min:
       for (size_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
       break;
+    case ReduceOp::avg:  // runs as sum; the caller divides (detail::engine_op)
+      COMMGRID_ENFORCE(false, "avg reaches the elementwise reduction");
   }
 }
 
@@ -187,6 +193,87 @@ template <typename T>
   };
 }
 
+// ---- point to point -----------------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo has no connection from a rank to itself, so messages a rank sends to itself are
+// matched here: per slot, in posting order, like any other pair's messages.
+struct SelfMessage {
+  void* buf = nullptr;
+  size_t bytes = 0;
+  bool done = false;
+};
+
+class SelfMailbox {
+ public:
+  /// Posts a send (or receive) to this rank; when a receive (send) with the same slot is
+  /// already waiting, copies the data and completes both.
+  std::shared_ptr<SelfMessage> post(bool is_send, std::uint64_t slot, void* buf, size_t bytes,
+                                    const std::string& where) {
+    auto msg = std::make_shared<SelfMessage>(SelfMessage{buf, bytes, false});
+    auto& waiting = is_send ? recvs_[slot] : sends_[slot];
+    if (waiting.empty()) {
+      (is_send ? sends_[slot] : recvs_[slot]).push_back(msg);
+      return msg;
+    }
+    std::shared_ptr<SelfMessage> other = waiting.front();
+    waiting.pop_front();
+    SelfMessage& send = is_send ? *msg : *other;
+    SelfMessage& recv = is_send ? *other : *msg;
+    if (send.bytes != recv.bytes)
+      throw InvalidValueError("count", where + ": a message to this rank itself carries " +
+                                           std::to_string(send.bytes) +
+                                           " bytes, its receive expects " +
+                                           std::to_string(recv.bytes));
+    if (send.bytes > 0) std::memcpy(recv.buf, send.buf, send.bytes);
+    send.done = recv.done = true;
+    return msg;
+  }
+
+ private:
+  std::map<std::uint64_t, std::deque<std::shared_ptr<SelfMessage>>> sends_, recvs_;
+};
+
+// One posted point-to-point operation: on a Gloo pair (ub), to this rank itself (self), or
+// empty (nothing travels: both sides know the count is 0).
+struct PendingP2P {
+  P2POp::Kind kind = P2POp::Kind::send;
+  int peer = 0;
+  int tag = 0;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> ub;
+  std::shared_ptr<SelfMessage> self;
+  bool done = false;
+};
+
+class GlooCommunicator;
+
+// The Work of isend, irecv and batch_isend_irecv: waits for every operation against one
+// deadline (the timeout from when they were posted).
+class GlooP2PWork final : public Work {
+ public:
+  GlooP2PWork(GlooCommunicator& comm, std::string op, std::vector<PendingP2P> ops,
+              Clock::time_point deadline)
+      : comm_(comm), op_(std::move(op)), ops_(std::move(ops)), deadline_(deadline) {}
+  ~GlooP2PWork() override {
+    if (waited_) return;
+    try {
+      wait();
+    } catch (...) {
+      // A destructor cannot report; wait() is where errors are seen.
+    }
+  }
+  void wait() override;
+  bool done() const override;
+
+ private:
+  GlooCommunicator& comm_;
+  std::string op_;
+  mutable std::vector<PendingP2P> ops_;
+  Clock::time_point deadline_;
+  bool waited_ = false;
+};
+
 // ---- the communicator ---------------------------------------------------------------
 
 class GlooCommunicator final : public Communicator {
@@ -196,7 +283,9 @@ class GlooCommunicator final : public Communicator {
                    std::string prefix, Ms timeout)
       : Communicator(std::move(name), timeout), shared_(std::move(shared)),
         ctx_(std::move(ctx)), global_ranks_(std::move(global_ranks)),
-        prefix_(std::move(prefix)) {}
+        prefix_(std::move(prefix)) {
+    set_members({global_ranks_.begin(), global_ranks_.end()});
+  }
 
   std::string_view backend() const noexcept override { return "gloo"; }
 
@@ -245,6 +334,7 @@ class GlooCommunicator final : public Communicator {
       throw AbortedError(std::string(e.what()) + "; the peer that closed the connection is " + who);
     }
   }
+  COMMGRID_USING_TYPED_OVERLOADS;
   int rank() const noexcept override { return ctx_->rank; }
   int size() const noexcept override { return ctx_->size; }
 
@@ -337,23 +427,7 @@ class GlooCommunicator final : public Communicator {
     check_buffer("allreduce", recv, count);
     if (count == 0) return std::make_unique<Work>();
     if (send != recv) std::memmove(recv, send, bytes(count, type));
-    if (size() == 1) return std::make_unique<Work>();
-    switch (type) {
-      case DataType::float32: allreduce_typed<float>(recv, count, op); break;
-      case DataType::float64: allreduce_typed<double>(recv, count, op); break;
-      case DataType::int32: allreduce_typed<std::int32_t>(recv, count, op); break;
-      case DataType::int64: allreduce_typed<std::int64_t>(recv, count, op); break;
-      case DataType::bfloat16: {
-        // Reduced in float32 and rounded once at the end, so every rank gets the same
-        // bits and the result does not depend on the ring's order of partial roundings.
-        auto* p = static_cast<std::uint16_t*>(recv);
-        std::vector<float> wide(count);
-        for (size_t i = 0; i < count; ++i) wide[i] = bf16_to_float(p[i]);
-        allreduce_typed<float>(wide.data(), count, op);
-        for (size_t i = 0; i < count; ++i) p[i] = float_to_bf16(wide[i]);
-        break;
-      }
-    }
+    if (size() > 1) reduce_everywhere(recv, count, type, op);
     return std::make_unique<Work>();
   }
 
@@ -376,24 +450,7 @@ class GlooCommunicator final : public Communicator {
     // order makes the result deterministic and costs the same traffic as a ring.
     std::vector<std::uint8_t> gathered(n * block);
     alltoall_bytes("reduce_scatter", send, gathered.data(), block);
-    switch (type) {
-      case DataType::float32: reduce_blocks<float>(gathered.data(), recv, count, op); break;
-      case DataType::float64: reduce_blocks<double>(gathered.data(), recv, count, op); break;
-      case DataType::int32: reduce_blocks<std::int32_t>(gathered.data(), recv, count, op); break;
-      case DataType::int64: reduce_blocks<std::int64_t>(gathered.data(), recv, count, op); break;
-      case DataType::bfloat16: {
-        const auto* in = reinterpret_cast<const std::uint16_t*>(gathered.data());
-        std::vector<float> acc(count), next(count);
-        for (size_t i = 0; i < count; ++i) acc[i] = bf16_to_float(in[i]);
-        for (size_t r = 1; r < n; ++r) {
-          for (size_t i = 0; i < count; ++i) next[i] = bf16_to_float(in[r * count + i]);
-          reduce_block(acc.data(), acc.data(), next.data(), count, op);
-        }
-        auto* out = static_cast<std::uint16_t*>(recv);
-        for (size_t i = 0; i < count; ++i) out[i] = float_to_bf16(acc[i]);
-        break;
-      }
-    }
+    reduce_gathered(gathered.data(), recv, count, type, op);
     return std::make_unique<Work>();
   }
 
@@ -408,34 +465,148 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
+  std::unique_ptr<Work> alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                  void* recv, std::span<const std::size_t> recv_counts,
+                                  DataType type) override {
+    check_counts_list("alltoallv", "send_counts", send_counts);
+    check_counts_list("alltoallv", "recv_counts", recv_counts);
+    const size_t send_total = total(send_counts), recv_total = total(recv_counts);
+    check_buffer("alltoallv", send, send_total);
+    check_buffer("alltoallv", recv, recv_total);
+    if (send == recv && send_total + recv_total > 0 && size() > 1)
+      throw ConfigError("buffer", "gloo alltoallv on " + name() +
+                                      ": send and recv must be different buffers");
+    const size_t es = element_size(type);
+    if (size() == 1) {
+      check_self_count("alltoallv", send_counts[0], recv_counts[0]);
+      if (send_total > 0) std::memmove(recv, send, send_total * es);
+      return std::make_unique<Work>();
+    }
+    std::vector<std::int64_t> in(send_counts.begin(), send_counts.end());
+    std::vector<std::int64_t> out(recv_counts.begin(), recv_counts.end());
+    for (auto& c : in) c *= static_cast<std::int64_t>(es);
+    for (auto& c : out) c *= static_cast<std::int64_t>(es);
+    // Gloo wants a pointer even where a rank sends or receives nothing.
+    std::uint8_t dummy_in = 0, dummy_out = 0;
+    ::gloo::AlltoallvOptions opts(ctx_);
+    opts.setInput(send_total > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy_in, in);
+    opts.setOutput(recv_total > 0 ? static_cast<std::uint8_t*>(recv) : &dummy_out, out);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    call("alltoallv", [&] { ::gloo::alltoallv(opts); });
+    return std::make_unique<Work>();
+  }
+
+  std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
+                                   std::span<const std::size_t> recv_counts,
+                                   DataType type) override {
+    check_counts_list("allgatherv", "recv_counts", recv_counts);
+    check_self_count("allgatherv", count, recv_counts[static_cast<size_t>(rank())]);
+    const size_t recv_total = total(recv_counts);
+    check_buffer("allgatherv", send, count);
+    check_buffer("allgatherv", recv, recv_total);
+    if (recv_total == 0) return std::make_unique<Work>();
+    const size_t es = element_size(type);
+    if (size() == 1) {
+      std::memmove(recv, send, count * es);
+      return std::make_unique<Work>();
+    }
+    std::vector<size_t> elements(recv_counts.begin(), recv_counts.end());
+    for (auto& c : elements) c *= es;
+    std::uint8_t dummy = 0;
+    ::gloo::AllgathervOptions opts(ctx_);
+    opts.setInput(count > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy, count * es);
+    opts.setOutput(static_cast<std::uint8_t*>(recv), elements);
+    opts.setTag(next_tag());
+    opts.setTimeout(timeout());
+    call("allgatherv", [&] { ::gloo::allgatherv(opts); });
+    return std::make_unique<Work>();
+  }
+
+  std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DataType type,
+                               ReduceOp op, int root) override {
+    check_rank("reduce", "root", root);
+    check_buffer("reduce", send, count);
+    if (rank() == root) check_buffer("reduce", recv, count);
+    if (count == 0) return std::make_unique<Work>();
+    // Root gathers every rank's input and reduces in rank order, as reduce_scatter does:
+    // deterministic, and the same bits whatever the group's size.
+    const size_t block = bytes(count, type);
+    std::vector<std::uint8_t> gathered(rank() == root ? block * static_cast<size_t>(size()) : 0);
+    gather_bytes("reduce", send, gathered.data(), block, root);
+    if (rank() == root) reduce_gathered(gathered.data(), recv, count, type, op);
+    return std::make_unique<Work>();
+  }
+
+  std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count, DataType type,
+                               int root) override {
+    check_rank("gather", "root", root);
+    check_buffer("gather", send, count);
+    if (rank() == root) check_buffer("gather", recv, count);
+    gather_bytes("gather", send, recv, bytes(count, type), root);
+    return std::make_unique<Work>();
+  }
+
+  std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                int root) override {
+    check_rank("scatter", "root", root);
+    if (rank() == root) check_buffer("scatter", send, count);
+    check_buffer("scatter", recv, count);
+    const size_t block = bytes(count, type);
+    const std::uint64_t slot = rooted_slot(next_tag());
+    if (block == 0) return std::make_unique<Work>();
+    std::vector<PendingP2P> ops;
+    if (rank() == root) {
+      const auto* base = static_cast<const std::uint8_t*>(send);
+      std::memmove(recv, base + static_cast<size_t>(root) * block, block);
+      for (int r = 0; r < size(); ++r)
+        if (r != root)
+          ops.push_back(post_one(P2POp::Kind::send, const_cast<std::uint8_t*>(base) + static_cast<size_t>(r) * block,
+                                 block, r, 0, slot, "scatter"));
+    } else {
+      ops.push_back(post_one(P2POp::Kind::recv, recv, block, root, 0, slot, "scatter"));
+    }
+    finish(std::move(ops), "scatter");
+    return std::make_unique<Work>();
+  }
+
   std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type, int peer,
                              int tag) override {
-    check_peer("send", peer, tag);
-    check_buffer("send", buf, count);
-    if (count == 0) return std::make_unique<Work>();
-    const std::string hint = peer_text(peer, tag);
-    call("send", [&] {
-      auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), bytes(count, type));
-      ub->send(peer, p2p_slot(tag));
-      if (!ub->waitSend(timeout()))
-        throw BackendError("gloo send on " + name() + ": aborted (" + hint + ")");
-    }, hint);
+    check_blocking_peer("send", peer);
+    auto work = isend(buf, count, type, peer, tag);
+    work->wait();
     return std::make_unique<Work>();
   }
 
   std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
                              int tag) override {
-    check_peer("recv", peer, tag);
-    check_buffer("recv", buf, count);
-    if (count == 0) return std::make_unique<Work>();
-    const std::string hint = peer_text(peer, tag);
-    call("recv", [&] {
-      auto ub = ctx_->createUnboundBuffer(buf, bytes(count, type));
-      ub->recv(peer, p2p_slot(tag));
-      if (!ub->waitRecv(timeout()))
-        throw BackendError("gloo recv on " + name() + ": aborted (" + hint + ")");
-    }, hint);
+    check_blocking_peer("recv", peer);
+    auto work = irecv(buf, count, type, peer, tag);
+    work->wait();
     return std::make_unique<Work>();
+  }
+
+  std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type, int peer,
+                              int tag) override {
+    const P2POp op = P2POp::send(buf, count, type, peer, tag);
+    return post_batch(std::span<const P2POp>(&op, 1), "isend");
+  }
+
+  std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
+                              int tag) override {
+    const P2POp op = P2POp::recv(buf, count, type, peer, tag);
+    return post_batch(std::span<const P2POp>(&op, 1), "irecv");
+  }
+
+  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override {
+    return post_batch(ops, "batch_isend_irecv");
+  }
+
+  /// "peer rank 1 (global 5), tag 7", for messages.
+  std::string peer_text(int peer, int tag) const {
+    return "peer rank " + std::to_string(peer) + " (global " +
+           std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " +
+           std::to_string(tag);
   }
 
  private:
@@ -451,12 +622,6 @@ class GlooCommunicator final : public Communicator {
   // rank the same tag for the same operation and keeps successive ones apart.
   std::uint32_t next_tag() { return tag_++ & 0xffffffu; }
 
-  std::string peer_text(int peer, int tag) const {
-    return "peer rank " + std::to_string(peer) + " (global " +
-           std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " +
-           std::to_string(tag);
-  }
-
   void check_rank(std::string_view op, const char* what, int r) const {
     if (r < 0 || r >= size())
       throw RankOutOfRangeError(what, "gloo " + std::string(op) + " on " + name() + ": " + what +
@@ -466,14 +631,152 @@ class GlooCommunicator final : public Communicator {
 
   void check_peer(std::string_view op, int peer, int tag) const {
     check_rank(op, "peer", peer);
+    if (tag < 0)
+      throw InvalidValueError("tag", "gloo " + std::string(op) + " on " + name() +
+                                         ": tag must be >= 0, got " + std::to_string(tag));
+  }
+
+  // A blocking send or receive to this rank itself could never be matched.
+  void check_blocking_peer(std::string_view op, int peer) const {
     if (peer == rank())
       throw ConfigError("peer", "gloo " + std::string(op) + " on " + name() +
                                     ": peer is this rank (" + std::to_string(peer) +
-                                    "); send and recv are blocking, so a self-message would "
-                                    "deadlock");
-    if (tag < 0)
-      throw ConfigError("tag", "gloo " + std::string(op) + " on " + name() +
-                                   ": tag must be >= 0, got " + std::to_string(tag));
+                                    "); a blocking " + std::string(op) +
+                                    " to itself would deadlock: use isend/irecv or "
+                                    "batch_isend_irecv");
+  }
+
+  void check_counts_list(std::string_view op, const char* what,
+                         std::span<const std::size_t> counts) const {
+    if (counts.size() != static_cast<size_t>(size()))
+      throw InvalidValueError(what, "gloo " + std::string(op) + " on " + name() + ": " + what +
+                                        " has " + std::to_string(counts.size()) +
+                                        " entries, needs one per rank (" +
+                                        std::to_string(size()) + ")");
+  }
+
+  void check_self_count(std::string_view op, size_t mine, size_t listed) const {
+    if (mine != listed)
+      throw InvalidValueError("count", "gloo " + std::string(op) + " on " + name() + ": rank " +
+                                           std::to_string(rank()) + " sends " +
+                                           std::to_string(mine) + " elements to itself but " +
+                                           "expects " + std::to_string(listed));
+  }
+
+  static size_t total(std::span<const std::size_t> counts) {
+    return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  }
+
+  // Point-to-point slots: a user's tag under prefix 0x40, commgrid's own rooted
+  // collectives under 0x41 with the collective counter, so neither can match the other or
+  // Gloo's collectives (prefixes 0x01-0x08).
+  static std::uint64_t rooted_slot(std::uint32_t tag) {
+    return (std::uint64_t{0x41} << 56) | (static_cast<std::uint64_t>(tag) << 24);
+  }
+
+  PendingP2P post_one(P2POp::Kind kind, void* buf, size_t nbytes, int peer, int tag,
+                      std::uint64_t slot, std::string_view op) {
+    PendingP2P p;
+    p.kind = kind;
+    p.peer = peer;
+    p.tag = tag;
+    if (nbytes == 0) {
+      p.done = true;
+    } else if (peer == rank()) {
+      p.self = self_.post(kind == P2POp::Kind::send, slot, buf, nbytes,
+                          "gloo " + std::string(op) + " on " + name());
+    } else {
+      call(op, [&] {
+        p.ub = ctx_->createUnboundBuffer(buf, nbytes);
+        if (kind == P2POp::Kind::send)
+          p.ub->send(peer, slot);
+        else
+          p.ub->recv(peer, slot);
+      }, peer_text(peer, tag));
+    }
+    return p;
+  }
+
+  std::unique_ptr<Work> post_batch(std::span<const P2POp> batch, std::string_view op) {
+    const std::string where(op);
+    for (const P2POp& o : batch) {
+      check_peer(op, o.peer, o.tag);
+      check_buffer(op, o.buf, o.count);
+    }
+    const auto deadline = Clock::now() + timeout();
+    std::vector<PendingP2P> ops;
+    ops.reserve(batch.size());
+    for (const P2POp& o : batch)
+      ops.push_back(post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
+    return std::make_unique<GlooP2PWork>(*this, where, std::move(ops), deadline);
+  }
+
+  // Waits for internally posted operations (rooted collectives) at once.
+  void finish(std::vector<PendingP2P> ops, std::string_view op) {
+    GlooP2PWork work(*this, std::string(op), std::move(ops), Clock::now() + timeout());
+    work.wait();
+  }
+
+  // Root receives `block` bytes from every rank into recv (rank order); the others send.
+  void gather_bytes(std::string_view op, const void* send, void* recv, size_t block, int root) {
+    const std::uint64_t slot = rooted_slot(next_tag());
+    if (block == 0) return;
+    std::vector<PendingP2P> ops;
+    if (rank() == root) {
+      auto* base = static_cast<std::uint8_t*>(recv);
+      std::memmove(base + static_cast<size_t>(root) * block, send, block);
+      for (int r = 0; r < size(); ++r)
+        if (r != root)
+          ops.push_back(post_one(P2POp::Kind::recv, base + static_cast<size_t>(r) * block, block, r, 0, slot, op));
+    } else {
+      ops.push_back(post_one(P2POp::Kind::send, const_cast<void*>(send), block, root, 0, slot, op));
+    }
+    finish(std::move(ops), op);
+  }
+
+  // Reduces size() blocks of count elements (rank order) into out; avg divides at the end.
+  void reduce_gathered(const std::uint8_t* gathered, void* out, size_t count, DataType type,
+                       ReduceOp op) {
+    const auto n = static_cast<size_t>(size());
+    const ReduceOp eop = detail::engine_op(op);
+    if (detail::is_half(type)) {
+      std::vector<float> acc = detail::widen_half(gathered, count, type);
+      for (size_t r = 1; r < n; ++r) {
+        std::vector<float> next = detail::widen_half(gathered + r * count * 2, count, type);
+        reduce_block(acc.data(), acc.data(), next.data(), count, eop);
+      }
+      if (op == ReduceOp::avg)
+        for (float& v : acc) v /= static_cast<float>(n);
+      detail::narrow_half(acc.data(), out, count, type);
+      return;
+    }
+    detail::dispatch_native(type, [&](auto zero) {
+      using T = decltype(zero);
+      const auto* in = reinterpret_cast<const T*>(gathered);
+      auto* o = static_cast<T*>(out);
+      std::copy(in, in + count, o);
+      for (size_t r = 1; r < n; ++r) reduce_block(o, o, in + r * count, count, eop);
+    });
+    if (op == ReduceOp::avg) detail::divide_by(out, count, type, size());
+  }
+
+  // allreduce of buf in place on every rank (size() > 1).
+  void reduce_everywhere(void* buf, size_t count, DataType type, ReduceOp op) {
+    const ReduceOp eop = detail::engine_op(op);
+    if (detail::is_half(type)) {
+      // Reduced in float32 and rounded once at the end, so every rank gets the same bits
+      // and the result does not depend on the ring's order of partial roundings.
+      std::vector<float> wide = detail::widen_half(buf, count, type);
+      allreduce_typed<float>(wide.data(), count, eop);
+      if (op == ReduceOp::avg)
+        for (float& v : wide) v /= static_cast<float>(size());
+      detail::narrow_half(wide.data(), buf, count, type);
+      return;
+    }
+    detail::dispatch_native(type, [&](auto zero) {
+      allreduce_typed<decltype(zero)>(buf, count, eop);
+    });
+    if (op == ReduceOp::avg) detail::divide_by(buf, count, type, size());
   }
 
   void check_buffer(std::string_view op, const void* p, size_t count) const {
@@ -524,15 +827,6 @@ class GlooCommunicator final : public Communicator {
     call("allreduce", [&] { ::gloo::allreduce(opts); });
   }
 
-  template <typename T>
-  void reduce_blocks(const std::uint8_t* gathered, void* recv, size_t count, ReduceOp op) {
-    const auto* in = reinterpret_cast<const T*>(gathered);
-    auto* out = static_cast<T*>(recv);
-    std::copy(in, in + count, out);
-    for (size_t r = 1; r < static_cast<size_t>(size()); ++r)
-      reduce_block(out, out, in + r * count, count, op);
-  }
-
   void allgather_bytes(std::string_view op, const void* send, void* recv, size_t block) {
     if (block == 0) return;
     if (size() == 1) {
@@ -570,7 +864,59 @@ class GlooCommunicator final : public Communicator {
   std::uint64_t collective_seq_ = 0;
   std::map<std::string, int> created_by_name_;
   std::uint32_t tag_ = 1;
+  SelfMailbox self_;
 };
+
+void GlooP2PWork::wait() {
+  waited_ = true;
+  for (PendingP2P& op : ops_) {
+    if (op.done) continue;
+    const char* what = op.kind == P2POp::Kind::send ? "send to" : "receive from";
+    if (op.self) {
+      // This rank's own messages are matched when posted; one still open now can never
+      // be (nothing else runs on this communicator while this thread waits).
+      if (!op.self->done)
+        throw BackendError("gloo " + op_ + " on " + comm_.name() + ": a " + what +
+                           " this rank itself (tag " + std::to_string(op.tag) +
+                           ") has no matching " +
+                           (op.kind == P2POp::Kind::send ? "receive" : "send") +
+                           "; post both before waiting");
+      op.done = true;
+      continue;
+    }
+    const auto left = std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline_ - Clock::now()));
+    comm_.call(op_, [&] {
+      int peer = -1;
+      const bool ok = op.kind == P2POp::Kind::send ? op.ub->waitSend(&peer, left)
+                                                   : op.ub->waitRecv(&peer, left);
+      if (!ok)
+        throw AbortedError("gloo " + op_ + " on " + comm_.name() + ": aborted (" +
+                           comm_.peer_text(op.peer, op.tag) + ")");
+    }, comm_.peer_text(op.peer, op.tag));
+    op.done = true;
+  }
+}
+
+bool GlooP2PWork::done() const {
+  for (PendingP2P& op : ops_) {
+    if (op.done) continue;
+    if (op.self) {
+      if (!op.self->done) return false;
+      op.done = true;
+      continue;
+    }
+    try {
+      int peer = -1;
+      const bool ok = op.kind == P2POp::Kind::send ? op.ub->waitSend(&peer, Ms(0))
+                                                   : op.ub->waitRecv(&peer, Ms(0));
+      if (!ok) return false;
+      op.done = true;
+    } catch (const std::exception&) {
+      return false;  // not yet (or failed: wait() reports it)
+    }
+  }
+  return true;
+}
 
 std::string default_hostname(const commgrid::Store& store) {
   if (store.uri().rfind("redis://", 0) != 0) return "127.0.0.1";

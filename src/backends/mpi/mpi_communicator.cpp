@@ -9,8 +9,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "commgrid/mpi.hpp"
+#include "reduce_util.hpp"
 
 namespace commgrid::mpi {
 namespace {
@@ -31,6 +33,9 @@ MPI_Datatype mpi_type(DataType t) {
     case DataType::bfloat16: return MPI_UINT16_T;  // 16-bit storage; reduced by our own ops
     case DataType::int32: return MPI_INT32_T;
     case DataType::int64: return MPI_INT64_T;
+    case DataType::float16: return MPI_UINT16_T;  // likewise
+    case DataType::int8: return MPI_INT8_T;
+    case DataType::uint8: return MPI_UINT8_T;
   }
   COMMGRID_ENFORCE(false, "unknown DataType " + std::to_string(static_cast<int>(t)));
 }
@@ -53,56 +58,71 @@ struct Min {
   }
 };
 
-template <class F>
-void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+template <class F, bool Bf16>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
   const F f;
-  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(f(bf16_to_float(a[i]), bf16_to_float(b[i])));
+  for (int i = 0; i < *len; ++i) {
+    if constexpr (Bf16)
+      b[i] = float_to_bf16(f(bf16_to_float(a[i]), bf16_to_float(b[i])));
+    else
+      b[i] = float_to_fp16(f(fp16_to_float(a[i]), fp16_to_float(b[i])));
+  }
 }
 
 std::mutex g_ops_mutex;
-MPI_Op g_bf16_ops[4] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
-bool g_bf16_ops_created = false;
+// [0]: bfloat16, [1]: float16; by ReduceOp sum, max, min, prod.
+MPI_Op g_half_ops[2][4] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
+                           {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+bool g_half_ops_created = false;
 
 // MPI deletes MPI_COMM_SELF's attributes at the start of MPI_Finalize: the standard hook
 // for freeing library objects before MPI goes away, whoever owns MPI.
-int free_bf16_ops(MPI_Comm, int, void*, void*) {
+int free_half_ops(MPI_Comm, int, void*, void*) {
   std::lock_guard lock(g_ops_mutex);
-  for (MPI_Op& op : g_bf16_ops)
-    if (op != MPI_OP_NULL) MPI_Op_free(&op);
-  g_bf16_ops_created = false;
+  for (auto& row : g_half_ops)
+    for (MPI_Op& op : row)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  g_half_ops_created = false;
   return MPI_SUCCESS;
 }
 
-MPI_Op bf16_op(ReduceOp op) {
+MPI_Op half_op(ReduceOp op, DataType t) {
   std::lock_guard lock(g_ops_mutex);
-  if (!g_bf16_ops_created) {
-    MPI_User_function* fns[4] = {&bf16_reduce<Sum>, &bf16_reduce<Max>, &bf16_reduce<Min>,
-                                 &bf16_reduce<Prod>};
-    for (int i = 0; i < 4; ++i) {
-      int rc = MPI_Op_create(fns[i], /*commute=*/1, &g_bf16_ops[i]);
-      if (rc != MPI_SUCCESS) throw BackendError("mpi MPI_Op_create for bfloat16: " + error_text(rc));
-    }
+  if (!g_half_ops_created) {
+    MPI_User_function* fns[2][4] = {
+        {&half_reduce<Sum, true>, &half_reduce<Max, true>, &half_reduce<Min, true>,
+         &half_reduce<Prod, true>},
+        {&half_reduce<Sum, false>, &half_reduce<Max, false>, &half_reduce<Min, false>,
+         &half_reduce<Prod, false>}};
+    for (int k = 0; k < 2; ++k)
+      for (int i = 0; i < 4; ++i) {
+        int rc = MPI_Op_create(fns[k][i], /*commute=*/1, &g_half_ops[k][i]);
+        if (rc != MPI_SUCCESS)
+          throw BackendError("mpi MPI_Op_create for 16-bit floats: " + error_text(rc));
+      }
     int keyval = MPI_KEYVAL_INVALID;
-    int rc = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_bf16_ops, &keyval, nullptr);
+    int rc = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &free_half_ops, &keyval, nullptr);
     if (rc == MPI_SUCCESS) rc = MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr);
     if (rc != MPI_SUCCESS)
-      throw BackendError("mpi attribute on MPI_COMM_SELF for bfloat16 ops: " + error_text(rc));
-    g_bf16_ops_created = true;
+      throw BackendError("mpi attribute on MPI_COMM_SELF for 16-bit float ops: " + error_text(rc));
+    g_half_ops_created = true;
   }
   static_assert(static_cast<int>(ReduceOp::sum) == 0 && static_cast<int>(ReduceOp::max) == 1 &&
                 static_cast<int>(ReduceOp::min) == 2 && static_cast<int>(ReduceOp::prod) == 3);
-  return g_bf16_ops[static_cast<int>(op)];
+  return g_half_ops[t == DataType::bfloat16 ? 0 : 1][static_cast<int>(detail::engine_op(op))];
 }
 
+// The MPI op for `op`; avg runs as a sum that the caller divides (detail::divide_by).
 MPI_Op mpi_op(ReduceOp op, DataType t) {
-  if (t == DataType::bfloat16) return bf16_op(op);
-  switch (op) {
+  if (detail::is_half(t)) return half_op(op, t);
+  switch (detail::engine_op(op)) {
     case ReduceOp::sum: return MPI_SUM;
     case ReduceOp::max: return MPI_MAX;
     case ReduceOp::min: return MPI_MIN;
     case ReduceOp::prod: return MPI_PROD;
+    case ReduceOp::avg: break;
   }
   COMMGRID_ENFORCE(false, "unknown ReduceOp " + std::to_string(static_cast<int>(op)));
 }
@@ -288,7 +308,21 @@ void MpiCommunicator::wait(MPI_Request& request, const char* op, MPI_Status* sta
 
 std::unique_ptr<Communicator> MpiCommunicator::adopt(MPI_Comm comm, std::string name) {
   if (comm == MPI_COMM_NULL) return nullptr;
-  return std::make_unique<MpiCommunicator>(comm, std::move(name), timeout());
+  auto child = std::make_unique<MpiCommunicator>(comm, std::move(name), timeout());
+  // The child's members as global ranks: its ranks translated into this communicator's
+  // ranks (a local computation), then through this communicator's own members.
+  GroupGuard mine, theirs;
+  check(MPI_Comm_group(comm_, &mine.group), "split");
+  check(MPI_Comm_group(comm, &theirs.group), "split");
+  std::vector<int> child_ranks(static_cast<std::size_t>(child->size_)), here(child_ranks.size());
+  for (std::size_t i = 0; i < child_ranks.size(); ++i) child_ranks[i] = static_cast<int>(i);
+  check(MPI_Group_translate_ranks(theirs.group, child->size_, child_ranks.data(), mine.group,
+                                  here.data()),
+        "split");
+  std::vector<std::int64_t> global(here.size());
+  for (std::size_t i = 0; i < here.size(); ++i) global[i] = global_rank(here[i]);
+  child->set_members(std::move(global));
+  return child;
 }
 
 void MpiCommunicator::group_of_members(std::span<const int> members, const char* op,
@@ -445,6 +479,7 @@ std::unique_ptr<Work> MpiCommunicator::allreduce(const void* send, void* recv, s
   const void* in = send == recv ? MPI_IN_PLACE : send;
   check(MPI_Iallreduce(in, recv, n, mpi_type(type), mpi_op(op, type), comm_, &req), "allreduce");
   wait(req, "allreduce");
+  if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
@@ -472,6 +507,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* send, void* re
   check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(type), mpi_op(op, type), comm_, &req),
         "reduce_scatter");
   wait(req, "reduce_scatter");
+  if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
@@ -540,6 +576,257 @@ std::unique_ptr<Work> MpiCommunicator::recv(void* buf, std::size_t count, DataTy
     throw BackendError("mpi recv on " + name() + ": received " + std::to_string(received) +
                        " elements of " + std::string(datatype_name(type)) + " from rank " +
                        std::to_string(peer) + ", expected " + std::to_string(n));
+  return std::make_unique<Work>();
+}
+
+}  // namespace commgrid::mpi
+
+// ---- point to point, variable and rooted collectives -------------------------------
+
+namespace commgrid::mpi {
+
+void MpiCommunicator::check_tag(int tag, const char* op) const {
+  if (tag < 0 || tag > tag_upper_bound(comm_))
+    throw InvalidValueError("tag", "mpi " + std::string(op) + " on " + name() + ": tag " +
+                                       std::to_string(tag) + " out of range [0, " +
+                                       std::to_string(tag_upper_bound(comm_)) + "]");
+}
+
+void MpiCommunicator::v_layout(std::span<const std::size_t> counts, const char* what,
+                               const char* op, std::vector<int>& out_counts,
+                               std::vector<int>& out_displs) const {
+  if (counts.size() != static_cast<std::size_t>(size_))
+    throw InvalidValueError(what, "mpi " + std::string(op) + " on " + name() + ": " + what +
+                                      " has " + std::to_string(counts.size()) +
+                                      " entries, needs one per rank (" + std::to_string(size_) + ")");
+  out_counts.resize(counts.size());
+  out_displs.resize(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    out_counts[i] = checked_count(counts[i], op);
+    out_displs[i] = checked_count(offset, op);  // MPI's displacements are ints too
+    offset += counts[i];
+  }
+}
+
+/// The Work of isend, irecv and batch_isend_irecv: MPI requests tested against one deadline.
+class MpiP2PWork final : public Work {
+ public:
+  MpiP2PWork(MpiCommunicator& comm, std::string op, std::vector<P2POp> ops,
+             std::vector<MPI_Request> requests, Clock::time_point deadline)
+      : comm_(comm), op_(std::move(op)), ops_(std::move(ops)), requests_(std::move(requests)),
+        deadline_(deadline) {}
+  ~MpiP2PWork() override {
+    if (waited_) return;
+    try {
+      wait();
+    } catch (...) {
+      // A destructor cannot report; wait() is where errors are seen.
+    }
+  }
+
+  void wait() override {
+    waited_ = true;
+    for (int iteration = 0;; ++iteration) {
+      if (test_all()) return;
+      if (Clock::now() >= deadline_) time_out();
+      pause(iteration);
+    }
+  }
+
+  [[nodiscard]] bool done() const override { return const_cast<MpiP2PWork*>(this)->test_all(); }
+
+ private:
+  // Tests every open request; a completed receive must carry exactly its count.
+  bool test_all() {
+    bool all = true;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Status status;
+      comm_.check(MPI_Test(&requests_[i], &flag, &status), op_.c_str());
+      if (flag == 0) {
+        all = false;
+        continue;
+      }
+      const P2POp& o = ops_[i];
+      if (o.kind == P2POp::Kind::recv) {
+        int received = 0;
+        comm_.check(MPI_Get_count(&status, mpi_type(o.type), &received), op_.c_str());
+        if (static_cast<std::size_t>(received) != o.count)
+          throw BackendError("mpi " + op_ + " on " + comm_.name() + ": received " +
+                             std::to_string(received) + " elements of " +
+                             std::string(datatype_name(o.type)) + " from " + who(o) +
+                             ", expected " + std::to_string(o.count));
+      }
+    }
+    return all;
+  }
+
+  std::string who(const P2POp& o) const {
+    return "rank " + std::to_string(o.peer) + " (global " +
+           std::to_string(comm_.global_rank(o.peer)) + "), tag " + std::to_string(o.tag);
+  }
+
+  [[noreturn]] void time_out() {
+    std::string pending;
+    bool open_send = false;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      const P2POp& o = ops_[i];
+      pending += std::string(pending.empty() ? "" : "; ") +
+                 (o.kind == P2POp::Kind::send ? "send to " : "receive from ") + who(o);
+      if (o.kind == P2POp::Kind::recv) {
+        // A receive can be cancelled, which gives its buffer back.
+        MPI_Cancel(&requests_[i]);
+        MPI_Wait(&requests_[i], MPI_STATUS_IGNORE);
+      } else {
+        open_send = true;
+      }
+    }
+    // A send that was never matched stays with MPI, which may still read its buffer.
+    if (open_send) comm_.broken_ = true;
+    throw TimeoutError("mpi " + op_ + " on " + comm_.name() + ": timed out after " +
+                       std::to_string(comm_.timeout().count()) + " ms waiting for " + pending +
+                       (open_send ? "; the communicator is unusable from now on" : ""));
+  }
+
+  MpiCommunicator& comm_;
+  std::string op_;
+  std::vector<P2POp> ops_;
+  std::vector<MPI_Request> requests_;
+  Clock::time_point deadline_;
+  bool waited_ = false;
+};
+
+std::unique_ptr<Work> MpiCommunicator::isend(const void* buf, std::size_t count, DataType type,
+                                             int peer, int tag) {
+  const P2POp op = P2POp::send(buf, count, type, peer, tag);
+  return batch_isend_irecv(std::span<const P2POp>(&op, 1));
+}
+
+std::unique_ptr<Work> MpiCommunicator::irecv(void* buf, std::size_t count, DataType type,
+                                             int peer, int tag) {
+  const P2POp op = P2POp::recv(buf, count, type, peer, tag);
+  return batch_isend_irecv(std::span<const P2POp>(&op, 1));
+}
+
+std::unique_ptr<Work> MpiCommunicator::batch_isend_irecv(std::span<const P2POp> ops) {
+  const char* op = ops.size() == 1 ? (ops[0].kind == P2POp::Kind::send ? "isend" : "irecv")
+                                   : "batch_isend_irecv";
+  check_usable(op);
+  for (const P2POp& o : ops) {
+    (void)checked_count(o.count, op);
+    check_peer(o.peer, op);
+    check_tag(o.tag, op);
+    check_buffer(o.buf, o.count, "the", op, name());
+  }
+  const auto deadline = Clock::now() + timeout();
+  std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& o = ops[i];
+    const int n = static_cast<int>(o.count);
+    if (o.kind == P2POp::Kind::send)
+      check(MPI_Isend(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op);
+    else
+      check(MPI_Irecv(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op);
+  }
+  return std::make_unique<MpiP2PWork>(*this, op, std::vector<P2POp>(ops.begin(), ops.end()),
+                                      std::move(requests), deadline);
+}
+
+std::unique_ptr<Work> MpiCommunicator::alltoallv(const void* send,
+                                                 std::span<const std::size_t> send_counts,
+                                                 void* recv,
+                                                 std::span<const std::size_t> recv_counts,
+                                                 DataType type) {
+  check_usable("alltoallv");
+  std::vector<int> sc, sd, rc, rd;
+  v_layout(send_counts, "send_counts", "alltoallv", sc, sd);
+  v_layout(recv_counts, "recv_counts", "alltoallv", rc, rd);
+  const auto send_total = static_cast<std::size_t>(sd.back()) + send_counts.back();
+  const auto recv_total = static_cast<std::size_t>(rd.back()) + recv_counts.back();
+  check_buffer(send, send_total, "send", "alltoallv", name());
+  check_buffer(recv, recv_total, "recv", "alltoallv", name());
+  check_distinct(send, recv, send_total + recv_total, "alltoallv", name());
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_, &req),
+        "alltoallv");
+  wait(req, "alltoallv");
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::allgatherv(const void* send, std::size_t count, void* recv,
+                                                  std::span<const std::size_t> recv_counts,
+                                                  DataType type) {
+  const int n = checked_count(count, "allgatherv");
+  std::vector<int> rc, rd;
+  v_layout(recv_counts, "recv_counts", "allgatherv", rc, rd);
+  if (recv_counts[static_cast<std::size_t>(rank_)] != count)
+    throw InvalidValueError("count", "mpi allgatherv on " + name() + ": rank " +
+                                         std::to_string(rank_) + " sends " + std::to_string(count) +
+                                         " elements but recv_counts[" + std::to_string(rank_) +
+                                         "] is " + std::to_string(recv_counts[static_cast<std::size_t>(rank_)]));
+  const auto recv_total = static_cast<std::size_t>(rd.back()) + recv_counts.back();
+  check_buffer(send, count, "send", "allgatherv", name());
+  check_buffer(recv, recv_total, "recv", "allgatherv", name());
+  check_distinct(send, recv, count, "allgatherv", name());
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Iallgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_, &req), "allgatherv");
+  wait(req, "allgatherv");
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::reduce(const void* send, void* recv, std::size_t count,
+                                              DataType type, ReduceOp op, int root) {
+  const int n = checked_count(count, "reduce");
+  check_peer(root, "reduce");
+  check_buffer(send, count, "send", "reduce", name());
+  const bool at_root = rank_ == root;
+  if (at_root) check_buffer(recv, count, "recv", "reduce", name());
+  MPI_Request req = MPI_REQUEST_NULL;
+  const void* in = at_root && send == recv ? MPI_IN_PLACE : send;
+  check(MPI_Ireduce(in, at_root ? recv : nullptr, n, mpi_type(type), mpi_op(op, type), root, comm_,
+                    &req),
+        "reduce");
+  wait(req, "reduce");
+  if (at_root && op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::gather(const void* send, void* recv, std::size_t count,
+                                              DataType type, int root) {
+  const int n = checked_count(count, "gather");
+  check_peer(root, "gather");
+  check_buffer(send, count, "send", "gather", name());
+  const bool at_root = rank_ == root;
+  if (at_root) {
+    check_buffer(recv, count, "recv", "gather", name());
+    check_distinct(send, recv, count, "gather", name());
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Igather(send, n, t, at_root ? recv : nullptr, n, t, root, comm_, &req), "gather");
+  wait(req, "gather");
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::scatter(const void* send, void* recv, std::size_t count,
+                                               DataType type, int root) {
+  const int n = checked_count(count, "scatter");
+  check_peer(root, "scatter");
+  check_buffer(recv, count, "recv", "scatter", name());
+  const bool at_root = rank_ == root;
+  if (at_root) {
+    check_buffer(send, count, "send", "scatter", name());
+    check_distinct(send, recv, count, "scatter", name());
+  }
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Iscatter(at_root ? send : nullptr, n, t, recv, n, t, root, comm_, &req), "scatter");
+  wait(req, "scatter");
   return std::make_unique<Work>();
 }
 

@@ -46,6 +46,13 @@ class Buffer {
       }
       case DataType::int32: { auto x = static_cast<std::int32_t>(v); std::memcpy(p, &x, 4); break; }
       case DataType::int64: { auto x = static_cast<std::int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DataType::float16: {
+        std::uint16_t x = float_to_fp16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::int8: { auto x = static_cast<std::int8_t>(v); std::memcpy(p, &x, 1); break; }
+      case DataType::uint8: { auto x = static_cast<std::uint8_t>(v); std::memcpy(p, &x, 1); break; }
     }
   }
   [[nodiscard]] double get(size_t i) const {
@@ -56,6 +63,9 @@ class Buffer {
       case DataType::bfloat16: { std::uint16_t x; std::memcpy(&x, p, 2); return bf16_to_float(x); }
       case DataType::int32: { std::int32_t x; std::memcpy(&x, p, 4); return x; }
       case DataType::int64: { std::int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
+      case DataType::float16: { std::uint16_t x; std::memcpy(&x, p, 2); return fp16_to_float(x); }
+      case DataType::int8: { std::int8_t x; std::memcpy(&x, p, 1); return x; }
+      case DataType::uint8: { std::uint8_t x; std::memcpy(&x, p, 1); return x; }
     }
     return 0;
   }
@@ -72,6 +82,7 @@ inline double apply(ReduceOp op, double a, double b) {
     case ReduceOp::prod: return a * b;
     case ReduceOp::max: return a > b ? a : b;
     case ReduceOp::min: return a < b ? a : b;
+    case ReduceOp::avg: break;  // not elementwise: tests/backends/comm_suite.hpp covers it
   }
   return 0;
 }

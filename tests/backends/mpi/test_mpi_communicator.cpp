@@ -40,6 +40,11 @@ struct Buffer {
         break;
       case DataType::int32: reinterpret_cast<std::int32_t*>(data())[i] = static_cast<std::int32_t>(v); break;
       case DataType::int64: reinterpret_cast<std::int64_t*>(data())[i] = static_cast<std::int64_t>(v); break;
+      case DataType::float16:
+        reinterpret_cast<std::uint16_t*>(data())[i] = float_to_fp16(static_cast<float>(v));
+        break;
+      case DataType::int8: reinterpret_cast<std::int8_t*>(data())[i] = static_cast<std::int8_t>(v); break;
+      case DataType::uint8: reinterpret_cast<std::uint8_t*>(data())[i] = static_cast<std::uint8_t>(v); break;
     }
   }
   double get(std::size_t i) {
@@ -49,6 +54,9 @@ struct Buffer {
       case DataType::bfloat16: return bf16_to_float(reinterpret_cast<std::uint16_t*>(data())[i]);
       case DataType::int32: return reinterpret_cast<std::int32_t*>(data())[i];
       case DataType::int64: return static_cast<double>(reinterpret_cast<std::int64_t*>(data())[i]);
+      case DataType::float16: return fp16_to_float(reinterpret_cast<std::uint16_t*>(data())[i]);
+      case DataType::int8: return reinterpret_cast<std::int8_t*>(data())[i];
+      case DataType::uint8: return reinterpret_cast<std::uint8_t*>(data())[i];
     }
     return NAN;
   }
@@ -67,9 +75,10 @@ double reduce_expected(ReduceOp op, int n, std::size_t i) {
       case ReduceOp::max: acc = std::max(acc, v); break;
       case ReduceOp::min: acc = std::min(acc, v); break;
       case ReduceOp::prod: acc *= v; break;
+      case ReduceOp::avg: acc += v; break;  // divided below
     }
   }
-  return acc;
+  return op == ReduceOp::avg ? acc / n : acc;
 }
 
 // Products grow fast; keep them inside what bfloat16 (8 significant bits) and int32 hold.

@@ -1,0 +1,368 @@
+// Backend-neutral checks of what model code needs from a Communicator: nonblocking and
+// batched point to point, variable and rooted collectives, avg, every element type, typed
+// buffers and the member/global rank mapping. Each function is called on every rank of a
+// real job (Gloo rank-threads, MPI processes) and throws CheckFailed on the first wrong
+// value, so a failure names the rank, the operation and the values.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "commgrid/commgrid.hpp"
+
+namespace commgrid::suite {
+
+struct CheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline void check(bool ok, const Communicator& c, const std::string& what) {
+  if (!ok)
+    throw CheckFailed(std::string(c.backend()) + " " + c.name() + " rank " +
+                      std::to_string(c.rank()) + ": " + what);
+}
+
+/// A value every rank can compute for message m, element k.
+inline double payload(std::size_t m, std::size_t k) {
+  return static_cast<double>(m) * 1000.0 + static_cast<double>(k) + 0.25;
+}
+
+/// Each rank exchanges with rank^1 (both post a send and a receive in one batch), then
+/// shifts a ring both ways; with two ranks the next and previous rank are the same peer.
+inline void symmetric_and_ring(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  if (n < 2) return;
+  const int partner = me ^ 1;
+  if (partner < n) {
+    std::vector<double> out(17, static_cast<double>(me)), in(17, -1);
+    const P2POp ops[] = {P2POp::send(std::span<double>(out), partner, 3),
+                         P2POp::recv(std::span<double>(in), partner, 3)};
+    c.batch_isend_irecv(ops)->wait();
+    check(std::all_of(in.begin(), in.end(), [&](double v) { return v == partner; }), c,
+          "symmetric exchange with rank " + std::to_string(partner) + " got wrong data");
+  }
+  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  std::int64_t to_next = me, to_prev = 100 + me, from_prev = -1, from_next = -1;
+  const P2POp ring[] = {P2POp::send(&to_next, 1, DataType::int64, next, 1),
+                        P2POp::send(&to_prev, 1, DataType::int64, prev, 2),
+                        P2POp::recv(&from_prev, 1, DataType::int64, prev, 1),
+                        P2POp::recv(&from_next, 1, DataType::int64, next, 2)};
+  c.batch_isend_irecv(ring)->wait();
+  check(from_prev == prev && from_next == 100 + next, c,
+        "ring shift: from prev " + std::to_string(from_prev) + ", from next " +
+            std::to_string(from_next));
+  // isend/irecv on their own, and the typed blocking forms in a safe order.
+  std::vector<float> a(5, static_cast<float>(me)), b(5, -1.f);
+  auto s = c.isend(std::span<float>(a), next, 9);
+  auto r = c.irecv(std::span<float>(b), prev, 9);
+  r->wait();
+  s->wait();
+  check(b[4] == static_cast<float>(prev) && s->done() && r->done(), c, "isend/irecv ring");
+}
+
+/// `batches` random batches: every rank draws the same list of messages (sender, receiver,
+/// size 0..40 incl. empty, tag 0..2, self-messages included) and posts its part in its own
+/// random order, keeping the order of messages that share sender, receiver and tag (the
+/// order in which they match).
+inline void random_batches(Communicator& c, int batches, std::uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  std::mt19937_64 shared(seed), own(seed * 7919 + static_cast<std::uint64_t>(me) + 1);
+  for (int b = 0; b < batches; ++b) {
+    const int messages = static_cast<int>(shared() % 24);
+    struct Msg { int from, to, tag; std::size_t size; };
+    std::vector<Msg> list;
+    for (int m = 0; m < messages; ++m) {
+      const std::size_t size = shared() % 4 == 0 ? 0 : shared() % 41;
+      list.push_back({static_cast<int>(shared() % static_cast<unsigned>(n)),
+                      static_cast<int>(shared() % static_cast<unsigned>(n)),
+                      static_cast<int>(shared() % 3), size});
+    }
+    std::vector<std::vector<double>> bufs(list.size());
+    std::vector<std::pair<std::size_t, bool>> mine;  // (message, is_send)
+    for (std::size_t m = 0; m < list.size(); ++m) {
+      if (list[m].from == me) mine.emplace_back(m, true);
+      if (list[m].to == me) mine.emplace_back(m, false);
+    }
+    std::shuffle(mine.begin(), mine.end(), own);
+    // Restore the matching order within each (from, to, tag, direction) class.
+    std::map<std::tuple<int, int, int, bool>, std::vector<std::size_t>> slots;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const Msg& msg = list[mine[i].first];
+      slots[{msg.from, msg.to, msg.tag, mine[i].second}].push_back(i);
+    }
+    std::vector<std::pair<std::size_t, bool>> ordered(mine.size());
+    for (auto& [key, positions] : slots) {
+      std::vector<std::pair<std::size_t, bool>> items;
+      for (std::size_t p : positions) items.push_back(mine[p]);
+      std::sort(items.begin(), items.end());
+      for (std::size_t k = 0; k < positions.size(); ++k) ordered[positions[k]] = items[k];
+    }
+    std::vector<P2POp> ops;
+    std::vector<std::vector<double>> sends(list.size());
+    for (const auto& [m, is_send] : ordered) {
+      const Msg& msg = list[m];
+      if (is_send) {
+        sends[m].resize(msg.size);
+        for (std::size_t k = 0; k < msg.size; ++k) sends[m][k] = payload(m, k);
+        ops.push_back(P2POp::send(std::span<double>(sends[m]), msg.to, msg.tag));
+      } else {
+        bufs[m].assign(msg.size, -1.0);
+        ops.push_back(P2POp::recv(std::span<double>(bufs[m]), msg.from, msg.tag));
+      }
+    }
+    c.batch_isend_irecv(ops)->wait();
+    for (std::size_t m = 0; m < list.size(); ++m) {
+      if (list[m].to != me) continue;
+      for (std::size_t k = 0; k < list[m].size; ++k)
+        check(bufs[m][k] == payload(m, k), c,
+              "batch " + std::to_string(b) + " message " + std::to_string(m) + " from rank " +
+                  std::to_string(list[m].from) + " element " + std::to_string(k) + " is " +
+                  std::to_string(bufs[m][k]));
+    }
+  }
+}
+
+/// Rank 0 waits for a message rank 1 never sends: TimeoutError within about the timeout,
+/// naming the peer. Rank 1 stays alive past the timeout (so that rank 0 sees a timeout,
+/// not a closed connection). A timeout may leave the communicator unusable (Gloo closes
+/// the pair), so nothing runs on it afterwards.
+inline void receive_times_out(Communicator& c, std::chrono::milliseconds timeout) {
+  if (c.size() < 2) return;
+  const auto saved = c.timeout();
+  if (c.rank() == 0) {
+    c.set_timeout(timeout);
+    double x = 0;
+    auto work = c.irecv(&x, 1, DataType::float64, 1, 77);
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      work->wait();
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    c.set_timeout(saved);
+    check(!message.empty(), c, "a receive nobody sends to did not time out");
+    check(message.find("rank 1 (global " + std::to_string(c.global_rank(1)) + ")") !=
+              std::string::npos,
+          c, "timeout message does not name the peer: " + message);
+    check(took < timeout + std::chrono::seconds(2), c, "timeout took too long");
+  } else if (c.rank() == 1) {
+    std::this_thread::sleep_for(timeout + std::chrono::seconds(1));
+  }
+}
+
+/// alltoallv with counts from a shared seed: zeros, and one pair carrying 3000 elements.
+inline void alltoallv_random(Communicator& c, std::uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<std::size_t>> count(static_cast<std::size_t>(n),
+                                              std::vector<std::size_t>(static_cast<std::size_t>(n)));
+  for (auto& row : count)
+    for (auto& x : row) x = rng() % 3 == 0 ? 0 : rng() % 9;
+  count[0][static_cast<std::size_t>(n - 1)] = 3000;
+  auto value = [](int from, int to, std::size_t k) {
+    return static_cast<std::int64_t>(from * 1000003 + to * 1009 + static_cast<int>(k));
+  };
+  const auto row = count[static_cast<std::size_t>(me)];
+  std::vector<std::size_t> recv_counts;
+  for (int i = 0; i < n; ++i) recv_counts.push_back(count[static_cast<std::size_t>(i)][static_cast<std::size_t>(me)]);
+  std::vector<std::int64_t> send, recv(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}), -1);
+  for (int j = 0; j < n; ++j)
+    for (std::size_t k = 0; k < row[static_cast<std::size_t>(j)]; ++k) send.push_back(value(me, j, k));
+  c.alltoallv(std::span<const std::int64_t>(send), row, std::span<std::int64_t>(recv), recv_counts)->wait();
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i)
+    for (std::size_t k = 0; k < recv_counts[static_cast<std::size_t>(i)]; ++k, ++at)
+      check(recv[at] == value(i, me, k), c,
+            "alltoallv block from rank " + std::to_string(i) + " element " + std::to_string(k));
+}
+
+/// allgatherv with per-rank counts (zeros included).
+inline void allgatherv_random(Communicator& c, std::uint64_t seed) {
+  const int n = c.size(), me = c.rank();
+  std::mt19937_64 rng(seed);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(n));
+  for (auto& x : counts) x = rng() % 3 == 0 ? 0 : rng() % 7;
+  std::vector<float> send(counts[static_cast<std::size_t>(me)]);
+  for (std::size_t k = 0; k < send.size(); ++k) send[k] = static_cast<float>(me * 100 + static_cast<int>(k));
+  std::vector<float> recv(std::accumulate(counts.begin(), counts.end(), std::size_t{0}), -1.f);
+  c.allgatherv(std::span<const float>(send), std::span<float>(recv), counts)->wait();
+  std::size_t at = 0;
+  for (int i = 0; i < n; ++i)
+    for (std::size_t k = 0; k < counts[static_cast<std::size_t>(i)]; ++k, ++at)
+      check(recv[at] == static_cast<float>(i * 100 + static_cast<int>(k)), c,
+            "allgatherv block of rank " + std::to_string(i));
+}
+
+/// Rank r's value for element k: small integers, exact in every type (int8 and float16
+/// included) and in sums over 16 ranks.
+inline double small(int r, std::size_t k) { return static_cast<double>((r * 3 + static_cast<int>(k)) % 5 + 1); }
+
+template <class T>
+T make(double v) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+template <class T>
+double read(T v) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+    return static_cast<double>(static_cast<float>(v));
+  else
+    return static_cast<double>(v);
+}
+
+/// reduce, gather and scatter to every root; allreduce sum, max and avg; all of type T.
+template <class T>
+void rooted_and_avg_typed(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  const std::size_t count = 6;
+  const std::string type(datatype_name(datatype_of<T>));
+  std::vector<T> mine(count);
+  for (std::size_t k = 0; k < count; ++k) mine[k] = make<T>(small(me, k));
+  auto sum_of = [&](std::size_t k) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += small(r, k);
+    return s;
+  };
+  for (int root = 0; root < n; ++root) {
+    std::vector<T> out(me == root ? count : 0);
+    c.reduce(std::span<const T>(mine), std::span<T>(out), ReduceOp::sum, root)->wait();
+    if (me == root)
+      for (std::size_t k = 0; k < count; ++k)
+        check(read(out[k]) == sum_of(k), c, type + " reduce to root " + std::to_string(root));
+    std::vector<T> all(me == root ? count * static_cast<std::size_t>(n) : 0);
+    c.gather(std::span<const T>(mine), std::span<T>(all), root)->wait();
+    if (me == root)
+      for (int r = 0; r < n; ++r)
+        for (std::size_t k = 0; k < count; ++k)
+          check(read(all[static_cast<std::size_t>(r) * count + k]) == small(r, k), c,
+                type + " gather to root " + std::to_string(root));
+    std::vector<T> blocks;
+    if (me == root)
+      for (int r = 0; r < n; ++r)
+        for (std::size_t k = 0; k < count; ++k) blocks.push_back(make<T>(small(r + root, k)));
+    std::vector<T> part(count);
+    c.scatter(std::span<const T>(blocks), std::span<T>(part), root)->wait();
+    for (std::size_t k = 0; k < count; ++k)
+      check(read(part[k]) == small(me + root, k), c, type + " scatter from root " + std::to_string(root));
+  }
+  std::vector<T> buf = mine;
+  c.allreduce(std::span<T>(buf), ReduceOp::sum)->wait();
+  for (std::size_t k = 0; k < count; ++k) check(read(buf[k]) == sum_of(k), c, type + " allreduce sum");
+  buf = mine;
+  c.allreduce(std::span<T>(buf), ReduceOp::max)->wait();
+  for (std::size_t k = 0; k < count; ++k) {
+    double mx = 0;
+    for (int r = 0; r < n; ++r) mx = std::max(mx, small(r, k));
+    check(read(buf[k]) == mx, c, type + " allreduce max");
+  }
+  // avg: the sum divided by the group size; integers truncate. Compare with the same
+  // computation in the element type.
+  buf = mine;
+  c.allreduce(std::span<T>(buf), ReduceOp::avg)->wait();
+  for (std::size_t k = 0; k < count; ++k) {
+    double expected = sum_of(k) / n;
+    if constexpr (std::is_integral_v<T>) expected = static_cast<double>(static_cast<std::int64_t>(sum_of(k)) / n);
+    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16> || std::is_same_v<T, float>)
+      expected = read(make<T>(static_cast<double>(static_cast<float>(sum_of(k)) / static_cast<float>(n))));
+    check(read(buf[k]) == expected, c,
+          type + " allreduce avg: got " + std::to_string(read(buf[k])) + ", expected " + std::to_string(expected));
+  }
+  // reduce_scatter with avg: block rank() of the averaged sum.
+  std::vector<T> whole(count * static_cast<std::size_t>(n)), block(count);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = make<T>(small(me, i));
+  c.reduce_scatter(std::span<const T>(whole), std::span<T>(block), ReduceOp::sum)->wait();
+  for (std::size_t k = 0; k < count; ++k) {
+    double s = 0;
+    for (int r = 0; r < n; ++r) s += small(r, static_cast<std::size_t>(me) * count + k);
+    check(read(block[k]) == s, c, type + " reduce_scatter sum");
+  }
+}
+
+inline void every_type(Communicator& c) {
+  rooted_and_avg_typed<float>(c);
+  rooted_and_avg_typed<double>(c);
+  rooted_and_avg_typed<std::int32_t>(c);
+  rooted_and_avg_typed<std::int64_t>(c);
+  rooted_and_avg_typed<std::int8_t>(c);
+  rooted_and_avg_typed<std::uint8_t>(c);
+  rooted_and_avg_typed<bfloat16>(c);
+  rooted_and_avg_typed<float16>(c);
+}
+
+/// Typed buffers of the wrong size are InvalidValueError before any communication, so a
+/// single rank can make the mistake without the others taking part.
+inline void typed_size_errors(Communicator& c) {
+  std::vector<double> small_buf(1), big(5 * static_cast<std::size_t>(c.size()) + 1);
+  std::vector<double> three(3);
+  auto throws = [&](auto&& fn, const char* what) {
+    bool thrown = false;
+    try {
+      fn();
+    } catch (const InvalidValueError& e) {
+      thrown = std::string(e.what()).find(c.name()) != std::string::npos;
+    }
+    check(thrown, c, std::string(what) + " with a wrong size did not throw InvalidValueError");
+  };
+  throws([&] { (void)c.allgather(std::span<const double>(three), std::span<double>(small_buf)); }, "allgather");
+  throws([&] { (void)c.reduce_scatter(std::span<const double>(three), std::span<double>(big), ReduceOp::sum); }, "reduce_scatter");
+  throws([&] { (void)c.allreduce(std::span<const double>(three), std::span<double>(small_buf), ReduceOp::sum); }, "allreduce");
+  const std::vector<std::size_t> wrong_counts(static_cast<std::size_t>(c.size()), 1);
+  throws([&] { (void)c.alltoallv(std::span<const double>(three), wrong_counts, std::span<double>(big), wrong_counts); }, "alltoallv");
+  if (c.size() > 1)
+    throws([&] { (void)c.gather(std::span<const double>(three), std::span<double>(three), c.rank()); }, "gather");
+}
+
+/// The world's members are 0..W-1 and its ranks map both ways.
+inline void world_members(Communicator& world) {
+  const auto& m = world.members();
+  check(static_cast<int>(m.size()) == world.size(), world, "world members size");
+  for (int r = 0; r < world.size(); ++r) {
+    check(m[static_cast<std::size_t>(r)] == r, world, "world member " + std::to_string(r));
+    check(world.group_rank(world.global_rank(r)) == r, world, "world rank mapping");
+  }
+}
+
+/// Every created kind of a layout: the communicator's members are the layout group's
+/// members sorted, its global rank of rank() is this rank, and a non-member is refused.
+inline void members_match_layout(Communicator& world, const ParallelConfig& config) {
+  ProcessGroups pg;
+  pg.initialize(world, config);
+  for (GroupKind k : pg.kinds()) {
+    if (!pg.has_group(k)) continue;
+    const Communicator& g = pg.group(k);
+    std::vector<std::int64_t> expected(pg.global_ranks(k).begin(), pg.global_ranks(k).end());
+    std::sort(expected.begin(), expected.end());
+    check(g.members() == expected, world, std::string(kind_name(k)) + " members differ from the layout");
+    check(g.global_rank(g.rank()) == world.rank(), world, std::string(kind_name(k)) + " global_rank(rank())");
+    check(g.group_rank(world.rank()) == g.rank(), world, std::string(kind_name(k)) + " group_rank(world rank)");
+    // The pipeline getters give global ranks; group_rank maps them for send/recv.
+    if (k == GroupKind::pp)
+      check(g.group_rank(pg.pipeline_next_rank()) == (g.rank() + 1) % g.size(), world, "pp next rank");
+    if (g.size() < world.size()) {
+      std::int64_t outsider = 0;
+      while (std::find(expected.begin(), expected.end(), outsider) != expected.end()) ++outsider;
+      bool refused = false;
+      try {
+        (void)g.group_rank(outsider);
+      } catch (const RankOutOfRangeError&) {
+        refused = true;
+      }
+      check(refused, world, std::string(kind_name(k)) + " group_rank of a non-member");
+    }
+  }
+}
+
+}  // namespace commgrid::suite
