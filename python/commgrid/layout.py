@@ -1,0 +1,88 @@
+"""commgrid.Layout: every group of a parallel configuration, from the C++ core."""
+
+from . import _commgrid
+from .errors import InvalidValueError
+
+# Megatron-core's keyword names (initialize_model_parallel) and commgrid's short ones.
+_ALIASES = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "hierarchical_context_parallel_sizes": "hcp",
+    "num_distributed_optimizer_instances": "dist_opt_instances",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "get_embedding_ranks": "embedding_ranks",
+    "get_position_embedding_ranks": "position_embedding_ranks",
+}
+
+_SHORT = ("tp", "pp", "cp", "ep", "etp", "hcp", "dist_opt_instances", "vpp", "order",
+          "embedding_ranks", "position_embedding_ranks")
+
+
+def normalize_kwargs(kwargs):
+    """Maps Megatron's long keyword names to the short ones; a value given under both
+    names, or an unknown name, is a TypeError (as for any Python call)."""
+    out = {}
+    for name, value in kwargs.items():
+        short = _ALIASES.get(name, name)
+        if short not in _SHORT:
+            raise TypeError(f"Layout() got an unexpected keyword argument '{name}'")
+        if short in out:
+            raise TypeError(f"Layout() got '{short}' twice (as '{short}' and its Megatron name)")
+        out[short] = value
+    return out
+
+
+class Layout(_commgrid.Layout):
+    """Every group of a validated configuration, exactly as Megatron-core builds them.
+
+    ``Layout(world_size, tp=1, pp=1, cp=1, ep=1, etp=None, hcp=None,
+    dist_opt_instances=1, vpp=None, order="tp-cp-ep-dp-pp")``; Megatron's long names
+    (``tensor_model_parallel_size=`` ...) are accepted too, and ``embedding_ranks`` /
+    ``position_embedding_ranks`` (Megatron's ``get_embedding_ranks`` ...) take a callable
+    from a pipeline group's ranks to the embedding group's ranks. Invalid configurations
+    raise a :class:`commgrid.ConfigError` subclass (a ``ValueError``) with the core's message.
+    Building is cheap; nothing is enumerated until asked for.
+    """
+
+    def __init__(self, world_size, **kwargs):
+        kw = normalize_kwargs(kwargs)
+        if kw.get("hcp") is not None:
+            kw["hcp"] = list(kw["hcp"])
+        super().__init__(world_size, **kw)
+
+    def groups(self, kind, level=None):
+        """Every group of the kind in Megatron's order, as a list of lists of ints. For
+        ``hcp`` without a level: one such list per level."""
+        if level is None and kind == "hcp" and self.has_kind(kind):
+            return [self.groups_list(kind, lv) for lv in range(self.levels(kind))]
+        return self.groups_list(kind, 0 if level is None else level)
+
+    def array(self, kind, level=0):
+        """Every group of the kind as a 2-D ``numpy.int64`` array (groups x group size) over
+        the core's own buffer, without a copy. Raises ``InvalidValueError`` when the kind's
+        groups differ in size (only with custom embedding policies)."""
+        return self.groups_array(kind, level)
+
+    def group_of(self, kind, rank, level=None):
+        """The members of ``rank``'s group of the kind (in the kind's member order), or
+        ``None`` when the rank is in none. For ``hcp`` without a level: one per level."""
+        if level is None and kind == "hcp" and self.has_kind(kind):
+            return [self.group_members(kind, rank, lv) for lv in range(self.levels(kind))]
+        return self.group_members(kind, rank, 0 if level is None else level)
+
+    def __repr__(self):
+        c = self.config
+        fields = ", ".join(f"{k}={c[k]!r}" for k in
+                           ("world_size", "tp", "pp", "cp", "ep", "etp", "hcp",
+                            "dist_opt_instances", "vpp", "order"))
+        return f"commgrid.Layout({fields})"
+
+
+def check_int(name, value):
+    """An integer argument (bool excluded), for the pure-Python entry points."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValueError(f"{name} must be an integer, got {value!r}")
+    return value

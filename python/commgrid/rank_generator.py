@@ -1,0 +1,74 @@
+"""A drop-in for Megatron-core's ``RankGenerator`` whose groups come from the C++ core."""
+
+from . import _commgrid
+from .errors import IncompatibleError, InvalidValueError, OrderError
+from .layout import check_int
+
+# Megatron's name_to_size order: the sequence in which omitted axes are appended.
+_NAMES = ("tp", "pp", "dp", "ep", "cp")
+
+
+class RankGenerator:
+    """``RankGenerator(tp, ep, dp, pp, cp, order, rank_offset=0)``: ``get_ranks(token)``
+    returns what Megatron-core's does (the same lists in the same order) for every input
+    Megatron accepts, e.g. ``get_ranks("tp-dp")``.
+
+    Differences, all on input Megatron mishandles: sizes below 1, unknown or repeated
+    tokens in ``order`` and ``ep > 1 and cp > 1`` raise :class:`commgrid.ConfigError`
+    subclasses (ValueError) instead of ZeroDivisionError, KeyError, wrong groups or an
+    AssertionError; an axis of size > 1 missing from the order raises
+    :class:`commgrid.OrderError` instead of RuntimeError.
+    """
+
+    def __init__(self, tp, ep, dp, pp, cp, order, rank_offset=0):
+        self.tp = check_int("tp", tp)
+        self.ep = check_int("ep", ep)
+        self.dp = check_int("dp", dp)
+        self.pp = check_int("pp", pp)
+        self.cp = check_int("cp", cp)
+        self.rank_offset = check_int("rank_offset", rank_offset)
+        self.name_to_size = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+        for name in _NAMES:
+            if self.name_to_size[name] < 1:
+                raise InvalidValueError(f"{name} must be >= 1, got {self.name_to_size[name]}")
+        if ep > 1 and cp > 1:
+            raise IncompatibleError(
+                f"ep = {ep} and cp = {cp}: a RankGenerator has either an ep or a cp axis "
+                "(cp belongs to the dense grid, ep to the expert grid)")
+        self.world_size = tp * dp * pp * cp * ep
+        # Megatron lower-cases the order; the core validates its tokens.
+        lowered = order.lower()
+        tokens = _commgrid.resolve_order(lowered)[: len(lowered.split("-"))]
+        for name in _NAMES:
+            if name not in tokens and self.name_to_size[name] != 1:
+                raise OrderError(f'order "{order}" omits "{name}", but {name} = '
+                                 f"{self.name_to_size[name]}; add \"{name}\" to the order")
+        # As Megatron: the order's tokens, then the omitted axes in its name_to_size order.
+        full = list(tokens) + [n for n in _NAMES if n not in tokens]
+        self.order = "-".join(full)
+        self.ordered_size = [self.name_to_size[t] for t in full]
+        self._order = full
+
+    def get_mask(self, order, token):
+        """Megatron's mask: for each token of ``order``, whether ``token`` names it."""
+        ordered = order.split("-")
+        mask = [False] * len(ordered)
+        for t in token.split("-"):
+            if t not in ordered:
+                raise OrderError(f'token "{t}" is not an axis of order "{order}"')
+            mask[ordered.index(t)] = True
+        return mask
+
+    def get_ranks_array(self, token):
+        """``get_ranks(token)`` as a 2-D numpy int64 array (groups x group size)."""
+        mask = self.get_mask(self.order, token)
+        masked = [a for a, m in zip(self._order, mask) if m]
+        groups = _commgrid.grid_groups(self.name_to_size, self._order, masked)
+        if self.rank_offset > 0:
+            groups += self.rank_offset
+        return groups
+
+    def get_ranks(self, token):
+        """Every group of the axes in ``token`` ("tp", "tp-dp", ...; their order inside the
+        token does not matter), as lists of global ranks, in Megatron's order."""
+        return self.get_ranks_array(token).tolist()

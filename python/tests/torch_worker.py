@@ -1,0 +1,193 @@
+"""One rank of the torch.distributed test (test_torch.py starts 8 of these over Gloo).
+
+For each layout: every group of every kind this rank is in has the members that
+`commgrid plan --format json --rank R` (the C++ CLI) lists, proven with an allgather of
+global ranks inside the group; an allreduce over it sums what it must; the parallel_state
+getters and the collections agree with the plan. Exits non-zero with a message on the
+first mismatch.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+
+import commgrid
+import commgrid.torch as ps
+
+CLI = os.environ["COMMGRID_CLI"]
+
+
+def plan_for(rank, args):
+    out = subprocess.run([CLI, "plan", "--format", "json", "--rank", str(rank), "--world-size",
+                          str(dist.get_world_size())] + args,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["groups"]
+
+
+def expect(cond, what):
+    if not cond:
+        raise AssertionError(f"rank {dist.get_rank()}: {what}")
+
+
+def check_group(kind, group, members, rank):
+    """The group holds exactly `members` (communicator ranks in ascending global order)
+    and an allreduce over it is right."""
+    expect(group is not None, f"{kind}: no torch group, plan says {members}")
+    ordered = sorted(members)
+    expect(dist.get_world_size(group=group) == len(members), f"{kind}: size")
+    expect(dist.get_rank(group=group) == ordered.index(rank),
+           f"{kind}: group rank {dist.get_rank(group=group)}, expected {ordered.index(rank)}")
+    gathered = [torch.zeros(1, dtype=torch.int64) for _ in members]
+    dist.all_gather(gathered, torch.tensor([rank], dtype=torch.int64), group=group)
+    got = [int(t.item()) for t in gathered]
+    expect(got == ordered, f"{kind}: allgather of ranks {got}, expected {ordered}")
+    t = torch.tensor([rank + 1], dtype=torch.int64)
+    dist.all_reduce(t, group=group)
+    expect(int(t.item()) == sum(m + 1 for m in members), f"{kind}: allreduce {int(t.item())}")
+
+
+def check_layout(args, kwargs, gloo_twins):
+    rank = dist.get_rank()
+    ps.initialize_model_parallel(create_gloo_process_groups=gloo_twins, **kwargs)
+    plan = plan_for(rank, args)
+    checks = 0
+    expect(sorted(plan) == sorted(ps.STATE.layout.kinds()), f"kinds {sorted(plan)}")
+    for kind, members in plan.items():
+        group = ps.STATE.group(kind)
+        if kind == "hcp":
+            expect(len(group) == len(members), "hcp levels")
+            for level, (g, m) in enumerate(zip(group, members)):
+                check_group(f"hcp[{level}]", g, m, rank)
+                checks += 1
+        elif members is None:
+            expect(group is None, f"{kind}: a group, but the plan has none for this rank")
+        else:
+            check_group(kind, group, members, rank)
+            expect(ps.get_global_ranks(kind) == members, f"{kind}: global ranks")
+            checks += 1
+    for kind in ("dp", "dp_cp", "intra_dp_cp", "expt_dp", "intra_expt_dp"):
+        if gloo_twins:
+            check_group(kind + " (gloo)", ps.STATE.gloo_groups[kind], plan[kind], rank)
+            checks += 1
+
+    # The getters, against the plan and spec §9.
+    def pos(kind):
+        return sorted(plan[kind]).index(rank)
+
+    got = {
+        "tp": (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()),
+        "pp": (ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()),
+        "dp": (ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()),
+        "dp_cp": (ps.get_data_parallel_rank(with_context_parallel=True),
+                  ps.get_data_parallel_world_size(with_context_parallel=True)),
+        "intra_dp_cp": (ps.get_data_parallel_rank(True, True), ps.get_data_parallel_world_size(True, True)),
+        "cp": (ps.get_context_parallel_rank(), ps.get_context_parallel_world_size()),
+        "tp_cp": (ps.get_tensor_and_context_parallel_rank(),
+                  ps.get_tensor_and_context_parallel_world_size()),
+        "ep": (ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()),
+        "expt_tp": (ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()),
+        "tp_ep": (ps.get_expert_tensor_and_model_parallel_rank(),
+                  ps.get_expert_tensor_and_model_parallel_world_size()),
+        "expt_dp": (ps.get_expert_data_parallel_rank(), ps.get_expert_data_parallel_world_size()),
+        "intra_expt_dp": (ps.get_expert_data_parallel_rank(True),
+                          ps.get_expert_data_parallel_world_size(True)),
+    }
+    for kind, value in got.items():
+        expect(value == (pos(kind), len(plan[kind])), f"getters of {kind}: {value}")
+        checks += 1
+    pp = plan["pp"]
+    k = pp.index(rank)
+    expect(ps.get_pipeline_model_parallel_first_rank() == pp[0], "pp first rank")
+    expect(ps.get_pipeline_model_parallel_last_rank() == pp[-1], "pp last rank")
+    expect(ps.get_pipeline_model_parallel_next_rank() == pp[(k + 1) % len(pp)], "pp next rank")
+    expect(ps.get_pipeline_model_parallel_prev_rank() == pp[(k - 1) % len(pp)], "pp prev rank")
+    expect(ps.is_pipeline_first_stage(ignore_virtual=True) == (k == 0), "first stage")
+    expect(ps.is_pipeline_last_stage(ignore_virtual=True) == (k == len(pp) - 1), "last stage")
+    expect(ps.is_rank_in_embedding_group(ignore_virtual=True) == (plan["embd"] is not None), "in embd")
+    expect(ps.is_rank_in_position_embedding_group() == (plan["pos_embd"] is not None), "in pos_embd")
+    expect(ps.get_tensor_model_parallel_src_rank() == plan["tp"][0], "tp src")
+    expect(ps.get_model_parallel_src_rank() == plan["mp"][0], "mp src")
+    expect(ps.get_data_parallel_src_rank() == plan["dp"][0], "dp src")
+    expect(ps.get_data_parallel_src_rank(with_context_parallel=True) == plan["dp_cp"][0], "dp_cp src")
+    expect(ps.get_context_parallel_global_ranks() == plan["cp"], "cp global ranks")
+    all_ranks = "_".join(str(pos(x)) for x in ("tp", "dp", "cp", "pp", "ep"))
+    expect(ps.get_all_ranks() == all_ranks, f"get_all_ranks {ps.get_all_ranks()} != {all_ranks}")
+    for (with_cp, tp_only), kind in {(True, False): "tp_dp_cp", (True, True): "tp_cp",
+                                     (False, False): "tp_dp", (False, True): "tp"}.items():
+        expect(ps.get_amax_reduction_group(with_cp, tp_only) is ps.STATE.group(kind), f"amax {kind}")
+    vpp = kwargs.get("virtual_pipeline_model_parallel_size")
+    if vpp:
+        expect(ps.get_virtual_pipeline_model_parallel_rank() == 0, "vpp rank")
+        expect(ps.get_virtual_pipeline_model_parallel_world_size() == vpp, "vpp size")
+        expect(ps.is_pipeline_first_stage() == (k == 0), "first stage, virtual 0")
+        expect(not ps.is_pipeline_last_stage(), "last stage needs the last virtual rank")
+        ps.set_virtual_pipeline_model_parallel_rank(vpp - 1)
+        expect(ps.is_pipeline_last_stage() == (k == len(pp) - 1), "last stage, last virtual")
+        expect(not ps.is_pipeline_first_stage(), "first stage needs virtual rank 0")
+    if "inter_dist_opt" in plan:
+        expect(ps.get_inter_distributed_optimizer_instance_group() is ps.STATE.group("inter_dist_opt"),
+               "inter dist-opt getter")
+    else:
+        try:
+            ps.get_inter_distributed_optimizer_instance_group()
+            expect(False, "inter_dist_opt with one instance must raise")
+        except commgrid.StateError:
+            pass
+
+    # The collections read the same state.
+    model = commgrid.ModelCommProcessGroups.use_mpu_process_groups()
+    for f in ("tp", "pp", "mp", "embd", "pos_embd", "cp", "tp_cp", "ep", "expt_tp", "tp_ep",
+              "tp_ep_pp", "expt_dp"):
+        expect(getattr(model, f) is ps.STATE.group(f), f"ModelCommProcessGroups.{f}")
+        expect((getattr(model, f) is None) == (plan[f] is None), f"ModelCommProcessGroups.{f} None")
+    expect(model.hcp == ps.STATE.group("hcp"), "ModelCommProcessGroups.hcp")
+    grad = commgrid.GradCommProcessGroups.use_mpu_process_groups(["dp", "inter_dist_opt"])
+    expect(grad.dp is ps.get_data_parallel_group(), "GradCommProcessGroups.dp")
+    expect(grad.inter_dist_opt is ps.STATE.group("inter_dist_opt"), "GradCommProcessGroups.inter")
+    expect(not hasattr(grad, "dp_cp"), "unrequested field stays unset")
+
+    try:
+        ps.initialize_model_parallel(**kwargs)
+        expect(False, "a second initialize must raise")
+    except commgrid.StateError:
+        pass
+    calls = ps.STATE.creation_calls
+    ps.destroy_model_parallel()
+    expect(not ps.is_initialized(), "destroyed")
+    expect(ps.get_tensor_model_parallel_group(check_initialized=False) is None, "tp after destroy")
+    return checks, calls
+
+
+def main():
+    rank, world, init_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    # A bad config fails on every rank before any group exists: no rank waits.
+    try:
+        ps.initialize_model_parallel(tensor_model_parallel_size=3)
+        expect(False, "tp 3 on 8 ranks must raise")
+    except commgrid.DivisibilityError:
+        pass
+    report = []
+    a = check_layout(["--tp", "2", "--pp", "2", "--ep", "2"],
+                     dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                          expert_model_parallel_size=2), gloo_twins=True)
+    report.append(a)
+    b = check_layout(["--pp", "2", "--cp", "2", "--hcp", "1,2", "--dist-opt-instances", "2",
+                      "--vpp", "2"],
+                     dict(pipeline_model_parallel_size=2, context_parallel_size=2,
+                          hierarchical_context_parallel_sizes=[1, 2],
+                          num_distributed_optimizer_instances=2,
+                          virtual_pipeline_model_parallel_size=2), gloo_twins=False)
+    report.append(b)
+    dist.barrier()
+    print(json.dumps({"rank": rank, "checks": [c for c, _ in report],
+                      "creation_calls": [n for _, n in report], "torch": torch.__version__}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
