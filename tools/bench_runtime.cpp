@@ -118,24 +118,51 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
   const auto n_ranks = static_cast<std::size_t>(world.size());
   for (std::size_t bytes : sizes) {
     const std::size_t count = bytes / sizeof(float);
-    std::vector<float> send(count, 1.0f), recv(count * n_ranks, 0.0f);
+    std::vector<float> send(count * n_ranks, 1.0f), recv(count * n_ranks, 0.0f);
     // Large sizes take long per call; 1 GiB per rank and kind keeps a run to seconds.
     constexpr std::size_t kBudget = std::size_t{1} << 30;
     const int iters = static_cast<int>(
         std::clamp<std::size_t>(kBudget / bytes, 5, static_cast<std::size_t>(std::max(5, iterations))));
-    for (const char* op : {"allreduce", "allgather"}) {
-      const bool reduce = op[3] == 'r';
+    const int me = world.rank(), partner = world.rank() ^ 1;
+    const bool paired = partner < world.size();
+    const std::vector<std::size_t> counts(n_ranks, count);
+    for (const std::string op : {"allreduce", "allgather", "pingpong", "exchange", "alltoallv"}) {
       auto via_commgrid = [&] {
-        if (reduce)
+        if (op == "allreduce") {
           world.allreduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum)->wait();
-        else
+        } else if (op == "allgather") {
           world.allgather(send.data(), recv.data(), count, DataType::float32)->wait();
+        } else if (op == "pingpong") {
+          if (!paired) return;
+          const std::span<float> buf(recv.data(), count);
+          if (me < partner) {
+            world.send(buf, partner, 0)->wait();
+            world.recv(buf, partner, 0)->wait();
+          } else {
+            world.recv(buf, partner, 0)->wait();
+            world.send(buf, partner, 0)->wait();
+          }
+        } else if (op == "exchange") {
+          if (!paired) return;
+          const P2POp ops[] = {P2POp::send(std::span<float>(send.data(), count), partner, 0),
+                               P2POp::recv(std::span<float>(recv.data(), count), partner, 0)};
+          world.batch_isend_irecv(ops)->wait();
+        } else {
+          world.alltoallv(std::span<const float>(send.data(), count * n_ranks), counts,
+                          std::span<float>(recv.data(), count * n_ranks), counts)->wait();
+        }
       };
       auto via_direct = [&] {
-        if (reduce)
+        if (op == "allreduce")
           direct.allreduce(send.data(), recv.data(), count);
-        else
+        else if (op == "allgather")
           direct.allgather(send.data(), recv.data(), count);
+        else if (op == "pingpong" && paired)
+          direct.pingpong(recv.data(), count, partner, me < partner);
+        else if (op == "exchange" && paired)
+          direct.exchange(send.data(), recv.data(), count, partner);
+        else if (op == "alltoallv")
+          direct.alltoallv(send.data(), counts, recv.data(), counts);
       };
       // One untimed call each: connections, buffers and caches are set up before timing.
       via_commgrid();

@@ -52,14 +52,26 @@ class DirectCollectives {
   virtual void allreduce(const float* send, float* recv, std::size_t count) = 0;
   /// float32 in rank order, as Communicator::allgather.
   virtual void allgather(const float* send, float* recv, std::size_t count) = 0;
+  /// Point to point between this rank and `peer`: `count` float32 there and back, the
+  /// initiator sending first (a ping-pong; the blocking send and receive).
+  virtual void pingpong(float* buf, std::size_t count, int peer, bool initiator) = 0;
+  /// Sends `count` float32 to `peer` and receives as many from it, both posted before
+  /// waiting (the batched symmetric exchange of a pipeline).
+  virtual void exchange(const float* send, float* recv, std::size_t count, int peer) = 0;
+  /// alltoallv of float32, counts per peer, blocks packed in rank order.
+  virtual void alltoallv(const float* send, const std::vector<std::size_t>& send_counts,
+                         float* recv, const std::vector<std::size_t>& recv_counts) = 0;
   /// What the direct calls are, for the report: "MPI_Allreduce / MPI_Allgather".
   [[nodiscard]] virtual std::string description() const = 0;
 };
 
 /// One operation at one size: commgrid and direct, interleaved in one run.
 struct CollectiveResult {
-  std::string op;            ///< "allreduce" or "allgather"
-  std::size_t bytes = 0;     ///< per rank: the buffer reduced, or the block each rank sends
+  /// "allreduce", "allgather", "pingpong", "exchange" or "alltoallv"
+  std::string op;
+  /// per rank: the buffer reduced, the block each rank sends (to each peer for alltoallv),
+  /// or the message (pingpong, exchange: ranks paired as r and r^1; an odd last rank idles)
+  std::size_t bytes = 0;
   int iterations = 0;
   double commgrid_seconds = 0;  ///< median per call, slowest rank
   double direct_seconds = 0;    ///< median per call, slowest rank

@@ -22,6 +22,7 @@
 #endif
 #if COMMGRID_HAS_GLOO
 #include <gloo/allgather.h>
+#include <gloo/alltoallv.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -251,9 +252,44 @@ class MpiDirect final : public DirectCollectives {
     check(MPI_Iallgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_, &req), "MPI_Iallgather");
     check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
   }
+  void pingpong(float* buf, std::size_t count, int peer, bool initiator) override {
+    const int n = static_cast<int>(count);
+    for (int leg = 0; leg < 2; ++leg) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      if ((leg == 0) == initiator)
+        check(MPI_Isend(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Isend");
+      else
+        check(MPI_Irecv(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Irecv");
+      check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+    }
+  }
+  void exchange(const float* send, float* recv, std::size_t count, int peer) override {
+    const int n = static_cast<int>(count);
+    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    check(MPI_Isend(send, n, MPI_FLOAT, peer, 0, comm_, &reqs[0]), "MPI_Isend");
+    check(MPI_Irecv(recv, n, MPI_FLOAT, peer, 0, comm_, &reqs[1]), "MPI_Irecv");
+    check(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+  void alltoallv(const float* send, const std::vector<std::size_t>& send_counts, float* recv,
+                 const std::vector<std::size_t>& recv_counts) override {
+    std::vector<int> sc, sd, rc, rd;
+    for (std::size_t i = 0, s = 0, r = 0; i < send_counts.size(); ++i) {
+      sc.push_back(static_cast<int>(send_counts[i]));
+      sd.push_back(static_cast<int>(s));
+      rc.push_back(static_cast<int>(recv_counts[i]));
+      rd.push_back(static_cast<int>(r));
+      s += send_counts[i];
+      r += recv_counts[i];
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(),
+                         MPI_FLOAT, comm_, &req),
+          "MPI_Ialltoallv");
+    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
   [[nodiscard]] std::string description() const override {
-    return nonblocking_ ? "MPI_Iallreduce / MPI_Iallgather + MPI_Wait"
-                        : "MPI_Allreduce / MPI_Allgather";
+    return nonblocking_ ? "MPI_Iallreduce / MPI_Iallgather + MPI_Wait; MPI_Isend/Irecv; MPI_Ialltoallv"
+                        : "MPI_Allreduce / MPI_Allgather; MPI_Isend/Irecv; MPI_Ialltoallv";
   }
 
  private:
@@ -315,6 +351,8 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
 /// loopback, set up on first use (init does not need it), the algorithms called as Gloo's
 /// documentation shows (separate input and output, Gloo's own vectorized sum).
 class GlooDirect final : public DirectCollectives {
+  static constexpr std::uint64_t kSlot = 0x7700;  // the direct context's own point to point
+
  public:
   GlooDirect(::gloo::rendezvous::Store& store, int rank, int size,
              std::chrono::milliseconds timeout)
@@ -337,8 +375,45 @@ class GlooDirect final : public DirectCollectives {
     opts.setTimeout(timeout_);
     guard("allgather", [&] { ::gloo::allgather(opts); });
   }
+  void pingpong(float* buf, std::size_t count, int peer, bool initiator) override {
+    auto ub = context()->createUnboundBuffer(buf, count * sizeof(float));
+    for (int leg = 0; leg < 2; ++leg) {
+      if ((leg == 0) == initiator) {
+        guard("send", [&] {
+          ub->send(peer, kSlot);
+          ub->waitSend(timeout_);
+        });
+      } else {
+        guard("recv", [&] {
+          ub->recv(peer, kSlot);
+          ub->waitRecv(timeout_);
+        });
+      }
+    }
+  }
+  void exchange(const float* send, float* recv, std::size_t count, int peer) override {
+    auto out = context()->createUnboundBuffer(const_cast<float*>(send), count * sizeof(float));
+    auto in = context()->createUnboundBuffer(recv, count * sizeof(float));
+    guard("exchange", [&] {
+      out->send(peer, kSlot);
+      in->recv(peer, kSlot);
+      out->waitSend(timeout_);
+      in->waitRecv(timeout_);
+    });
+  }
+  void alltoallv(const float* send, const std::vector<std::size_t>& send_counts, float* recv,
+                 const std::vector<std::size_t>& recv_counts) override {
+    ::gloo::AlltoallvOptions opts(context());
+    opts.setInput(const_cast<float*>(send),
+                  std::vector<std::int64_t>(send_counts.begin(), send_counts.end()));
+    opts.setOutput(recv, std::vector<std::int64_t>(recv_counts.begin(), recv_counts.end()));
+    opts.setTag(tag_++);
+    opts.setTimeout(timeout_);
+    guard("alltoallv", [&] { ::gloo::alltoallv(opts); });
+  }
   [[nodiscard]] std::string description() const override {
-    return "gloo::allreduce / gloo::allgather on a plain gloo context";
+    return "gloo::allreduce / gloo::allgather / gloo::alltoallv and unbound buffers on a plain "
+           "gloo context";
   }
 
  private:
