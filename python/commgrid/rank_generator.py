@@ -72,3 +72,25 @@ class RankGenerator:
         """Every group of the axes in ``token`` ("tp", "tp-dp", ...; their order inside the
         token does not matter), as lists of global ranks, in Megatron's order."""
         return self.get_ranks_array(token).tolist()
+
+
+def generate_masked_orthogonal_rank_groups(world_size, parallel_size, mask):
+    """Megatron-core's function of the same name, from the core: every group of the masked
+    axes of a grid with sizes ``parallel_size`` (innermost first, at most five axes)."""
+    if len(parallel_size) != len(mask) or not 1 <= len(parallel_size) <= 5:
+        raise InvalidValueError(f"parallel_size {list(parallel_size)} and mask {list(mask)} "
+                                "need the same length, 1 to 5")
+    # The core's grid has five named axes; give the sizes their names in order and pad
+    # with axes of size 1, which change no group.
+    names = ["tp", "cp", "ep", "dp", "pp"]
+    sizes = {n: 1 for n in names}
+    for n, s in zip(names, parallel_size):
+        sizes[n] = check_int("parallel_size", s)
+    product = 1
+    for s in parallel_size:
+        product *= s
+    if product != world_size:
+        raise InvalidValueError(f"world_size {world_size} is not the product of parallel_size "
+                                f"{list(parallel_size)} = {product}")
+    masked = [n for n, m in zip(names, mask) if m]
+    return _commgrid.grid_groups(sizes, names, masked).tolist()

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from ._state import STATE
 from .errors import InvalidValueError, StateError
 from .layout import Layout
+from .rank_generator import RankGenerator, generate_masked_orthogonal_rank_groups  # noqa: F401
 
 __all__ = ["initialize_model_parallel", "destroy_model_parallel", "creation_strategies"]
 
@@ -233,11 +234,31 @@ def destroy_model_parallel():
     STATE.reset()
 
 
+def default_embedding_ranks(pp_ranks, split_rank=None):
+    """Megatron's default embedding policy: the first and last stage (one stage: itself).
+    commgrid.torch rejects the deprecated split rank, so ``split_rank`` must be None."""
+    if split_rank is not None:
+        raise InvalidValueError("split_rank (deprecated in Megatron-core) is not supported")
+    return [pp_ranks[0]] if len(pp_ranks) == 1 else [pp_ranks[0], pp_ranks[-1]]
+
+
+def default_position_embedding_ranks(pp_ranks, split_rank=None):
+    """Megatron's default position-embedding policy: the first stage."""
+    if split_rank is not None:
+        raise InvalidValueError("split_rank (deprecated in Megatron-core) is not supported")
+    return [pp_ranks[0]]
+
+
 # ---- state ---------------------------------------------------------------------------
 
 def is_initialized():
     """Whether initialize_model_parallel ran (and destroy_model_parallel did not since)."""
     return STATE.initialized
+
+
+def is_unitialized():
+    """Deprecated in Megatron: ``not is_initialized()``."""
+    return not STATE.initialized
 
 
 def model_parallel_is_initialized():

@@ -65,3 +65,17 @@ def test_errors():
     g = commgrid.RankGenerator(tp=2, ep=1, dp=1, pp=1, cp=1, order="tp-dp")
     with pytest.raises(ValueError, match='token "TP"'):  # Megatron: ValueError too
         g.get_ranks("TP")
+
+
+def test_generate_masked_orthogonal_rank_groups():
+    from commgrid.rank_generator import generate_masked_orthogonal_rank_groups as gen
+    rng = random.Random(3)
+    for _ in range(30):
+        sizes = [rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 5))]
+        mask = [rng.random() < 0.5 for _ in sizes]
+        world = 1
+        for s in sizes:
+            world *= s
+        assert gen(world, sizes, mask) == megatron_style.masked_groups(world, sizes, mask)
+    with pytest.raises(commgrid.InvalidValueError):
+        gen(8, [2, 2], [True, False])
