@@ -33,6 +33,9 @@
 #include "commgrid/gloo.hpp"
 #include "commgrid/local_ranks.hpp"
 #endif
+#if COMMGRID_HAS_NCCL
+#include "commgrid/nccl.hpp"
+#endif
 
 namespace commgrid::cli {
 namespace {
@@ -483,6 +486,49 @@ int run_on_gloo(const RuntimeFlags& rt, const std::function<void(int world_size)
 #endif
 }
 
+/// Runs `job` on an NCCL world, one GPU per rank, bootstrapped from --local N rank-threads
+/// over Gloo or, without --local, from MPI (under mpirun); rank 0's text is printed.
+int run_on_nccl(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
+                const WorldJob& job) {
+#if COMMGRID_HAS_NCCL
+  NcclOptions nccl;
+  nccl.timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
+  if (!rt.local.empty()) {
+#if COMMGRID_HAS_GLOO
+    const int n = static_cast<int>(parse_integer("local", rt.local, 1, 4096));
+    prepare(n);
+    GlooOptions options;
+    options.timeout = *nccl.timeout;
+    std::string text;
+    run_local_ranks(
+        n,
+        [&](Communicator& boot) {
+          const auto world = make_nccl_world(boot, nccl);
+          std::string mine = job(*world, nullptr);
+          if (world->rank() == 0) text = std::move(mine);
+        },
+        options);
+    std::cout << text << std::flush;
+    return 0;
+#else
+    throw ConfigError("local", "local: --local runs ranks as threads over a Gloo bootstrap, and "
+                               "this build of commgrid has no Gloo backend");
+#endif
+  }
+  return run_on_mpi(rt, prepare, [&](Communicator& boot, DirectCollectives*) {
+    const auto world = make_nccl_world(boot, nccl);
+    return job(*world, nullptr);
+  });
+#else
+  (void)rt;
+  (void)prepare;
+  (void)job;
+  throw ConfigError("backend",
+                    "bench: this build of commgrid has no NCCL backend; install CUDA and NCCL "
+                    "and rebuild with -DCOMMGRID_WITH_NCCL=ON");
+#endif
+}
+
 int run_world(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
               const WorldJob& job) {
   check_format(rt.format);
@@ -496,7 +542,8 @@ int run_world(const RuntimeFlags& rt, const std::function<void(int world_size)>&
     return run_on_mpi(rt, prepare, job);
   }
   if (rt.backend == "gloo") return run_on_gloo(rt, prepare, job);
-  throw ConfigError("backend", "backend: unknown backend \"" + rt.backend + "\" (valid: mpi, gloo)");
+  if (rt.backend == "nccl") return run_on_nccl(rt, prepare, job);
+  throw ConfigError("backend", "backend: unknown backend \"" + rt.backend + "\" (valid: mpi, gloo, nccl)");
 }
 
 std::vector<CreationStrategy> parse_strategies(const std::string& text) {
@@ -530,6 +577,10 @@ int run_bench_init(const BenchInitFlags& f) {
 }
 
 int run_bench_collectives(const BenchCollectivesFlags& f) {
+  if (f.rt.backend == "nccl")
+    throw ConfigError("backend", "bench collectives: --backend nccl is not measured (its "
+                                 "reference would be NCCL itself, on a GPU); use bench init "
+                                 "--backend nccl");
   const std::vector<std::size_t> sizes = bench::parse_sizes("sizes", f.sizes);
   const int iterations = static_cast<int>(parse_integer("iterations", f.iterations, 1, 10000000));
   return run_world(
@@ -543,8 +594,10 @@ int run_bench_collectives(const BenchCollectivesFlags& f) {
 }
 
 void add_runtime_flags(CLI::App& app, RuntimeFlags& rt) {
-  app.add_option("--backend", rt.backend, "mpi (default; run under mpirun) or gloo");
-  app.add_option("--local", rt.local, "with --backend gloo: N ranks as threads in this process");
+  app.add_option("--backend", rt.backend,
+                 "mpi (default; run under mpirun), gloo, or nccl (init only; one GPU per rank)");
+  app.add_option("--local", rt.local,
+                 "with --backend gloo or nccl: N ranks as threads in this process");
   app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)");
   app.add_option("--format", rt.format, "table (default) or json");
 }
@@ -578,11 +631,12 @@ Command add_bench_command(CLI::App& root) {
   init->add_option("--repeats", fi->repeats, "repetitions; the fastest counts (5)");
   add_runtime_flags(*init, fi->rt);
   init->footer("Example: mpirun --oversubscribe -np 16 commgrid bench init --tp 2 --pp 2\n"
-               "         commgrid bench init --backend gloo --local 16 --tp 2 --pp 2");
+               "         commgrid bench init --backend gloo --local 16 --tp 2 --pp 2\n"
+               "         commgrid bench init --backend nccl --local 8 --tp 2 --pp 2 (8 GPUs)");
 
   auto fc = std::make_shared<BenchCollectivesFlags>();
   CLI::App* coll = app->add_subcommand(
-      "collectives", "allreduce and allgather through commgrid vs the backend called directly");
+      "collectives", "allreduce, allgather, pingpong, batched exchange and alltoallv through commgrid vs the backend called directly");
   coll->add_option("--sizes", fc->sizes, "bytes per rank, e.g. 1KiB,64MiB (default)");
   coll->add_option("--iterations", fc->iterations,
                    "calls of each kind per size (1000; fewer for large sizes, at least 5)");
