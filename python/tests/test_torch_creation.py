@@ -1,0 +1,103 @@
+"""The creation order of commgrid.torch, without processes: torch.distributed's calls are
+replaced by recorders so that every rank of a world of 16 can be played in turn. The real
+groups are tested in test_torch.py (8 Gloo processes); this covers the "local" strategy
+(new_group with use_local_synchronization), which Debian's torch 1.13 does not offer."""
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+
+import commgrid  # noqa: E402
+import commgrid.torch as mpu  # noqa: E402
+
+CONFIG = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+              context_parallel_size=2, hierarchical_context_parallel_sizes=[2],
+              num_distributed_optimizer_instances=2)
+WORLD = 16
+
+
+class Recorder:
+    def __init__(self, rank, local):
+        self.rank, self.local, self.calls = rank, local, []
+
+    def new_group(self, ranks=None, timeout=None, backend=None, pg_options=None,
+                  use_local_synchronization=False):
+        assert use_local_synchronization == self.local
+        self.calls.append((tuple(ranks), backend))
+        return ("group", len(self.calls), tuple(sorted(ranks)))
+
+
+def play(monkeypatch, rank, creation, gloo=True):
+    rec = Recorder(rank, creation == "local")
+    d = torch.distributed
+    monkeypatch.setattr(d, "is_initialized", lambda: True)
+    monkeypatch.setattr(d, "get_rank", lambda group=None: rank)
+    monkeypatch.setattr(d, "get_world_size", lambda group=None: WORLD)
+    monkeypatch.setattr(d, "new_group", rec.new_group)
+    monkeypatch.setattr(mpu, "creation_strategies", lambda: ["local", "megatron"])
+    mpu.initialize_model_parallel(create_gloo_process_groups=gloo, creation=creation, **CONFIG)
+    state = {k: mpu.STATE.group(k) for k in mpu.STATE.layout.kinds()}
+    ranks = {k: mpu.get_global_ranks(k) for k in mpu.STATE.layout.kinds()}
+    mpu.destroy_model_parallel()
+    return rec.calls, state, ranks
+
+
+@pytest.mark.parametrize("creation", ["local", "megatron"])
+def test_every_rank_gets_its_groups(monkeypatch, creation):
+    layout = commgrid.Layout(WORLD, tp=2, pp=2, cp=2, hcp=[2], dist_opt_instances=2)
+    orders = {}
+    for rank in range(WORLD):
+        calls, state, ranks = play(monkeypatch, rank, creation)
+        for kind in layout.kinds():
+            members = layout.group_of(kind, rank)
+            if kind == "hcp":
+                assert [g[2] for g in state[kind]] == [tuple(sorted(m)) for m in members]
+            elif members is None:
+                assert state[kind] is None, (rank, kind)
+            else:
+                assert state[kind][2] == tuple(sorted(members)), (rank, kind)
+                assert ranks[kind] == members
+        if creation == "local":
+            # Only its own groups, each with this rank among the members.
+            assert all(rank in r for r, _ in calls)
+            orders[rank] = [r for r, _ in calls]
+        else:
+            orders[rank] = calls
+    if creation == "megatron":
+        # Every rank made the same calls in the same order (old torch numbers groups by call).
+        assert len({tuple(c) for c in orders.values()}) == 1
+        return
+    # Two ranks that share groups create them in the same relative order: no member waits
+    # on another that is creating a different group first.
+    for a, b in itertools.combinations(range(WORLD), 2):
+        shared_a = [g for g in orders[a] if b in g]
+        shared_b = [g for g in orders[b] if a in g]
+        assert shared_a == shared_b, (a, b)
+
+
+def test_bad_config_and_unsupported_arguments_create_nothing(monkeypatch):
+    calls = []
+    d = torch.distributed
+    monkeypatch.setattr(d, "is_initialized", lambda: True)
+    monkeypatch.setattr(d, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(d, "get_world_size", lambda group=None: 8)
+    monkeypatch.setattr(d, "new_group", lambda *a, **k: calls.append(1))
+    with pytest.raises(commgrid.DivisibilityError):
+        mpu.initialize_model_parallel(num_distributed_optimizer_instances=3)
+    with pytest.raises(commgrid.InvalidValueError, match="encoder_tensor_model_parallel_size"):
+        mpu.initialize_model_parallel(encoder_tensor_model_parallel_size=1)
+    with pytest.raises(commgrid.InvalidValueError, match="offers"):
+        mpu.initialize_model_parallel(creation="local" if "local" not in mpu.creation_strategies()
+                                      else "bogus")
+    assert calls == [] and not mpu.is_initialized()
+
+
+def test_getters_before_initialization():
+    assert not mpu.is_initialized() and mpu.is_unitialized()
+    assert mpu.get_tensor_model_parallel_group(check_initialized=False) is None
+    with pytest.raises(commgrid.StateError, match="tensor model parallel group is not initialized"):
+        mpu.get_tensor_model_parallel_group()
+    with pytest.raises(commgrid.StateError):
+        mpu.get_pipeline_model_parallel_first_rank()
