@@ -53,9 +53,14 @@ class Layout(_commgrid.Layout):
             kw["hcp"] = list(kw["hcp"])
         super().__init__(world_size, **kw)
 
-    def groups(self, kind, level=None):
-        """Every group of the kind in Megatron's order, as a list of lists of ints. For
-        ``hcp`` without a level: one such list per level."""
+    def groups(self, kind, level=None, *, as_array=False):
+        """Every group of the kind in Megatron's order, as a list of lists of ints (with
+        ``as_array=True``: as :meth:`array` returns them). For ``hcp`` without a level: one
+        such list (array) per level."""
+        if as_array:
+            if level is None and kind == "hcp" and self.has_kind(kind):
+                return [self.groups_array(kind, lv) for lv in range(self.levels(kind))]
+            return self.groups_array(kind, 0 if level is None else level)
         if level is None and kind == "hcp" and self.has_kind(kind):
             return [self.groups_list(kind, lv) for lv in range(self.levels(kind))]
         return self.groups_list(kind, 0 if level is None else level)

@@ -129,6 +129,13 @@ def test_array_is_a_view_of_the_core_buffer_and_outlives_the_layout():
     assert arr[1].tolist() == [4, 5, 6, 7] and int(arr.sum()) == sum(range(1 << 12))
 
 
+def test_groups_as_array():
+    layout = commgrid.Layout(16, tp=2, cp=4, hcp=[2, 2])
+    assert layout.groups("tp", as_array=True).tolist() == layout.groups("tp")
+    levels = layout.groups("hcp", as_array=True)
+    assert [a.tolist() for a in levels] == layout.groups("hcp")
+
+
 def test_group_ref_and_coordinates():
     layout = commgrid.Layout(16, tp=2, pp=2, cp=2)  # spec §9 example (a), rank 5
     ref = layout.group_ref("intra_dist_opt", 5)
