@@ -19,6 +19,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import numpy as np  # noqa: E402
+
 import commgrid  # noqa: E402
 import megatron_style  # noqa: E402
 
@@ -63,6 +65,9 @@ def main():
     for log2 in (int(x) for x in args.worlds.split(",")):
         world = 1 << log2
         t_arrays, t_first, arrays = cpu(lambda: commgrid_arrays(world), args.repeats)
+        shapes = [a.shape for a in arrays.values()]
+        # The floor: numpy allocating and writing arrays of the same shapes.
+        t_write, _, _ = cpu(lambda: [np.ones(sh, np.int64) for sh in shapes], args.repeats)
         t_lists, _, lists = cpu(lambda: commgrid_lists(world), max(1, args.repeats // 2))
         t_rank, _, mine = cpu(lambda: one_rank(world, world // 3), args.repeats)
         t_ref, _, ref = cpu(lambda: megatron_style.all_groups(world, **CONFIG), 1)
@@ -74,7 +79,7 @@ def main():
         members = sum(a.size for a in arrays.values())
         row = dict(world=world, kinds=len(ref), groups=groups, members=members,
                    megatron_style_s=t_ref, commgrid_numpy_s=t_arrays,
-                   commgrid_numpy_first_s=t_first, commgrid_lists_s=t_lists,
+                   commgrid_numpy_first_s=t_first, numpy_write_int64_s=t_write, commgrid_lists_s=t_lists,
                    commgrid_one_rank_s=t_rank, ratio_numpy=t_ref / t_arrays,
                    ratio_numpy_first=t_ref / t_first, ratio_lists=t_ref / t_lists,
                    ratio_one_rank=t_ref / t_rank,
@@ -86,7 +91,8 @@ def main():
             print(f"2^{log2}: {row['kinds']} kinds, {groups:,} groups, {members:,} members | "
                   f"Megatron-style {t_ref:.3f} s | commgrid numpy {t_arrays * 1e3:.2f} ms "
                   f"({row['ratio_numpy']:.0f}x; first run {t_first * 1e3:.1f} ms, "
-                  f"{row['ratio_numpy_first']:.0f}x) | commgrid lists {t_lists * 1e3:.1f} ms "
+                  f"{row['ratio_numpy_first']:.0f}x) | numpy writing as many int64 {t_write * 1e3:.2f} ms "
+                  f"| commgrid lists {t_lists * 1e3:.1f} ms "
                   f"({row['ratio_lists']:.0f}x) | one rank's groups {t_rank * 1e3:.3f} ms "
                   f"({row['ratio_one_rank']:.0f}x)", flush=True)
 
