@@ -1,5 +1,7 @@
 """commgrid.Layout: every group of a parallel configuration, from the C++ core."""
 
+import operator
+
 from . import _commgrid
 from .errors import InvalidValueError
 
@@ -87,7 +89,11 @@ class Layout(_commgrid.Layout):
 
 
 def check_int(name, value):
-    """An integer argument (bool excluded), for the pure-Python entry points."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An integer argument (anything with __index__, e.g. numpy integers; not bool), as a
+    Python int, for the pure-Python entry points."""
+    if isinstance(value, bool):
         raise InvalidValueError(f"{name} must be an integer, got {value!r}")
-    return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidValueError(f"{name} must be an integer, got {value!r}") from None

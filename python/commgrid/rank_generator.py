@@ -27,15 +27,16 @@ class RankGenerator:
         self.pp = check_int("pp", pp)
         self.cp = check_int("cp", cp)
         self.rank_offset = check_int("rank_offset", rank_offset)
-        self.name_to_size = {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "cp": cp}
+        self.name_to_size = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep,
+                             "cp": self.cp}
         for name in _NAMES:
             if self.name_to_size[name] < 1:
                 raise InvalidValueError(f"{name} must be >= 1, got {self.name_to_size[name]}")
-        if ep > 1 and cp > 1:
+        if self.ep > 1 and self.cp > 1:
             raise IncompatibleError(
-                f"ep = {ep} and cp = {cp}: a RankGenerator has either an ep or a cp axis "
+                f"ep = {self.ep} and cp = {self.cp}: a RankGenerator has either an ep or a cp axis "
                 "(cp belongs to the dense grid, ep to the expert grid)")
-        self.world_size = tp * dp * pp * cp * ep
+        self.world_size = self.tp * self.dp * self.pp * self.cp * self.ep
         # Megatron lower-cases the order; the core validates its tokens.
         lowered = order.lower()
         tokens = _commgrid.resolve_order(lowered)[: len(lowered.split("-"))]

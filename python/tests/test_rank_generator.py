@@ -51,6 +51,14 @@ def test_megatron_attributes():
     assert arr.shape == (2, 4) and arr.tolist() == g.get_ranks("tp-dp")
 
 
+def test_numpy_integer_sizes():
+    import numpy as np
+    g = commgrid.RankGenerator(tp=np.int64(2), ep=1, dp=np.int32(2), pp=1, cp=1, order="tp-dp")
+    assert g.get_ranks("dp") == [[0, 2], [1, 3]] and type(g.world_size) is int
+    with pytest.raises(commgrid.InvalidValueError, match="tp must be an integer"):
+        commgrid.RankGenerator(tp=2.0, ep=1, dp=1, pp=1, cp=1, order="tp")
+
+
 def test_errors():
     with pytest.raises(commgrid.OrderError, match='omits "ep", but ep = 2'):
         commgrid.RankGenerator(tp=1, ep=2, dp=1, pp=1, cp=1, order="tp-dp-pp")
