@@ -16,29 +16,48 @@
 namespace commgrid::cli {
 namespace {
 
-/// Exit code of `--check-topology --strict` when a node-local kind crosses nodes.
+/// Exit code of `--check-topology --strict` when an order would have kept a node-local
+/// kind inside nodes.
 constexpr int kExitTopologyWarning = 3;
+
+/// The default limit of --max-output-mib: a document larger than 1 GiB is refused.
+constexpr std::int64_t kDefaultMaxOutputMiB = 1024;
 
 struct PlanOptions {
   LayoutFlags layout;
   std::string rank, kinds, format = "table";
-  std::string gpus_per_node, output;
+  std::string gpus_per_node, output, num_layers, nodes, max_output_mib;
   bool check_topology = false, strict = false;
 };
 
-// Writes the whole document at once, so that bad input never leaves a partial file.
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f)
-    throw ConfigError("output", "output: cannot write \"" + path + "\": " + std::strerror(errno));
-  f << text;
-  f.close();
-  if (!f) throw Error("output: writing \"" + path + "\" failed");
+std::string size_text(std::int64_t bytes) {
+  char buf[64];
+  const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
+  if (mib >= 1024)
+    std::snprintf(buf, sizeof buf, "%.1f GiB", mib / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
+  return buf;
+}
+
+// "A-B" (or "A"): an inclusive range of nodes.
+std::pair<std::int64_t, std::int64_t> parse_node_range(const std::string& text, std::int64_t nodes) {
+  const std::size_t dash = text.find('-');
+  const std::string a = text.substr(0, dash), b = dash == std::string::npos ? a : text.substr(dash + 1);
+  const std::int64_t first = parse_integer("nodes", a, 0, kMaxWorldSize);
+  const std::int64_t last = parse_integer("nodes", b, 0, kMaxWorldSize);
+  if (first > last)
+    throw InvalidValueError("nodes", "nodes: \"" + text + "\" is empty (first node after last)");
+  if (last >= nodes)
+    throw InvalidValueError("nodes", "nodes: \"" + text + "\" goes past the last node, " +
+                                         std::to_string(nodes - 1) + " (" + std::to_string(nodes) +
+                                         " nodes)");
+  return {first, last};
 }
 
 int run_plan(const PlanOptions& o) {
-  // Parse every flag before producing any output, so that bad input never leaves a
-  // partial document behind.
+  // Check every flag and the size of the output before writing anything, so that bad input
+  // never leaves a partial document behind.
   const bool picture = o.format == "svg" || o.format == "html";
   if (o.format != "table" && o.format != "json" && !picture)
     throw ConfigError("format", "format: unknown format \"" + o.format +
@@ -48,8 +67,6 @@ int run_plan(const PlanOptions& o) {
   if (!o.rank.empty()) {
     sel.rank = parse_integer("rank", o.rank, INT64_MIN);
     layout.check_rank(*sel.rank);
-    if (picture)
-      throw ConfigError("rank", "rank: --rank applies to --format table and json, not " + o.format);
     if (o.check_topology)
       throw ConfigError("rank", "rank: --rank does not apply to --check-topology");
   }
@@ -65,39 +82,80 @@ int run_plan(const PlanOptions& o) {
     }
     // Reference order, whatever the order of the request.
     std::sort(sel.kinds.begin(), sel.kinds.end());
+    sel.kinds.erase(std::unique(sel.kinds.begin(), sel.kinds.end()), sel.kinds.end());
   }
-  const NodeMap nodes(o.gpus_per_node.empty()
-                          ? kDefaultGpusPerNode
-                          : parse_integer("gpus_per_node", o.gpus_per_node, 1, kMaxWorldSize));
+  if (!o.gpus_per_node.empty())
+    sel.gpus_per_node = parse_integer("gpus_per_node", o.gpus_per_node, 1, kMaxWorldSize);
+  const NodeMap nodes(sel.gpus_per_node.value_or(kDefaultGpusPerNode));
+  if (!o.num_layers.empty()) {
+    sel.num_layers = parse_integer("num_layers", o.num_layers, 1, kMaxWorldSize);
+    (void)LayerAssignment(*sel.num_layers, layout.config());  // throws unless it divides
+  }
   if (o.strict && !o.check_topology)
     throw ConfigError("strict", "strict: --strict needs --check-topology");
   if (o.check_topology && picture && o.output.empty())
     throw ConfigError("output", "output: --check-topology prints its report on stdout, so "
                                 "--format " + o.format + " needs --output FILE");
-
-  // Without --output, table and JSON stream to stdout exactly as before pictures existed.
-  std::ostringstream doc;
-  std::ostream& out = o.output.empty() ? std::cout : doc;
+  std::optional<std::pair<std::int64_t, std::int64_t>> window;
+  if (!o.nodes.empty()) {
+    if (!picture)
+      throw ConfigError("nodes", "nodes: --nodes applies to --format svg and html, not " + o.format);
+    window = parse_node_range(o.nodes, nodes.nodes(layout.world_size()));
+  }
+  const std::int64_t limit_mib =
+      o.max_output_mib.empty() ? kDefaultMaxOutputMiB
+                               : parse_integer("max_output_mib", o.max_output_mib, 0, INT64_MAX / (1 << 20));
+  if (!picture && !o.check_topology && limit_mib > 0) {
+    const std::int64_t bytes = estimate_plan_bytes(
+        layout, sel, o.format == "json" ? PlanFormat::json : PlanFormat::table);
+    if (bytes > limit_mib * 1024 * 1024)
+      throw ConfigError("output", "output: --format " + o.format + " of this layout would be up to " +
+                                      size_text(bytes) + ", over the " + size_text(limit_mib << 20) +
+                                      " limit; show one rank with --rank R or fewer kinds with "
+                                      "--kinds, or raise the limit with --max-output-mib N (0: none)");
+  }
+  std::optional<PictureOptions> pic;
+  if (picture) {
+    pic.emplace();
+    pic->gpus_per_node = nodes.gpus_per_node();
+    pic->kinds = sel.kinds;
+    pic->highlight = sel.rank;
+    if (window) {
+      pic->first_node = window->first;
+      pic->last_node = window->second;
+    }
+    check_picture(layout, *pic);  // the window's size, before any output
+  }
   std::optional<TopologyReport> report;
   if (o.check_topology) report = check_topology(layout, sel.kinds, nodes);
 
-  if (picture) {
-    const PictureOptions pic{nodes.gpus_per_node(), sel.kinds};
+  // Only now is a file created: every check above has passed.
+  std::ofstream file;
+  if (!o.output.empty()) {
+    file.open(o.output, std::ios::binary | std::ios::trunc);
+    if (!file)
+      throw ConfigError("output", "output: cannot write \"" + o.output + "\": " + std::strerror(errno));
+  }
+  std::ostream& out = o.output.empty() ? std::cout : file;
+  if (pic) {
     if (o.format == "svg")
-      write_plan_svg(out, layout, pic);
+      write_plan_svg(out, layout, *pic);
     else
-      write_plan_html(out, layout, pic);
+      write_plan_html(out, layout, *pic);
   } else if (report) {
     if (o.format == "json")
       out << topology_json(*report).dump() << "\n";
     else
       write_topology_table(out, *report);
   } else if (o.format == "json") {
-    out << plan_json(layout, sel).dump() << "\n";
+    write_plan_json(out, layout, sel);
   } else {
     write_plan_table(out, layout, sel);
   }
-  if (!o.output.empty()) write_file(o.output, doc.str());
+  if (file.is_open()) {
+    file.close();
+    if (!file) throw Error("output: writing \"" + o.output + "\" failed");
+  }
   if (report && picture) write_topology_table(std::cout, *report);
   std::cout.flush();
   if (!std::cout) throw Error("plan: writing the output failed");
@@ -113,19 +171,34 @@ Command add_plan_command(CLI::App& root) {
   auto opts = std::make_shared<PlanOptions>();
   CLI::App* app = root.add_subcommand("plan", "print, export or draw the groups of a layout");
   add_layout_flags(*app, opts->layout, /*with_world_size=*/true);
-  app->add_option("--rank", opts->rank, "show only this rank's groups (table, json)");
+  app->add_option("--rank", opts->rank,
+                  "show only this rank's groups (table, json); highlight them (svg, html)")
+      ->type_name("INT");
   app->add_option("--kinds", opts->kinds,
-                  "only these kinds, e.g. tp,dp,pp (svg and html default: tp,cp,ep,dp,pp)");
-  app->add_option("--format", opts->format, "table (default), json, svg or html");
-  app->add_option("--output", opts->output, "write the document to FILE instead of stdout");
+                  "only these kinds, e.g. tp,dp,pp (svg and html default: tp,cp,ep,dp,pp)")
+      ->type_name("LIST");
+  app->add_option("--format", opts->format, "table (default), json, svg or html")->type_name("FORMAT");
+  app->add_option("--output", opts->output, "write the document to FILE instead of stdout")
+      ->type_name("FILE");
   app->add_option("--gpus-per-node", opts->gpus_per_node,
-                  "ranks per node, for svg, html and --check-topology (8); rank r is on node "
-                  "r / G, and the last node may be partial");
+                  "ranks per node (8): rank r is on node r / G, the last node may be partial; "
+                  "for svg, html, --check-topology, and the node column of --rank")
+      ->type_name("INT");
+  app->add_option("--num-layers", opts->num_layers,
+                  "transformer layers: show which layers each pipeline rank (and virtual "
+                  "stage, with --vpp) holds, as Megatron's interleaved schedule assigns them")
+      ->type_name("INT");
+  app->add_option("--nodes", opts->nodes, "draw only nodes A to B (svg, html), e.g. 0-15")
+      ->type_name("A-B");
+  app->add_option("--max-output-mib", opts->max_output_mib,
+                  "refuse a table or json larger than this many MiB (1024; 0: no limit)")
+      ->type_name("INT");
   app->add_flag("--check-topology", opts->check_topology,
                 "report, per kind, groups that span several nodes; warn when tp, cp, ep or "
-                "expt_tp groups do");
+                "expt_tp groups do, with the order that serves them best");
   app->add_flag("--strict", opts->strict,
-                "with --check-topology: exit 3 when a warning was printed");
+                "with --check-topology: exit 3 when another order would have kept a warned "
+                "kind inside nodes");
   app->footer("Exit codes: 0 success, 1 runtime failure, 2 bad input, 3 --strict topology "
               "warning.");
   return {app, [opts] { return run_plan(*opts); }};

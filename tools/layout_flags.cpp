@@ -8,21 +8,23 @@
 namespace commgrid::cli {
 
 void add_layout_flags(CLI::App& app, LayoutFlags& f, bool with_world_size) {
-  if (with_world_size)
-    f.options["world_size"] = app.add_option("--world-size", f.world_size, "number of ranks W (required)");
-  f.options["tp"] = app.add_option("--tp,--tensor-model-parallel-size", f.tp, "tensor parallel size (1)");
-  f.options["pp"] = app.add_option("--pp,--pipeline-model-parallel-size", f.pp, "pipeline parallel size (1)");
-  f.options["cp"] = app.add_option("--cp,--context-parallel-size", f.cp, "context parallel size (1)");
-  f.options["ep"] = app.add_option("--ep,--expert-model-parallel-size", f.ep, "expert parallel size (1)");
-  f.options["etp"] = app.add_option("--etp,--expert-tensor-parallel-size", f.etp,
-                 "expert tensor parallel size (default: tp)");
-  f.options["hcp"] = app.add_option("--hcp,--hierarchical-context-parallel-sizes", f.hcp,
-                 "hierarchical cp sizes, e.g. 2,4 (product = cp)");
-  f.options["dist_opt_instances"] = app.add_option("--dist-opt-instances,--num-distributed-optimizer-instances",
-                 f.dist_opt_instances, "distributed-optimizer instances (1)");
-  f.options["vpp"] = app.add_option("--vpp,--virtual-pipeline-model-parallel-size", f.vpp,
-                 "virtual pipeline size (none)");
-  f.options["order"] = app.add_option("--order", f.order, "axis order, innermost first (tp-cp-ep-dp-pp)");
+  // Values are kept as text and parsed strictly by to_config(); the help names their type.
+  auto add = [&](const char* field, const char* names, std::string& value, const char* help,
+                 const char* type = "INT") {
+    f.options[field] = app.add_option(names, value, help)->type_name(type);
+  };
+  if (with_world_size) add("world_size", "--world-size", f.world_size, "number of ranks W (required)");
+  add("tp", "--tp,--tensor-model-parallel-size", f.tp, "tensor parallel size (1)");
+  add("pp", "--pp,--pipeline-model-parallel-size", f.pp, "pipeline parallel size (1)");
+  add("cp", "--cp,--context-parallel-size", f.cp, "context parallel size (1)");
+  add("ep", "--ep,--expert-model-parallel-size", f.ep, "expert parallel size (1)");
+  add("etp", "--etp,--expert-tensor-parallel-size", f.etp, "expert tensor parallel size (default: tp)");
+  add("hcp", "--hcp,--hierarchical-context-parallel-sizes", f.hcp,
+      "hierarchical cp sizes, e.g. 2,4 (product = cp)", "INT,...");
+  add("dist_opt_instances", "--dist-opt-instances,--num-distributed-optimizer-instances",
+      f.dist_opt_instances, "distributed-optimizer instances (1)");
+  add("vpp", "--vpp,--virtual-pipeline-model-parallel-size", f.vpp, "virtual pipeline size (none)");
+  add("order", "--order", f.order, "axis order, innermost first (tp-cp-ep-dp-pp)", "ORDER");
 }
 
 std::int64_t parse_integer(std::string_view param, std::string_view text, std::int64_t min,

@@ -47,12 +47,14 @@ nlohmann::ordered_json topology_json(const TopologyReport& r) {
                           {"max_group_size", s.max_group_size},
                           {"crossing_groups", s.crossing_groups},
                           {"max_nodes_spanned", s.max_nodes_spanned}});
+  j["best_order"] = r.best_order;
   j["warnings"] = nlohmann::ordered_json::array();
   for (const TopologyWarning& w : r.warnings)
     j["warnings"].push_back({{"kind", std::string(kind_name(w.kind))},
                              {"message", w.message()},
                              {"order", w.order ? nlohmann::ordered_json(*w.order)
-                                               : nlohmann::ordered_json(nullptr)}});
+                                               : nlohmann::ordered_json(nullptr)},
+                             {"avoidable", w.avoidable}});
   return j;
 }
 

@@ -17,28 +17,34 @@ constexpr const char* kScript = R"JS(
 "use strict";
 (function () {
   const data = JSON.parse(document.getElementById("commgrid-data").textContent);
-  const W = data.world_size, G = data.gpus_per_node;
+  const first = data.first_rank, count = data.count, G = data.gpus_per_node;
   const select = document.getElementById("kind");
   const details = document.getElementById("details");
+  const fromNode = document.getElementById("from-node"), toNode = document.getElementById("to-node");
   const svgs = Array.from(document.querySelectorAll("#panels svg.panel"));
-  // Per panel: each rank's group index and its cell element.
+  // Per panel: each drawn rank's group index and its cell element.
   const panels = data.panels.map(function (p, i) {
-    const of = new Int32Array(W).fill(-1);
-    p.groups.forEach(function (g, gi) { g.forEach(function (r) { of[r] = gi; }); });
-    const cells = new Array(W);
-    svgs[i].querySelectorAll("g.c").forEach(function (c) { cells[+c.dataset.rank] = c; });
-    return { title: p.title, groups: p.groups, of: of, cells: cells, svg: svgs[i] };
+    const cells = new Array(count);
+    svgs[i].querySelectorAll("g.c").forEach(function (c) { cells[+c.dataset.rank - first] = c; });
+    return { title: p.title, groups: p.groups, of: p.of, text: p.text, cells: cells, svg: svgs[i] };
   });
   let marked = [];
+  let pinned = data.highlight;
 
   function show(value) {
     panels.forEach(function (p, i) {
       p.svg.style.display = (value === "all" || +value === i) ? "" : "none";
     });
   }
-  function listText(m) {
-    const shown = m.slice(0, 32).join(", ");
-    return "[" + shown + (m.length > 32 ? ", ... (" + m.length + " ranks)" : "") + "]";
+  // The node window: rows outside [from, to] are hidden in every panel.
+  function windowNodes() {
+    const a = +fromNode.value, b = +toNode.value;
+    panels.forEach(function (p) {
+      p.cells.forEach(function (c) {
+        const n = +c.dataset.node;
+        c.style.display = (n >= a && n <= b) ? "" : "none";
+      });
+    });
   }
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -46,12 +52,22 @@ constexpr const char* kScript = R"JS(
     if (cls) e.className = cls;
     return e;
   }
-  function hover(r) {
+  function mark(r) {
     marked.forEach(function (c) { c.classList.remove("hl", "cur"); });
     marked = [];
-    const x = data.coords.slice(7 * r, 7 * r + 7);
+    const i = r - first;
+    panels.forEach(function (p) {
+      const gi = i >= 0 && i < count ? p.of[i] : -1;
+      if (gi >= 0)
+        p.of.forEach(function (g, j) { if (g === gi) { p.cells[j].classList.add("hl"); marked.push(p.cells[j]); } });
+      if (i >= 0 && i < count) { p.cells[i].classList.add("cur"); marked.push(p.cells[i]); }
+    });
+  }
+  function describe(r) {
+    const i = r - first;
+    const x = data.coords.slice(7 * i, 7 * i + 7);
     details.replaceChildren();
-    details.appendChild(el("h2", "rank " + r));
+    details.appendChild(el("h2", "rank " + r + (pinned === r ? " (pinned)" : "")));
     details.appendChild(el("p", "node " + Math.floor(r / G) + ", device " + (r % G)));
     details.appendChild(el("p", "dense: tp " + x[0] + ", cp " + x[1] + ", dp " + x[2] + ", pp " + x[3]));
     details.appendChild(el("p", "expert: etp " + x[4] + ", ep " + x[5] + ", edp " + x[6] + ", pp " + x[3]));
@@ -60,34 +76,50 @@ constexpr const char* kScript = R"JS(
     ["kind", "group", "members"].forEach(function (h) { head.appendChild(el("th", h)); });
     table.appendChild(head);
     panels.forEach(function (p) {
-      const gi = p.of[r];
+      const gi = p.of[i];
       const row = el("tr");
       row.appendChild(el("td", p.title));
       if (gi < 0) {
         row.appendChild(el("td", "-"));
         row.appendChild(el("td", "in no group", "none"));
       } else {
-        const m = p.groups[gi];
-        row.appendChild(el("td", gi + " / " + p.groups.length));
-        row.appendChild(el("td", listText(m)));
-        m.forEach(function (q) { p.cells[q].classList.add("hl"); marked.push(p.cells[q]); });
+        row.appendChild(el("td", gi + " / " + p.groups));
+        row.appendChild(el("td", p.text[gi]));
       }
       table.appendChild(row);
-      p.cells[r].classList.add("cur");
-      marked.push(p.cells[r]);
     });
     details.appendChild(table);
   }
+  function hover(r) {
+    if (pinned !== null && pinned !== undefined) return;
+    mark(r);
+    describe(r);
+  }
+  function pin(r) {
+    pinned = pinned === r ? null : r;
+    mark(r);
+    describe(r);
+  }
 
   select.addEventListener("change", function () { show(select.value); });
-  document.getElementById("panels").addEventListener("mouseover", function (e) {
+  fromNode.addEventListener("change", windowNodes);
+  toNode.addEventListener("change", windowNodes);
+  const area = document.getElementById("panels");
+  area.addEventListener("mouseover", function (e) {
     const c = e.target.closest ? e.target.closest("g.c") : null;
     if (c) hover(+c.dataset.rank);
   });
+  area.addEventListener("click", function (e) {
+    const c = e.target.closest ? e.target.closest("g.c") : null;
+    if (c) pin(+c.dataset.rank);
+  });
   show(select.value);
+  if (pinned !== null && pinned >= first && pinned < first + count) { mark(pinned); describe(pinned); }
 
   if (location.hash === "#selftest") {
     const problems = [];
+    const saved = pinned;
+    pinned = null;
     Array.from(select.options).forEach(function (o) {
       select.value = o.value;
       select.dispatchEvent(new Event("change"));
@@ -96,7 +128,7 @@ constexpr const char* kScript = R"JS(
       if (visible.length !== want) problems.push(o.value + ": " + visible.length + " panels shown");
       visible.forEach(function (s) {
         const cells = s.querySelectorAll("g.c");
-        if (cells.length !== W) problems.push(o.value + ": " + cells.length + " cells");
+        if (cells.length !== count) problems.push(o.value + ": " + cells.length + " cells");
         [cells[0], cells[cells.length - 1]].forEach(function (c) {
           c.querySelector("rect").dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
           if (details.querySelector("h2").textContent !== "rank " + c.dataset.rank)
@@ -104,6 +136,22 @@ constexpr const char* kScript = R"JS(
         });
       });
     });
+    // The window: only the first drawn node stays visible, then all again.
+    const a = fromNode.value, b = toNode.value;
+    toNode.value = a;
+    toNode.dispatchEvent(new Event("change"));
+    const shown = panels[0].cells.filter(function (c) { return c.style.display !== "none"; }).length;
+    const want = Math.min(count, G - (first % G));
+    if (shown !== want) problems.push("window: " + shown + " cells shown, want " + want);
+    toNode.value = b;
+    toNode.dispatchEvent(new Event("change"));
+    // A click pins the highlight: a later hover elsewhere leaves it.
+    const c0 = panels[0].cells[0], c1 = panels[0].cells[count - 1];
+    c0.querySelector("rect").dispatchEvent(new MouseEvent("click", { bubbles: true }));
+    c1.querySelector("rect").dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
+    if (!c0.classList.contains("cur")) problems.push("pin: clicked cell not marked");
+    c0.querySelector("rect").dispatchEvent(new MouseEvent("click", { bubbles: true }));
+    pinned = saved;
     select.value = select.options[0].value;
     select.dispatchEvent(new Event("change"));
     document.documentElement.dataset.selftest = problems.length ? "fail: " + problems.join("; ") : "ok";
@@ -119,6 +167,7 @@ h1{font-size:18px;margin:0 0 4px}
 header p{margin:2px 0;color:#444}
 label{font-weight:bold}
 select{font-size:14px;margin-left:6px}
+input{width:6em;font-size:14px}
 main{display:flex;align-items:flex-start;gap:20px;padding:16px 20px}
 #panels{display:flex;flex-wrap:wrap;gap:24px;flex:1 1 auto;min-width:0}
 #panels svg{background:#fff;border:1px solid #e3e3e3;padding:8px}
@@ -142,22 +191,26 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
   const PictureGeometry geo = picture_geometry(layout, opt, panels);
   const ParallelConfig& c = layout.config();
 
+  // Only the drawn ranks: per panel each one's group and each drawn group's members as
+  // ranges, so the page grows with the window, not the world.
   nlohmann::ordered_json data;
   data["world_size"] = c.world_size;
   data["gpus_per_node"] = opt.gpus_per_node;
+  data["first_rank"] = geo.first_rank;
+  data["count"] = geo.end_rank - geo.first_rank;
+  data["highlight"] = opt.highlight ? nlohmann::ordered_json(*opt.highlight) : nlohmann::ordered_json(nullptr);
   data["config"] = config_json(layout);
   data["panels"] = nlohmann::ordered_json::array();
   for (const PicturePanel& p : panels) {
-    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
-    for (std::size_t g = 0; g < p.groups.size(); ++g)
-      groups.push_back(std::vector<Rank>(p.groups[g].begin(), p.groups[g].end()));
+    nlohmann::ordered_json text = nlohmann::ordered_json::object();
+    for (std::size_t i = 0; i < p.shown.size(); ++i) text[std::to_string(p.shown[i])] = p.members[i];
     data["panels"].push_back({{"title", p.title}, {"kind", std::string(kind_name(p.kind))}, {"level", p.level},
-                              {"groups", std::move(groups)}});
+                              {"groups", p.num_groups}, {"of", p.group_of}, {"text", std::move(text)}});
   }
-  // Coordinates flat, 7 per rank (tp cp dp pp etp ep edp): compact for large worlds.
+  // Coordinates flat, 7 per drawn rank (tp cp dp pp etp ep edp): compact for large windows.
   std::vector<std::int64_t> coords;
-  coords.reserve(static_cast<std::size_t>(7 * c.world_size));
-  for (Rank r = 0; r < c.world_size; ++r) {
+  coords.reserve(static_cast<std::size_t>(7 * (geo.end_rank - geo.first_rank)));
+  for (Rank r = geo.first_rank; r < geo.end_rank; ++r) {
     const RankCoordinates x = layout.coordinates(r);
     coords.insert(coords.end(), {x.tp, x.cp, x.dp, x.pp, x.etp, x.ep, x.expert_dp});
   }
@@ -166,6 +219,8 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
   // "</" inside a script element would end it; JSON allows "<\/" for the same text.
   for (std::size_t i = 0; (i = json.find("</", i)) != std::string::npos; i += 3) json.replace(i, 2, "<\\/");
 
+  const std::int64_t last_node = geo.first_node + geo.rows - 1;
+  const std::int64_t total_nodes = NodeMap(opt.gpus_per_node).nodes(c.world_size);
   const std::string title = "commgrid layout: world " + std::to_string(c.world_size) + ", order " + c.order;
   out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
@@ -180,15 +235,21 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
       << "<p>dense tp " << c.tp << " &times; cp " << c.cp << " &times; dp " << layout.dp()
       << " &times; pp " << c.pp << " &nbsp;|&nbsp; expert etp " << c.expert_tp() << " &times; ep "
       << c.ep << " &times; edp " << layout.expert_dp() << " &times; pp " << c.pp << "</p>\n"
-      << "<p>" << geo.rows << (geo.rows == 1 ? " node" : " nodes") << " of " << opt.gpus_per_node
-      << " GPUs: rows are nodes, columns local devices; each colour is one group. "
+      << "<p>" << total_nodes << (total_nodes == 1 ? " node" : " nodes") << " of " << opt.gpus_per_node
+      << " GPUs; drawn: nodes " << geo.first_node << "-" << last_node
+      << ". Rows are nodes, columns local devices; each colour is one group"
+      << (geo.labels ? " (g12 = group 12, where colours run out)" : "") << ". "
       << (geo.coordinates ? "Cells show the rank and its coordinates (t c d p; expert panels t e d p)."
                           : "Cells show the rank.")
-      << " Hover a cell for its coordinates and groups.</p>\n"
+      << " Hover a cell for its coordinates and groups; click to pin it.</p>\n"
       << "<p><label for=\"kind\">kind</label><select id=\"kind\">";
   for (std::size_t i = 0; i < panels.size(); ++i)
     out << "<option value=\"" << i << "\">" << panels[i].title << "</option>";
-  out << "<option value=\"all\">all kinds side by side</option></select></p>\n</header>\n"
+  out << "<option value=\"all\">all kinds side by side</option></select>"
+      << " &nbsp; <label for=\"from-node\">nodes</label> <input id=\"from-node\" type=\"number\" min=\""
+      << geo.first_node << "\" max=\"" << last_node << "\" value=\"" << geo.first_node
+      << "\"> to <input id=\"to-node\" type=\"number\" min=\"" << geo.first_node << "\" max=\""
+      << last_node << "\" value=\"" << last_node << "\"></p>\n</header>\n"
       << "<main>\n<div id=\"panels\">\n";
   for (const PicturePanel& p : panels) {
     out << "<svg class=\"panel\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << geo.panel_w

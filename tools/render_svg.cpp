@@ -21,7 +21,7 @@ constexpr std::size_t kLegendMembers = 8;  // members printed per legend line
 constexpr int kColumnHeaderH = 14;
 constexpr int kHeaderLineH = 18;
 constexpr int kLegendGap = 16;             // between the grid and its legend
-constexpr int kLegendW = 230;              // room for the legend text
+constexpr double kLegendCharW = 6.4;       // 11px sans-serif, generously
 
 std::string hex_colour(double h, double s, double l) {
   // HSL to RGB (CSS Color 4 formula), so the palette is computed here and every SVG
@@ -60,30 +60,30 @@ bool expert_kind(GroupKind k) {
   }
 }
 
-std::string members_text(std::span<const Rank> m) {
-  std::string s;
-  for (std::size_t i = 0; i < m.size() && i < kLegendMembers; ++i) s += (i ? " " : "") + std::to_string(m[i]);
-  if (m.size() > kLegendMembers) s += " ... (" + std::to_string(m.size()) + ")";
-  return s;
-}
-
+// Legend lines of a panel: up to kLegendGroups groups, "... and N more", "in no group".
 std::size_t legend_lines(const PicturePanel& p) {
-  std::size_t n = std::min(p.groups.size(), kLegendGroups);
-  if (p.groups.size() > kLegendGroups) ++n;  // "... and N more"
+  std::size_t n = std::min(p.shown.size(), kLegendGroups);
+  if (p.shown.size() > kLegendGroups) ++n;
   if (std::find(p.group_of.begin(), p.group_of.end(), -1) != p.group_of.end()) ++n;
   return n;
 }
 
+std::string legend_text(const PicturePanel& p, std::size_t i) {
+  return (p.labels ? "g" : "") + std::to_string(p.shown[i]) + ": " + p.members[i];
+}
+
 std::string group_summary(const PicturePanel& p) {
-  std::size_t lo = SIZE_MAX, hi = 0;
-  for (std::size_t i = 0; i < p.groups.size(); ++i) {
-    lo = std::min(lo, p.groups[i].size());
-    hi = std::max(hi, p.groups[i].size());
-  }
-  std::string size = std::to_string(hi);
-  if (lo != hi) size = std::to_string(lo) + "-" + size;
-  return std::to_string(p.groups.size()) + (p.groups.size() == 1 ? " group of " : " groups of ") +
-         size + " ranks";
+  return std::to_string(p.num_groups) + (p.num_groups == 1 ? " group of " : " groups of ") +
+         p.group_size + " ranks" + (p.shown.size() < static_cast<std::size_t>(p.num_groups)
+                                        ? ", " + std::to_string(p.shown.size()) + " drawn"
+                                        : std::string());
+}
+
+// The drawn ranks: the whole world, or the nodes of the window.
+std::pair<Rank, Rank> drawn_ranks(const Layout& layout, const PictureOptions& opt) {
+  const std::int64_t G = opt.gpus_per_node, W = layout.world_size();
+  if (!opt.first_node) return {0, W};
+  return {*opt.first_node * G, std::min(W, (*opt.last_node + 1) * G)};
 }
 
 }  // namespace
@@ -126,25 +126,78 @@ std::vector<std::string> group_colours(std::size_t n) {
   return out;
 }
 
+std::size_t PicturePanel::slot(std::int64_t q) const {
+  return static_cast<std::size_t>(std::lower_bound(shown.begin(), shown.end(), q) - shown.begin());
+}
+
+void check_picture(const Layout& layout, const PictureOptions& opt) {
+  const auto [first, end] = drawn_ranks(layout, opt);
+  if (end - first > kMaxPictureRanks) {
+    const std::int64_t G = opt.gpus_per_node;
+    const std::int64_t fit = std::max<std::int64_t>(1, kMaxPictureRanks / G);
+    throw ConfigError(opt.first_node ? "nodes" : "world_size",
+                      "format: a picture draws at most " + std::to_string(kMaxPictureRanks) +
+                          " ranks, here " + std::to_string(end - first) + "; draw a window of "
+                          "nodes with --nodes A-B (up to " + std::to_string(fit) + " nodes of " +
+                          std::to_string(G) + " GPUs, e.g. --nodes 0-" + std::to_string(fit - 1) +
+                          "), or use --format table or json");
+  }
+  if (opt.highlight) layout.check_rank(*opt.highlight);
+}
+
 std::vector<PicturePanel> picture_panels(const Layout& layout, const PictureOptions& opt) {
-  if (layout.world_size() > kMaxPictureRanks)
-    throw ConfigError("world_size", "format: a picture draws at most " +
-                                        std::to_string(kMaxPictureRanks) + " ranks, world size is " +
-                                        std::to_string(layout.world_size()) +
-                                        "; use --format table or json");
+  check_picture(layout, opt);
+  const auto [first, end] = drawn_ranks(layout, opt);
   std::vector<PicturePanel> panels;
-  const auto W = static_cast<std::size_t>(layout.world_size());
   for (GroupKind k : opt.kinds) {
     for (int l = 0; l < layout.levels(k); ++l) {
       PicturePanel p;
       p.kind = k;
       p.level = l;
       p.title = std::string(kind_name(k)) + (k == GroupKind::hcp ? std::to_string(l) : "");
-      p.groups = layout.groups(k, l);
-      p.group_of.assign(W, -1);
-      for (std::size_t g = 0; g < p.groups.size(); ++g)
-        for (Rank r : p.groups[g]) p.group_of[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(g);
-      p.colours = group_colours(p.groups.size());
+      p.num_groups = layout.num_groups(k, l);
+      const std::optional<std::int64_t> size = layout.group_size(k, l);
+      if (size) {
+        p.group_size = std::to_string(*size);
+      } else {
+        const GroupList all = layout.groups(k, l);
+        std::size_t lo = SIZE_MAX, hi = 0;
+        for (std::size_t i = 0; i < all.size(); ++i) {
+          lo = std::min(lo, all[i].size());
+          hi = std::max(hi, all[i].size());
+        }
+        p.group_size = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
+      }
+      p.group_of.resize(static_cast<std::size_t>(end - first));
+      for (Rank r = first; r < end; ++r) {
+        const auto q = layout.group_index(k, r, l);
+        p.group_of[static_cast<std::size_t>(r - first)] = q ? *q : -1;
+        if (q) p.shown.push_back(*q);
+      }
+      std::sort(p.shown.begin(), p.shown.end());
+      p.shown.erase(std::unique(p.shown.begin(), p.shown.end()), p.shown.end());
+      p.colours = group_colours(p.shown.size());
+      p.labels = p.shown.size() > kDistinctColours;
+      if (opt.highlight)
+        if (const auto q = layout.group_index(k, *opt.highlight, l)) p.highlighted = *q;
+      // Members as ranges, streamed: a group may be far larger than the window.
+      for (std::int64_t q : p.shown) {
+        RangeText t;
+        if (size) {
+          std::vector<Rank> buf(static_cast<std::size_t>(std::min<std::int64_t>(*size, 1 << 14)));
+          for (std::int64_t done = 0; done < *size;) {
+            const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(buf.size()), *size - done);
+            const std::span<Rank> piece(buf.data(), static_cast<std::size_t>(n));
+            layout.members(k, l, q * *size + done, piece);
+            for (Rank m : piece) t.add(m);
+            done += n;
+          }
+        } else {
+          const GroupList all = layout.groups(k, l);
+          for (Rank m : all[static_cast<std::size_t>(q)]) t.add(m);
+        }
+        p.members.push_back(t.str());
+      }
       panels.push_back(std::move(p));
     }
   }
@@ -155,17 +208,30 @@ PictureGeometry picture_geometry(const Layout& layout, const PictureOptions& opt
                                  const std::vector<PicturePanel>& panels) {
   PictureGeometry g;
   const NodeMap nodes(opt.gpus_per_node);
-  g.coordinates = layout.world_size() <= kMaxRanksWithCoordinates;
-  g.columns = static_cast<int>(std::min(opt.gpus_per_node, layout.world_size()));
-  g.rows = static_cast<int>(nodes.nodes(layout.world_size()));
+  const auto [first, end] = drawn_ranks(layout, opt);
+  g.first_rank = first;
+  g.end_rank = end;
+  g.first_node = nodes.node(first);
+  g.highlight = opt.highlight.value_or(-1);
+  g.coordinates = end - first <= kMaxRanksWithCoordinates;
+  for (const PicturePanel& p : panels) g.labels = g.labels || p.labels;
+  g.columns = static_cast<int>(std::min(opt.gpus_per_node, end - first));
+  g.rows = static_cast<int>(nodes.node(end - 1) - g.first_node + 1);
   g.cell_w = g.coordinates ? 70 : 36;
-  g.cell_h = g.coordinates ? 32 : 16;
-  g.label_w = 58;
-  std::size_t lines = 0;
-  for (const PicturePanel& p : panels) lines = std::max(lines, legend_lines(p));
+  g.cell_h = (g.coordinates ? 32 : 16) + (g.labels ? 11 : 0);
+  // Room for the widest node label ("node 262143").
+  g.label_w = 34 + static_cast<int>(6 * std::to_string(g.first_node + g.rows).size());
+  std::size_t lines = 0, chars = 24;  // "in no group of this kind"
+  for (const PicturePanel& p : panels) {
+    lines = std::max(lines, legend_lines(p));
+    for (std::size_t i = 0; i < p.shown.size() && i < kLegendGroups; ++i)
+      chars = std::max(chars, legend_text(p, i).size());
+  }
   g.legend_h = static_cast<int>(lines) * kLegendLineH;
-  // The legend stands right of the grid: small worlds stay compact, tall ones lose nothing.
-  g.panel_w = g.label_w + g.columns * g.cell_w + kLegendGap + kLegendW;
+  g.legend_w = 18 + static_cast<int>(static_cast<double>(chars) * kLegendCharW);
+  // The legend stands right of the grid, inside the panel's width and height, so it can
+  // never run into a neighbouring panel.
+  g.panel_w = g.label_w + g.columns * g.cell_w + kLegendGap + g.legend_w;
   g.panel_h = kTitleH + kColumnHeaderH + std::max(g.legend_h, g.rows * g.cell_h);
   return g;
 }
@@ -180,6 +246,9 @@ const char* svg_panel_css() {
          ".c .r{font:bold 11px sans-serif}"
          ".c .x{font:9px sans-serif}"
          ".c .rs{font:9px sans-serif}"
+         ".c .gl{font:italic 8px sans-serif}"
+         ".c.hl rect{stroke:#000;stroke-width:2}"
+         ".c.cur rect{stroke:#d00000;stroke-width:3}"
          ".h{font:bold 16px sans-serif}"
          ".hs{font:12px sans-serif;fill:#333}";
 }
@@ -193,16 +262,16 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
       << "<text class=\"s\" x=\"" << 10 + 9 * static_cast<int>(p.title.size()) << "\" y=\"16\">"
       << group_summary(p) << (expert ? " (expert grid)" : "") << "</text>\n";
 
-  // Legend: the first groups with their members; the rest are in the cells' tooltips.
+  // Legend: the first drawn groups with their members as ranges; the rest on hover.
   const int lx = geo.label_w + geo.columns * geo.cell_w + kLegendGap;
   int y = kTitleH + kColumnHeaderH;
-  for (std::size_t g = 0; g < p.groups.size() && g < kLegendGroups; ++g, y += kLegendLineH)
+  for (std::size_t i = 0; i < p.shown.size() && i < kLegendGroups; ++i, y += kLegendLineH)
     out << "<rect x=\"" << lx << "\" y=\"" << y + 2 << "\" width=\"12\" height=\"12\" fill=\""
-        << p.colours[g] << "\"/><text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12 << "\">"
-        << g << ": " << members_text(p.groups[g]) << "</text>\n";
-  if (p.groups.size() > kLegendGroups) {
+        << p.colours[i] << "\"/><text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12 << "\">"
+        << legend_text(p, i) << "</text>\n";
+  if (p.shown.size() > kLegendGroups) {
     out << "<text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12 << "\">... and "
-        << p.groups.size() - kLegendGroups << " more groups</text>\n";
+        << p.shown.size() - kLegendGroups << " more groups</text>\n";
     y += kLegendLineH;
   }
   if (std::find(p.group_of.begin(), p.group_of.end(), -1) != p.group_of.end())
@@ -218,20 +287,27 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
   out << "\n";
   for (int n = 0; n < geo.rows; ++n)
     out << "<text class=\"ax\" x=\"0\" y=\"" << grid_y + n * geo.cell_h + geo.cell_h / 2 + 4
-        << "\">node " << n << "</text>";
+        << "\">node " << geo.first_node + n << "</text>";
   out << "\n";
 
   const NodeMap nodes(geo.columns);
-  for (Rank r = 0; r < layout.world_size(); ++r) {
-    const std::int64_t g = p.group_of[static_cast<std::size_t>(r)];
-    const std::string& fill = g < 0 ? std::string(kNoGroupColour) : p.colours[static_cast<std::size_t>(g)];
-    const int cx = geo.label_w + static_cast<int>(nodes.device(r)) * geo.cell_w;
-    const int cy = grid_y + static_cast<int>(nodes.node(r)) * geo.cell_h;
+  const std::int64_t G = geo.columns;
+  for (Rank r = geo.first_rank; r < geo.end_rank; ++r) {
+    const std::int64_t g = p.group_of[static_cast<std::size_t>(r - geo.first_rank)];
+    const std::string& fill = g < 0 ? std::string(kNoGroupColour) : p.colours[p.slot(g)];
+    const std::int64_t node = r / G;
+    const int cx = geo.label_w + static_cast<int>(r % G) * geo.cell_w;
+    const int cy = grid_y + static_cast<int>(node - geo.first_node) * geo.cell_h;
     const RankCoordinates xc = layout.coordinates(r);
-    out << "<g class=\"c" << (is_dark(fill) ? " w" : "") << "\" data-rank=\"" << r << "\">"
+    std::string cls = "c";
+    if (is_dark(fill)) cls += " w";
+    if (g >= 0 && g == p.highlighted) cls += " hl";
+    if (r == geo.highlight) cls += " cur";
+    out << "<g class=\"" << cls << "\" data-rank=\"" << r << "\" data-node=\"" << node << "\">"
         << "<rect x=\"" << cx << "\" y=\"" << cy << "\" width=\"" << geo.cell_w << "\" height=\""
         << geo.cell_h << "\" fill=\"" << fill << "\"/>";
     const int mid = cx + geo.cell_w / 2;
+    int line = cy;
     if (geo.coordinates) {
       out << "<text class=\"r\" x=\"" << mid << "\" y=\"" << cy + 13 << "\">" << r << "</text>"
           << "<text class=\"x\" x=\"" << mid << "\" y=\"" << cy + 26 << "\">";
@@ -240,17 +316,21 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
       else
         out << "t" << xc.tp << " c" << xc.cp << " d" << xc.dp << " p" << xc.pp;
       out << "</text>";
+      line = cy + 26;
     } else {
       out << "<text class=\"rs\" x=\"" << mid << "\" y=\"" << cy + 12 << "\">" << r << "</text>";
+      line = cy + 12;
     }
+    if (p.labels && g >= 0)
+      out << "<text class=\"gl\" x=\"" << mid << "\" y=\"" << line + 10 << "\">g" << g << "</text>";
     if (tooltips) {
-      out << "<title>rank " << r << ", node " << nodes.node(r) << ", device " << nodes.device(r)
+      out << "<title>rank " << r << ", node " << node << ", device " << r % G
           << "; tp " << xc.tp << " cp " << xc.cp << " dp " << xc.dp << " pp " << xc.pp << "; etp "
           << xc.etp << " ep " << xc.ep << " edp " << xc.expert_dp << "; " << p.title;
       if (g < 0)
         out << ": no group";
       else
-        out << " group " << g << " of " << p.groups.size();
+        out << " group " << g << " of " << p.num_groups << ": " << p.members[p.slot(g)];
       out << "</title>";
     }
     out << "</g>\n";
@@ -274,7 +354,7 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
     if (miss < best - 1e-9) best = miss, per_row = c;
   }
   const int panel_rows = (n + per_row - 1) / per_row;
-  const int header_h = 3 * kHeaderLineH + 10;
+  const int header_h = 4 * kHeaderLineH + 10;
   const int width =
       std::max(2 * kMargin + per_row * geo.panel_w + (per_row - 1) * kPanelGap, 820);
   const int height =
@@ -290,10 +370,11 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
   out << "<text class=\"h\" x=\"" << hx << "\" y=\"" << hy << "\">commgrid layout: world "
       << c.world_size << ", order " << xml_escape(c.order) << " (innermost first)</text>\n";
   hy += kHeaderLineH;
+  const std::int64_t total_nodes = NodeMap(opt.gpus_per_node).nodes(c.world_size);
   out << "<text class=\"hs\" x=\"" << hx << "\" y=\"" << hy << "\">dense tp " << c.tp << " x cp "
       << c.cp << " x dp " << layout.dp() << " x pp " << c.pp << "  |  expert etp " << c.expert_tp()
       << " x ep " << c.ep << " x edp " << layout.expert_dp() << " x pp " << c.pp << "  |  "
-      << geo.rows << (geo.rows == 1 ? " node" : " nodes") << " of " << opt.gpus_per_node
+      << total_nodes << (total_nodes == 1 ? " node" : " nodes") << " of " << opt.gpus_per_node
       << " GPUs: rows are nodes, columns local devices</text>\n";
   hy += kHeaderLineH;
   out << "<text class=\"hs\" x=\"" << hx << "\" y=\"" << hy << "\">";
@@ -303,6 +384,17 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
   else
     out << "cell: rank (coordinates are printed up to " << kMaxRanksWithCoordinates
         << " ranks; here they are in each cell's tooltip); each colour is one group";
+  if (geo.labels) out << "; g12 = group 12, where colours run out";
+  out << "</text>\n";
+  hy += kHeaderLineH;
+  out << "<text class=\"hs\" x=\"" << hx << "\" y=\"" << hy << "\">";
+  if (geo.first_rank != 0 || geo.end_rank != c.world_size)
+    out << "drawn: nodes " << geo.first_node << "-" << geo.first_node + geo.rows - 1 << " (ranks "
+        << geo.first_rank << "-" << geo.end_rank - 1 << ") of " << total_nodes;
+  else
+    out << "drawn: every node";
+  if (opt.highlight)
+    out << "; outlined: the groups of rank " << *opt.highlight << " (red)";
   out << "</text>\n";
 
   for (int i = 0; i < n; ++i)

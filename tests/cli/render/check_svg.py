@@ -76,24 +76,35 @@ def check_picture(exe, name, layout, gpus, kinds, max_bytes):
         check(sorted(ranks) == list(range(world)), f"{where}: {len(ranks)} cells, not one per rank")
         fill = {}
         xs, ys = {}, {}
+        index_of = {}
+        for i, g in enumerate(panel_groups(groups, kind, level)):
+            for m in g:
+                index_of[m] = i
+        labelled = sum(1 for c in cells if any(t.get("class") == "gl" for t in c.findall(f"{NS}text")))
+        ngroups = len(panel_groups(groups, kind, level))
+        # Cells carry group labels exactly when colours run out (more than 12 groups).
+        check((labelled > 0) == (ngroups > 12), f"{where}: {labelled} labelled cells for {ngroups} groups")
         for c in cells:
             r = int(c.get("data-rank"))
             rect = c.find(f"{NS}rect")
             fill[r] = rect.get("fill")
             xs.setdefault(r % gpus, set()).add(float(rect.get("x")))
             ys.setdefault(r // gpus, set()).add(float(rect.get("y")))
-            texts = [t.text for t in c.findall(f"{NS}text")]
-            check(texts and texts[0] == str(r), f"{where}: cell {r} reads {texts[:1]}")
-            if len(texts) > 1:  # coordinates: t c d p, or t e d p on the expert grid
-                m = re.fullmatch(r"t(\d+) ([ce])(\d+) d(\d+) p(\d+)", texts[1] or "")
-                if check(m is not None, f"{where}: cell {r} coordinates {texts[1]!r}"):
+            texts = {t.get("class"): t.text for t in c.findall(f"{NS}text")}
+            rank_text = texts.get("r", texts.get("rs"))
+            check(rank_text == str(r), f"{where}: cell {r} reads {rank_text!r}")
+            if "gl" in texts:  # where colours run out, the group's index
+                check(texts["gl"] == f"g{index_of[r]}", f"{where}: cell {r} label {texts['gl']!r}, want g{index_of[r]}")
+            if "x" in texts:  # coordinates: t c d p, or t e d p on the expert grid
+                m = re.fullmatch(r"t(\d+) ([ce])(\d+) d(\d+) p(\d+)", texts["x"] or "")
+                if check(m is not None, f"{where}: cell {r} coordinates {texts['x']!r}"):
                     t, c2, d, pp = (int(m.group(i)) for i in (1, 3, 4, 5))
                     ex = kind in EXPERT
                     got = (t, c2, d, pp)
                     exp = ((coords["expt_tp"][r], coords["ep"][r], coords["expt_dp"][r], coords["pp"][r])
                            if ex else (coords["tp"][r], coords["cp"][r], coords["dp"][r], coords["pp"][r]))
                     check(got == exp and m.group(2) == ("e" if ex else "c"),
-                          f"{where}: cell {r} coordinates {texts[1]!r}, want {exp}")
+                          f"{where}: cell {r} coordinates {texts['x']!r}, want {exp}")
             if world > 256:
                 check(c.find(f"{NS}title") is not None, f"{where}: cell {r} has no tooltip")
         # Rows are nodes, columns devices: one x per device, one y per node, increasing.
