@@ -88,6 +88,10 @@ def main():
         check_page(exe, browser, tmp, "moe1024",
                    ["--world-size", "1024", "--tp", "8", "--cp", "2", "--ep", "8", "--pp", "4",
                     "--kinds", "tp,dp,pp,embd,hcp", "--hcp", "2,1"], False)
+        # A window of a 4,096-GPU job with one rank highlighted (pinned at load).
+        check_page(exe, browser, tmp, "window4096",
+                   ["--world-size", "4096", "--tp", "8", "--pp", "16", "--cp", "2", "--ep", "8",
+                    "--etp", "1", "--nodes", "2-5", "--rank", "20"], False)
     return finish("check_html")
 
 
