@@ -88,6 +88,10 @@ def check_bad_input(exe):
         check(len(lines) == 1 and lines[0].startswith("error: "),
               f"{' '.join(args)}: stderr {err!r}")
         check(out == "", f"{' '.join(args)}: wrote to stdout")
+    # A world whose lists cannot be held is refused before anything runs, naming the size.
+    rc, out, err = run(exe, "bench", "layout", "--worlds", "1073741824", "--query-worlds", "none")
+    check(rc == 2 and out == "" and "GiB at once" in err and "--worlds" in err,
+          f"bench layout 2^30: exit {rc}, stderr {err!r}")
 
 
 def main():

@@ -2,11 +2,15 @@
 
 #include <malloc.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <limits>
+
+#include "commgrid/error.hpp"
 
 namespace commgrid::bench {
 namespace {
@@ -94,7 +98,36 @@ std::vector<Rank> query_ranks(std::int64_t world_size, std::size_t n) {
   return out;
 }
 
+std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode) {
+  const Layout layout(bench_config(world_size));
+  std::int64_t members = 0;
+  for (GroupKind k : layout.kinds()) members += layout.num_members(k);
+  const std::int64_t lists = members * static_cast<std::int64_t>(sizeof(Rank));
+  return mode == MemoryMode::warm ? 2 * lists : lists;
+}
+
+std::int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : 0;
+}
+
 std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& o) {
+  // Refuse, before measuring anything, a world whose lists cannot be held: allocating them
+  // would end in bad_alloc (or the OOM killer) halfway through the run.
+  const std::int64_t memory = physical_memory_bytes();
+  for (std::int64_t world : o.worlds) {
+    const std::int64_t need = enumeration_bytes(world, o.memory);
+    if (memory > 0 && need > memory / 2) {
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "worlds: enumerating every kind of world %lld holds about %.1f GiB at once, "
+                    "more than half of this machine's %.1f GiB; choose smaller --worlds "
+                    "(one-rank queries, --query-worlds, need no such memory)",
+                    static_cast<long long>(world), static_cast<double>(need) / (1 << 30),
+                    static_cast<double>(memory) / (1 << 30));
+      throw ConfigError("worlds", text);
+    }
+  }
   use_memory_mode(o.memory);
   std::vector<EnumerationResult> results;
   for (std::int64_t world : o.worlds) {

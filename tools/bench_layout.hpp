@@ -97,8 +97,18 @@ struct QueryResult {
   double ns_per_query = 0;  ///< fastest repetition's mean
 };
 
+/// Bytes the enumeration of one world holds at once: every kind's list (held together, as
+/// measured) plus, in warm mode, the baseline's buffer of as many integers. From the counts
+/// alone, without enumerating.
+std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode);
+
+/// The physical memory of this machine in bytes (0 when unknown).
+std::int64_t physical_memory_bytes();
+
 /// Measures every world and kind of the options with a plain steady_clock loop;
 /// enumeration and its baselines alternate within each repetition so that noise hits both.
+/// Throws ConfigError ("worlds") before measuring anything when a world's lists would not
+/// fit in half of the physical memory (a world of 2^30 ranks needs about 290 GiB).
 std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& options);
 std::vector<QueryResult> run_queries(const LayoutBenchOptions& options);
 
