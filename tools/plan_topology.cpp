@@ -1,4 +1,5 @@
 // The node-topology report of `commgrid plan --check-topology`, as a table or JSON.
+#include <algorithm>
 #include <iomanip>
 #include <string>
 
@@ -24,12 +25,15 @@ void write_topology_table(std::ostream& out, const TopologyReport& r) {
   if (r.world_size % r.gpus_per_node != 0)
     out << " (the last node holds " << r.world_size % r.gpus_per_node << ")";
   out << ", order " << r.order << "\n\n";
-  out << std::left << std::setw(16) << "kind" << std::right << std::setw(8) << "groups"
-      << std::setw(8) << "size" << std::setw(10) << "crossing" << std::setw(11) << "max nodes"
+  // Columns as wide as the world's numbers (a 2^24-rank world has 8-digit counts).
+  const int wide = static_cast<int>(std::to_string(r.world_size).size()) + 2;
+  const int w8 = std::max(8, wide), w10 = std::max(10, wide), w11 = std::max(11, wide);
+  out << std::left << std::setw(16) << "kind" << std::right << std::setw(w8) << "groups"
+      << std::setw(w8) << "size" << std::setw(w10) << "crossing" << std::setw(w11) << "max nodes"
       << "\n";
   for (const KindSpan& s : r.kinds)
-    out << std::left << std::setw(16) << row_title(s) << std::right << std::setw(8) << s.groups
-        << std::setw(8) << size_text(s) << std::setw(10) << s.crossing_groups << std::setw(11)
+    out << std::left << std::setw(16) << row_title(s) << std::right << std::setw(w8) << s.groups
+        << std::setw(w8) << size_text(s) << std::setw(w10) << s.crossing_groups << std::setw(w11)
         << s.max_nodes_spanned << "\n";
 }
 
