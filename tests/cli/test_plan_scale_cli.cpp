@@ -182,6 +182,25 @@ TEST(PlanScale, TopologyAdviceConverges) {
   EXPECT_EQ(doc["warnings"][0]["avoidable"], true);
 }
 
+// Memory stays small at any world: 2^22 ranks as JSON (about 600 MB of text) and the
+// topology check, each under a 300 MB address-space limit (a list per kind alone would
+// need 32 MiB, the old JSON tree about 4 GB).
+TEST(PlanScale, MemoryStaysSmall) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space, so ulimit -v cannot bound it";
+#else
+  const std::string exe = shell_quote(COMMGRID_EXE);
+  const std::string w = " plan --world-size 4194304 --tp 8 --pp 8 --cp 2 --ep 8 --etp 1";
+  const CliResult j = run_shell("ulimit -v 300000; " + exe + w + " --format json | wc -c");
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_GT(std::stoll(j.out), 500000000LL) << j.out;
+  const CliResult t = run_shell("ulimit -v 300000; " + exe + w + " --check-topology");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("intra_dist_opt"), std::string::npos) << t.out;
+  EXPECT_NE(t.err.find("warning: cp groups cross nodes"), std::string::npos) << t.err;
+#endif
+}
+
 TEST(PlanScale, HelpShowsIntegerFlagsAsInt) {
   const CliResult r = run_cli(COMMGRID_EXE, {"plan", "--help"});
   ASSERT_EQ(r.code, 0);
