@@ -6,17 +6,19 @@ namespace train_gpt {
 
 std::vector<int> sample_tokens(const ModelConfig& config, std::int64_t index) {
   const auto u = [&](std::uint64_t k) {
-    return (hash_uniform(config.seed, "data", static_cast<std::uint64_t>(index) * 2 + k) + 1.0) / 2.0;
+    return (hash_uniform(config.seed, "data", static_cast<std::uint64_t>(index) * 2 + k) + 1.0) /
+           2.0;
   };
   const int start = static_cast<int>(u(0) * config.vocab) % config.vocab;
   const int stride = 1 + static_cast<int>(u(1) * 3) % 3;
   std::vector<int> t(static_cast<std::size_t>(config.seq + 1));
-  for (int i = 0; i <= config.seq; ++i) t[static_cast<std::size_t>(i)] = (start + i * stride) % config.vocab;
+  for (int i = 0; i <= config.seq; ++i)
+    t[static_cast<std::size_t>(i)] = (start + i * stride) % config.vocab;
   return t;
 }
 
-DataLoader::DataLoader(const ModelConfig& config, int global_batch, int micro_batches,
-                       int dp_rank, int dp_size, std::vector<int> positions)
+DataLoader::DataLoader(const ModelConfig& config, int global_batch, int micro_batches, int dp_rank,
+                       int dp_size, std::vector<int> positions)
     : config_(config),
       global_batch_(global_batch),
       b_(global_batch / (dp_size * micro_batches)),

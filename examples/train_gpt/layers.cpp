@@ -20,7 +20,8 @@ void add_bias(Mat& y, const Mat& bias) { y.rowwise() += bias.row(0); }
 
 LayerNorm::LayerNorm(const std::string& name, int hidden, const ModelConfig& config,
                      bool sequence_parallel)
-    : weight_(make_param(name + ".weight", 1, hidden, 0, 0, 1, hidden, Init::fill(1.0), config.seed)),
+    : weight_(
+          make_param(name + ".weight", 1, hidden, 0, 0, 1, hidden, Init::fill(1.0), config.seed)),
       bias_(make_param(name + ".bias", 1, hidden, 0, 0, 1, hidden, Init::fill(0.0), config.seed)) {
   for (Param* p : {&weight_, &bias_}) {
     p->tp_duplicate = true;
@@ -228,14 +229,16 @@ Mat Embedding::forward(const std::vector<int>& tokens, const TokenRows& rows, Ca
   // With sequence parallelism this rank holds rows [tp_rank * n_sp, (tp_rank+1) * n_sp).
   const int offset = mp_.sequence_parallel() ? mp_.tp_rank() * static_cast<int>(emb.rows()) : 0;
   for (int r = 0; r < emb.rows(); ++r)
-    emb.row(r) += position_.value.row(rows.positions[static_cast<std::size_t>((offset + r) / rows.samples)]);
+    emb.row(r) +=
+        position_.value.row(rows.positions[static_cast<std::size_t>((offset + r) / rows.samples)]);
   return emb;
 }
 
 void Embedding::backward(const Mat& dy, const TokenRows& rows, const Cache& c) {
   const int offset = mp_.sequence_parallel() ? mp_.tp_rank() * static_cast<int>(dy.rows()) : 0;
   for (int r = 0; r < dy.rows(); ++r)
-    position_.grad.row(rows.positions[static_cast<std::size_t>((offset + r) / rows.samples)]) += dy.row(r);
+    position_.grad.row(rows.positions[static_cast<std::size_t>((offset + r) / rows.samples)]) +=
+        dy.row(r);
   const Mat full = mp_.reduce_from_tp_backward(dy);
   const auto vstart = word_.row_offset;
   const auto vl = word_.value.rows();
@@ -252,8 +255,8 @@ LossHead::LossHead(const ModelConfig& config, const ModelParallel& mp, Param* wo
   if (word_ == nullptr) {
     // The last stage's copy of the tied embedding: the same name, so the same values.
     const int vl = config.vocab / mp.tp_size();
-    own_word_ = make_param("embedding.word", config.vocab, config.hidden, mp.tp_rank() * vl, 0,
-                           vl, config.hidden, Init::normal(config.init_std), config.seed);
+    own_word_ = make_param("embedding.word", config.vocab, config.hidden, mp.tp_rank() * vl, 0, vl,
+                           config.hidden, Init::normal(config.init_std), config.seed);
     own_word_.word_embedding = true;
     own_word_.shared_embedding_copy = true;
     word_ = &own_word_;
@@ -274,7 +277,9 @@ double LossHead::forward(const Mat& x, const std::vector<int>& labels, Cache& c)
   const auto vl = logits.cols();
   Eigen::VectorXd max = logits.rowwise().maxCoeff();
   if (mp_.tp_size() > 1)
-    mp_.tp().allreduce(std::span<double>(max.data(), static_cast<std::size_t>(n)), ReduceOp::max)->wait();
+    mp_.tp()
+        .allreduce(std::span<double>(max.data(), static_cast<std::size_t>(n)), ReduceOp::max)
+        ->wait();
   c.probs = (logits.colwise() - max).array().exp().matrix();
   // Sum of exponentials and the target's logit, in one allreduce over tp.
   std::vector<double> sums(static_cast<std::size_t>(2 * n), 0.0);

@@ -23,7 +23,10 @@ class LayerNorm {
   LayerNorm(const std::string& name, int hidden, const ModelConfig& config, bool sequence_parallel);
   Mat forward(const Mat& x, Cache& cache) const;
   Mat backward(const Mat& dy, const Cache& cache);
-  void collect(std::vector<Param*>& out) { out.push_back(&weight_); out.push_back(&bias_); }
+  void collect(std::vector<Param*>& out) {
+    out.push_back(&weight_);
+    out.push_back(&bias_);
+  }
 
  private:
   Param weight_, bias_;
@@ -32,8 +35,8 @@ class LayerNorm {
 /// The rows of one micro-batch on this rank: tokens in sequence-major order (row j*b + i
 /// is local position j of sample i) and their global positions.
 struct TokenRows {
-  int samples = 0;                 ///< b
-  std::vector<int> positions;      ///< global position of each local position j (cp)
+  int samples = 0;             ///< b
+  std::vector<int> positions;  ///< global position of each local position j (cp)
   int rows() const { return samples * static_cast<int>(positions.size()); }
 };
 
@@ -43,9 +46,9 @@ struct TokenRows {
 class Attention {
  public:
   struct Cache {
-    Mat x;                    ///< input, full rows (after copy_to_tp)
-    Mat q, k_all, v_all, out; ///< q [n, h/tp]; k, v gathered over cp; out [n, h/tp]
-    std::vector<Mat> probs;   ///< softmax per (sample, local head)
+    Mat x;                     ///< input, full rows (after copy_to_tp)
+    Mat q, k_all, v_all, out;  ///< q [n, h/tp]; k, v gathered over cp; out [n, h/tp]
+    std::vector<Mat> probs;    ///< softmax per (sample, local head)
     std::vector<int> key_positions;
   };
   Attention(const std::string& name, const ModelConfig& config, const ModelParallel& mp);
@@ -72,7 +75,10 @@ class Embedding {
   /// Returns [n_sp, h]: this rank's sequence slice with sequence parallelism.
   Mat forward(const std::vector<int>& tokens, const TokenRows& rows, Cache& cache) const;
   void backward(const Mat& dy, const TokenRows& rows, const Cache& cache);
-  void collect(std::vector<Param*>& out) { out.push_back(&word_); out.push_back(&position_); }
+  void collect(std::vector<Param*>& out) {
+    out.push_back(&word_);
+    out.push_back(&position_);
+  }
   Param& word() { return word_; }
 
  private:
@@ -86,8 +92,8 @@ class LossHead {
  public:
   struct Cache {
     LayerNorm::Cache norm;
-    Mat x;        ///< normed input, full rows
-    Mat probs;    ///< softmax over this rank's vocab slice
+    Mat x;      ///< normed input, full rows
+    Mat probs;  ///< softmax over this rank's vocab slice
     std::vector<int> labels;
   };
   /// `word`: the word embedding of this rank when it also holds the first chunk (one

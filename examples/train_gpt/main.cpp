@@ -3,15 +3,14 @@
 // mpirun). main alone creates the world and the ProcessGroups; the model, the schedule and
 // the optimizer receive only the collections.
 #include <CLI/CLI.hpp>
-#include <commgrid/commgrid.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cmath>
+#include <commgrid/commgrid.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -52,7 +51,8 @@ double parse_double(const std::string& param, const std::string& text, double mi
   if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
     throw commgrid::InvalidValueError(param, param + ": expected a number, got \"" + text + "\"");
   if (v < min)
-    throw commgrid::InvalidValueError(param, param + " must be >= " + std::to_string(min) + ", got " + text);
+    throw commgrid::InvalidValueError(
+        param, param + " must be >= " + std::to_string(min) + ", got " + text);
   return v;
 }
 
@@ -84,7 +84,8 @@ TrainConfig train_config(const Flags& f, std::optional<int> vpp) {
 GroupFault group_fault(const std::string& fault) {
   if (fault.empty() || fault == "skip-embd-sum") return GroupFault::none;
   if (fault == "swap-tp-dp-cp") return GroupFault::swap_tp_dp_cp;
-  throw commgrid::InvalidValueError("fault", "fault: expected swap-tp-dp-cp or skip-embd-sum, got \"" + fault + "\"");
+  throw commgrid::InvalidValueError(
+      "fault", "fault: expected swap-tp-dp-cp or skip-embd-sum, got \"" + fault + "\"");
 }
 
 void print(const std::string& format, const commgrid::ParallelConfig& layout, const TrainConfig& c,
@@ -149,23 +150,28 @@ bool is_config_error(const std::exception_ptr& e) {
 
 int run(const Flags& f) {
   if (f.format != "table" && f.format != "json")
-    throw commgrid::InvalidValueError("format", "format: expected table or json, got \"" + f.format + "\"");
+    throw commgrid::InvalidValueError("format",
+                                      "format: expected table or json, got \"" + f.format + "\"");
   const GroupFault fault = group_fault(f.fault);
   const std::chrono::milliseconds timeout = std::chrono::seconds(
-      f.timeout.empty() ? kDefaultTimeoutSeconds : parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
-  const std::string backend = !f.backend.empty() ? f.backend
+      f.timeout.empty() ? kDefaultTimeoutSeconds
+                        : parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
+  const std::string backend = !f.backend.empty()                                   ? f.backend
                               : (!f.local.empty() || std::getenv("COMMGRID_RANK")) ? "gloo"
-                                                                                  : "mpi";
+                                                                                   : "mpi";
   if (backend != "mpi" && backend != "gloo")
-    throw commgrid::InvalidValueError("backend", "backend: expected gloo or mpi, got \"" + backend + "\"");
+    throw commgrid::InvalidValueError("backend",
+                                      "backend: expected gloo or mpi, got \"" + backend + "\"");
   if (backend == "mpi" && !f.local.empty())
-    throw commgrid::IncompatibleError("local", "local: --local runs ranks as threads and needs --backend gloo");
+    throw commgrid::IncompatibleError(
+        "local", "local: --local runs ranks as threads and needs --backend gloo");
 
   // The layout and the run are checked before the world exists, identically on every
   // rank, so that bad input is exit 2 everywhere and no rank waits for another.
   auto checked = [&](std::int64_t world_size) {
     const commgrid::ParallelConfig layout = commgrid::cli::to_config(f.layout, world_size);
-    TrainConfig c = train_config(f, layout.vpp ? std::optional<int>(static_cast<int>(*layout.vpp)) : std::nullopt);
+    TrainConfig c = train_config(
+        f, layout.vpp ? std::optional<int>(static_cast<int>(*layout.vpp)) : std::nullopt);
     train_gpt::check_train_config(c, layout);
     return std::pair{layout, c};
   };
@@ -179,13 +185,16 @@ int run(const Flags& f) {
       const auto [layout, config] = checked(n);
       std::mutex mutex;
       std::vector<StepResult> results;
-      const commgrid::LocalRunResult r = commgrid::run_local_ranks_collect(n, [&](commgrid::Communicator& world) {
-        auto steps = train_gpt::run_rank(world, layout, config, fault);
-        if (world.rank() == 0) {
-          std::lock_guard lock(mutex);
-          results = std::move(steps);
-        }
-      }, gloo);
+      const commgrid::LocalRunResult r = commgrid::run_local_ranks_collect(
+          n,
+          [&](commgrid::Communicator& world) {
+            auto steps = train_gpt::run_rank(world, layout, config, fault);
+            if (world.rank() == 0) {
+              std::lock_guard lock(mutex);
+              results = std::move(steps);
+            }
+          },
+          gloo);
       if (r.first_failed_rank >= 0) {
         std::cerr << "error: " << one_line(r.first_failure) << "\n";
         return is_config_error(r.errors[static_cast<std::size_t>(r.first_failed_rank)]) ? 2 : 1;
@@ -235,8 +244,9 @@ int run(const Flags& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"train_gpt: a small float64 GPT trained through commgrid's collections; "
-               "every layout gives the losses of one rank"};
+  CLI::App app{
+      "train_gpt: a small float64 GPT trained through commgrid's collections; "
+      "every layout gives the losses of one rank"};
   Flags f;
   commgrid::cli::add_layout_flags(app, f.layout, /*with_world_size=*/true);
   app.add_option("--backend", f.backend,
@@ -246,7 +256,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", f.timeout, "seconds any rank waits for the others in one call (120)");
   app.add_option("--steps,--train-iters", f.steps, "training steps (10)");
   app.add_option("--global-batch,--global-batch-size", f.global_batch, "samples per step (8)");
-  app.add_option("--micro-batches", f.micro_batches, "micro-batches per data-parallel rank and step (1)");
+  app.add_option("--micro-batches", f.micro_batches,
+                 "micro-batches per data-parallel rank and step (1)");
   app.add_option("--seed", f.seed, "seed of the parameters and the data (1234)");
   app.add_option("--lr", f.lr, "Adam learning rate (0.01)");
   app.add_option("--clip-grad", f.clip_grad, "clip the global gradient norm to this; 0: off (1.0)");
@@ -262,10 +273,11 @@ int main(int argc, char** argv) {
   app.add_option("--format", f.format, "table or json (table)");
   // Hidden (empty group): test-only faults that a comparison with one rank must catch.
   app.add_option("--fault", f.fault)->group("");
-  app.footer("Examples: train_gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
-             "          mpirun -np 4 train_gpt --cp 2 --dist-opt --format json\n"
-             "          commgrid launch -n 4 -- train_gpt --pp 2 --vpp 2 --micro-batches 2\n"
-             "Exit codes: 0 trained, 1 a communication failure, 2 bad input.");
+  app.footer(
+      "Examples: train_gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
+      "          mpirun -np 4 train_gpt --cp 2 --dist-opt --format json\n"
+      "          commgrid launch -n 4 -- train_gpt --pp 2 --vpp 2 --micro-batches 2\n"
+      "Exit codes: 0 trained, 1 a communication failure, 2 bad input.");
   try {
     app.parse(argc, argv);
     return run(f);

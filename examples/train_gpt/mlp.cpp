@@ -28,7 +28,8 @@ DenseMlp::DenseMlp(const std::string& name, const ModelConfig& config, const Mod
   const int f = config.ffn();
   const int fl = f / mp.tp_size();
   const int c0 = mp.tp_rank() * fl;
-  w1_ = make_param(name + ".fc1.weight", h, f, 0, c0, h, fl, Init::normal(config.init_std), config.seed);
+  w1_ = make_param(name + ".fc1.weight", h, f, 0, c0, h, fl, Init::normal(config.init_std),
+                   config.seed);
   b1_ = make_param(name + ".fc1.bias", 1, f, 0, c0, 1, fl, Init::fill(0.0), config.seed);
   w2_ = make_param(name + ".fc2.weight", f, h, c0, 0, fl, h,
                    Init::normal(config.init_std / std::sqrt(2.0 * config.layers)), config.seed);

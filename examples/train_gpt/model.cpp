@@ -8,9 +8,12 @@ MlpFactory dense_mlp_factory(const ModelConfig& config, const ModelParallel& mp)
   };
 }
 
-Block::Block(int layer, const ModelConfig& config, const ModelParallel& mp, std::unique_ptr<Mlp> mlp)
-    : norm1_("layers." + std::to_string(layer) + ".norm1", config.hidden, config, mp.sequence_parallel()),
-      norm2_("layers." + std::to_string(layer) + ".norm2", config.hidden, config, mp.sequence_parallel()),
+Block::Block(int layer, const ModelConfig& config, const ModelParallel& mp,
+             std::unique_ptr<Mlp> mlp)
+    : norm1_("layers." + std::to_string(layer) + ".norm1", config.hidden, config,
+             mp.sequence_parallel()),
+      norm2_("layers." + std::to_string(layer) + ".norm2", config.hidden, config,
+             mp.sequence_parallel()),
       attn_("layers." + std::to_string(layer) + ".attn", config, mp),
       mlp_(std::move(mlp)) {}
 

@@ -15,7 +15,8 @@ void allreduce_grads(const std::vector<Param*>& selected, commgrid::Communicator
   if (n == 0) return;
   std::vector<double> flat;
   flat.reserve(n);
-  for (const Param* p : selected) flat.insert(flat.end(), p->grad.data(), p->grad.data() + p->grad.size());
+  for (const Param* p : selected)
+    flat.insert(flat.end(), p->grad.data(), p->grad.data() + p->grad.size());
   group.allreduce(std::span<double>(flat), ReduceOp::sum)->wait();
   std::size_t at = 0;
   for (Param* p : selected) {
@@ -55,7 +56,8 @@ Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcess
     : params_(std::move(params)), mp_(mp), config_(config), dp_cp_(&*grads.dp_cp()) {
   for (const Param* p : params_) {
     const bool counted = !(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy;
-    norm_weight_.insert(norm_weight_.end(), static_cast<std::size_t>(p->value.size()), counted ? 1.0 : 0.0);
+    norm_weight_.insert(norm_weight_.end(), static_cast<std::size_t>(p->value.size()),
+                        counted ? 1.0 : 0.0);
   }
   numel_ = norm_weight_.size();
   if (config_.dist_opt) {
@@ -133,7 +135,8 @@ double Optimizer::step() {
     grad = std::move(flat);
   } else {
     grad.assign(shard_, 0.0);
-    intra_->reduce_scatter(std::span<const double>(flat), std::span<double>(grad), ReduceOp::sum)->wait();
+    intra_->reduce_scatter(std::span<const double>(flat), std::span<double>(grad), ReduceOp::sum)
+        ->wait();
     if (inter_ != nullptr) inter_->allreduce(std::span<double>(grad), ReduceOp::sum)->wait();
   }
   for (double& g : grad) g *= inv_dp;
@@ -142,7 +145,8 @@ double Optimizer::step() {
   for (std::size_t i = 0; i < grad.size(); ++i)
     sq += norm_weight_[shard_begin_ + i] * grad[i] * grad[i];
   // The shards of one instance together hold the whole (tp, pp) part of the model.
-  if (intra_ != nullptr && intra_->size() > 1) intra_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
+  if (intra_ != nullptr && intra_->size() > 1)
+    intra_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
   if (mp_.mp().size() > 1) mp_.mp().allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
   const double norm = std::sqrt(sq);
   const double clip = clip_coefficient(norm);

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
-
 #include <vector>
 
 #include "parallel.hpp"

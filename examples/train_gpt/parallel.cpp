@@ -7,8 +7,7 @@ namespace train_gpt {
 using commgrid::Communicator;
 using commgrid::ReduceOp;
 
-ModelParallel::ModelParallel(const commgrid::ModelCommProcessGroups& groups,
-                             bool sequence_parallel)
+ModelParallel::ModelParallel(const commgrid::ModelCommProcessGroups& groups, bool sequence_parallel)
     : tp_(&*groups.tp()),
       cp_(&*groups.cp()),
       pp_(&*groups.pp()),
@@ -84,8 +83,12 @@ Mat ModelParallel::reduce_scatter_cp(const Mat& full) const {
 }
 
 std::vector<int> ModelParallel::positions_of(int r, int seq) const {
-  const int chunk = seq / (2 * cp_size_);
   std::vector<int> pos;
+  if (cp_size_ == 1) {
+    for (int j = 0; j < seq; ++j) pos.push_back(j);
+    return pos;
+  }
+  const int chunk = seq / (2 * cp_size_);
   pos.reserve(static_cast<std::size_t>(2 * chunk));
   for (int c : {r, 2 * cp_size_ - 1 - r})
     for (int j = 0; j < chunk; ++j) pos.push_back(c * chunk + j);

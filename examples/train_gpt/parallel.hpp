@@ -3,7 +3,6 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
-
 #include <vector>
 
 #include "tensor.hpp"

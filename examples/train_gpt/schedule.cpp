@@ -56,7 +56,9 @@ double run_pipeline(GptModel& model, const ModelParallel& mp, const DataLoader& 
   const int prev = (mp.pp_rank() + pp - 1) % pp;
   // A tag per (receiving chunk, micro-batch, direction): unique within a step, so that
   // messages that arrive early are matched to the right pass.
-  auto tag = [&](int chunk, int m, bool forward) { return 2 * (chunk * micro_batches + m) + (forward ? 0 : 1); };
+  auto tag = [&](int chunk, int m, bool forward) {
+    return 2 * (chunk * micro_batches + m) + (forward ? 0 : 1);
+  };
 
   std::deque<PendingSend> sends;
   // Sends are posted and left in flight (completed at the end of the step): a stage never

@@ -14,8 +14,9 @@ Collections make_collections(const commgrid::ProcessGroups& groups, GroupFault f
   return c;
 }
 
-std::vector<StepResult> run_rank(commgrid::Communicator& world, const commgrid::ParallelConfig& layout,
-                                 const TrainConfig& config, GroupFault fault) {
+std::vector<StepResult> run_rank(commgrid::Communicator& world,
+                                 const commgrid::ParallelConfig& layout, const TrainConfig& config,
+                                 GroupFault fault) {
   check_train_config(config, layout);
   commgrid::ProcessGroups groups;
   groups.initialize(world, layout);

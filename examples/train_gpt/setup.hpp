@@ -3,7 +3,6 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
-
 #include <cstdint>
 #include <vector>
 
@@ -26,11 +25,13 @@ struct Collections {
 };
 
 /// Every field of both collections from an initialized ProcessGroups, with `fault` applied.
-Collections make_collections(const commgrid::ProcessGroups& groups, GroupFault fault = GroupFault::none);
+Collections make_collections(const commgrid::ProcessGroups& groups,
+                             GroupFault fault = GroupFault::none);
 
 /// One rank of a run: creates the layout's groups over `world` (collective over it), takes
 /// the collections and trains. Throws ConfigError for a config that does not fit.
-std::vector<StepResult> run_rank(commgrid::Communicator& world, const commgrid::ParallelConfig& layout,
-                                 const TrainConfig& config, GroupFault fault = GroupFault::none);
+std::vector<StepResult> run_rank(commgrid::Communicator& world,
+                                 const commgrid::ParallelConfig& layout, const TrainConfig& config,
+                                 GroupFault fault = GroupFault::none);
 
 }  // namespace train_gpt

@@ -40,7 +40,8 @@ Param make_param(std::string name, std::int64_t global_rows, std::int64_t global
   const double a = init.std * std::sqrt(3.0);
   for (std::int64_t i = 0; i < rows; ++i)
     for (std::int64_t j = 0; j < cols; ++j) {
-      const auto global = static_cast<std::uint64_t>((row_offset + i) * global_cols + col_offset + j);
+      const auto global =
+          static_cast<std::uint64_t>((row_offset + i) * global_cols + col_offset + j);
       p.value(i, j) = init.std > 0 ? a * hash_uniform(seed, p.name, global) : init.constant;
     }
   p.grad = Mat::Zero(rows, cols);

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <Eigen/Dense>
-
 #include <cstdint>
 #include <span>
 #include <string>

@@ -22,7 +22,8 @@ void check_sizes(const TrainConfig& c, std::int64_t tp, std::int64_t pp, std::in
   const ModelConfig& m = c.model;
   auto s = [](auto v) { return std::to_string(v); };
   if (m.hidden % m.heads != 0)
-    throw DivisibilityError("hidden", "hidden " + s(m.hidden) + " is not divisible by heads " + s(m.heads));
+    throw DivisibilityError("hidden",
+                            "hidden " + s(m.hidden) + " is not divisible by heads " + s(m.heads));
   if (m.layers % (pp * c.vpp) != 0)
     throw DivisibilityError("layers", "layers " + s(m.layers) + " is not divisible by pp(" + s(pp) +
                                           ") x vpp(" + s(c.vpp) + ") = " + s(pp * c.vpp));
@@ -30,19 +31,21 @@ void check_sizes(const TrainConfig& c, std::int64_t tp, std::int64_t pp, std::in
     throw DivisibilityError("heads", "heads " + s(m.heads) + " is not divisible by tp " + s(tp));
   if (m.vocab % tp != 0)
     throw DivisibilityError("vocab", "vocab " + s(m.vocab) + " is not divisible by tp " + s(tp));
-  if (m.seq % (2 * cp) != 0)
-    throw DivisibilityError("seq", "seq " + s(m.seq) + " is not divisible by 2 x cp = " + s(2 * cp));
+  if (cp > 1 && m.seq % (2 * cp) != 0)
+    throw DivisibilityError("seq",
+                            "seq " + s(m.seq) + " is not divisible by 2 x cp = " + s(2 * cp));
   if (c.sequence_parallel && (m.seq / cp) % tp != 0)
-    throw DivisibilityError("seq", "seq / cp = " + s(m.seq / cp) +
-                                       " is not divisible by tp " + s(tp) + " (sequence parallel)");
+    throw DivisibilityError("seq", "seq / cp = " + s(m.seq / cp) + " is not divisible by tp " +
+                                       s(tp) + " (sequence parallel)");
   if (c.global_batch % (dp * c.micro_batches) != 0)
     throw DivisibilityError("global_batch", "global_batch " + s(c.global_batch) +
-                                                " is not divisible by dp(" + s(dp) + ") x micro_batches(" +
-                                                s(c.micro_batches) + ") = " + s(dp * c.micro_batches));
+                                                " is not divisible by dp(" + s(dp) +
+                                                ") x micro_batches(" + s(c.micro_batches) +
+                                                ") = " + s(dp * c.micro_batches));
   if (c.vpp > 1 && c.micro_batches % pp != 0)
-    throw DivisibilityError("micro_batches", "micro_batches " + s(c.micro_batches) +
-                                                 " is not divisible by pp " + s(pp) +
-                                                 " (interleaved schedule with vpp " + s(c.vpp) + ")");
+    throw DivisibilityError("micro_batches",
+                            "micro_batches " + s(c.micro_batches) + " is not divisible by pp " +
+                                s(pp) + " (interleaved schedule with vpp " + s(c.vpp) + ")");
 }
 
 }  // namespace
@@ -50,8 +53,8 @@ void check_sizes(const TrainConfig& c, std::int64_t tp, std::int64_t pp, std::in
 void check_train_config(const TrainConfig& c, const commgrid::ParallelConfig& layout) {
   const std::int64_t vpp = layout.vpp.value_or(1);
   if (vpp != c.vpp)
-    throw IncompatibleError("vpp", "vpp: the layout has " + std::to_string(vpp) +
-                                       ", the run " + std::to_string(c.vpp));
+    throw IncompatibleError(
+        "vpp", "vpp: the layout has " + std::to_string(vpp) + ", the run " + std::to_string(c.vpp));
   if (layout.dist_opt_instances > 1 && !c.optimizer.dist_opt)
     throw IncompatibleError("dist_opt_instances",
                             "dist_opt_instances " + std::to_string(layout.dist_opt_instances) +
@@ -81,13 +84,14 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
   std::vector<StepResult> results;
   for (int step = 0; step < config.steps; ++step) {
     model.zero_grad();
-    double loss = run_pipeline(model, mp, data, step, config.micro_batches, config.vpp,
-                               1.0 / local_tokens);
+    double loss =
+        run_pipeline(model, mp, data, step, config.micro_batches, config.vpp, 1.0 / local_tokens);
     finalize_model_grads(params, mp, config.fault_skip_embd_sum);
     const double norm = optimizer.step();
     // The loss lives on the last stage: summed over its data-parallel ranks, then sent to
     // every stage.
-    if (last_stage && dp_cp.size() > 1) dp_cp.allreduce(std::span<double>(&loss, 1), ReduceOp::sum)->wait();
+    if (last_stage && dp_cp.size() > 1)
+      dp_cp.allreduce(std::span<double>(&loss, 1), ReduceOp::sum)->wait();
     if (mp.pp_size() > 1) mp.pp().broadcast(std::span<double>(&loss, 1), mp.pp_size() - 1)->wait();
     results.push_back({step + 1, loss / total_tokens, norm});
   }

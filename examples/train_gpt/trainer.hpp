@@ -4,7 +4,6 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
-
 #include <vector>
 
 #include "model_config.hpp"
@@ -16,9 +15,9 @@ namespace train_gpt {
 struct TrainConfig {
   ModelConfig model;
   int steps = 10;
-  int global_batch = 8;    ///< samples per step, over all data-parallel ranks
-  int micro_batches = 1;   ///< per data-parallel rank and step
-  int vpp = 1;             ///< model chunks per pipeline stage (interleaved 1F1B when > 1)
+  int global_batch = 8;   ///< samples per step, over all data-parallel ranks
+  int micro_batches = 1;  ///< per data-parallel rank and step
+  int vpp = 1;            ///< model chunks per pipeline stage (interleaved 1F1B when > 1)
   bool sequence_parallel = false;
   OptimizerConfig optimizer;
   /// Test-only fault: leave out the tied embedding's gradient sum over embd.
@@ -27,16 +26,16 @@ struct TrainConfig {
 
 /// One step's results, the same on every rank.
 struct StepResult {
-  int step = 0;            ///< 1-based
-  double loss = 0;         ///< mean cross-entropy over the step's global batch
-  double grad_norm = 0;    ///< global gradient norm before clipping
+  int step = 0;          ///< 1-based
+  double loss = 0;       ///< mean cross-entropy over the step's global batch
+  double grad_norm = 0;  ///< global gradient norm before clipping
 };
 
 /// Checks the run's sizes against the layout's, before any communication: layers by
-/// pp * vpp, heads and vocab by tp, hidden by heads, the sequence by 2 * cp (and by tp
-/// with sequence parallelism), the global batch by dp * micro-batches, micro-batches by pp
-/// with vpp, several dist-opt instances only with the distributed optimizer. Throws a
-/// commgrid::ConfigError subclass naming the parameter and the values.
+/// pp * vpp, heads and vocab by tp, hidden by heads, the sequence by 2 * cp when cp > 1
+/// (and seq / cp by tp with sequence parallelism), the global batch by dp * micro-batches,
+/// micro-batches by pp with vpp, several dist-opt instances only with the distributed
+/// optimizer. Throws a commgrid::ConfigError subclass naming the parameter and the values.
 void check_train_config(const TrainConfig& config, const commgrid::ParallelConfig& layout);
 
 /// Trains for config.steps steps and returns every step's loss and gradient norm.

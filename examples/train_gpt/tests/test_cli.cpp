@@ -2,9 +2,8 @@
 // `commgrid launch` that give the losses of one rank.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -52,20 +51,22 @@ void expect_matches_one_rank(const CliResult& r) {
     for (const char* key : {"loss", "grad_norm"}) {
       const double a = got["steps"][i][key].get<double>();
       const double b = ref["steps"][i][key].get<double>();
-      EXPECT_LE(std::abs(a - b), 1e-9 * std::abs(b)) << "step " << i + 1 << " " << key << ": " << a
-                                                     << ", one rank " << b;
+      EXPECT_LE(std::abs(a - b), 1e-9 * std::abs(b))
+          << "step " << i + 1 << " " << key << ": " << a << ", one rank " << b;
     }
   EXPECT_LT(got["steps"][9]["loss"].get<double>(), got["steps"][0]["loss"].get<double>());
 }
 
 std::string mpirun(int np, const std::vector<std::string>& args) {
-  std::string cmd = "timeout 170 " + kMpiexec + " -np " + std::to_string(np) + " " + shell_quote(kTrainGpt);
+  std::string cmd =
+      "timeout 170 " + kMpiexec + " -np " + std::to_string(np) + " " + shell_quote(kTrainGpt);
   for (const auto& a : args) cmd += " " + shell_quote(a);
   return cmd;
 }
 
 TEST(TrainGptCli, JsonHasConfigAndEveryStep) {
-  const CliResult r = run_cli(kTrainGpt, {"--local", "2", "--tp", "2", "--steps", "3", "--format", "json"});
+  const CliResult r =
+      run_cli(kTrainGpt, {"--local", "2", "--tp", "2", "--steps", "3", "--format", "json"});
   ASSERT_EQ(r.code, 0) << describe(r);
   const json j = parse_json(r);
   EXPECT_EQ(j["config"]["world_size"], 2);
@@ -84,23 +85,31 @@ TEST(TrainGptCli, TablePrintsEveryStep) {
   const CliResult r = run_cli(kTrainGpt, {"--local", "2", "--pp", "2", "--steps", "2"});
   ASSERT_EQ(r.code, 0) << describe(r);
   EXPECT_NE(r.out.find("world 2: tp 1, pp 2"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("step              loss         grad_norm\n   1    4.15"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step              loss         grad_norm\n   1    4.15"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("\n   2    4."), std::string::npos) << r.out;
 }
 
 TEST(TrainGptCli, InvalidCombinationsExit2) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--local", "4", "--pp", "4", "--layers", "2"}, "error: layers 2 is not divisible by pp(4) x vpp(1) = 4"},
-      {{"--local", "4", "--pp", "2", "--vpp", "3"}, "error: layers 4 is not divisible by pp(2) x vpp(3) = 6"},
-      {{"--local", "2", "--tp", "2", "--heads", "3", "--hidden", "33"}, "error: heads 3 is not divisible by tp 2"},
-      {{"--local", "2", "--cp", "2", "--seq", "30"}, "error: seq 30 is not divisible by 2 x cp = 4"},
+      {{"--local", "4", "--pp", "4", "--layers", "2"},
+       "error: layers 2 is not divisible by pp(4) x vpp(1) = 4"},
+      {{"--local", "4", "--pp", "2", "--vpp", "3"},
+       "error: layers 4 is not divisible by pp(2) x vpp(3) = 6"},
+      {{"--local", "2", "--tp", "2", "--heads", "3", "--hidden", "33"},
+       "error: heads 3 is not divisible by tp 2"},
+      {{"--local", "2", "--cp", "2", "--seq", "30"},
+       "error: seq 30 is not divisible by 2 x cp = 4"},
       {{"--local", "4", "--tp", "4", "--seq", "8", "--sequence-parallel"},
        "error: seq / cp = 8 is not divisible by tp 4"},
-      {{"--local", "4", "--tp", "4", "--seq", "6", "--sequence-parallel"}, "error: seq / cp = 6 is not divisible by tp 4"},
-      {{"--local", "2", "--micro-batches", "3"}, "error: global_batch 8 is not divisible by dp(2) x micro_batches(3) = 6"},
+      {{"--local", "4", "--tp", "4", "--seq", "6", "--sequence-parallel"},
+       "error: seq / cp = 6 is not divisible by tp 4"},
+      {{"--local", "2", "--micro-batches", "3"},
+       "error: global_batch 8 is not divisible by dp(2) x micro_batches(3) = 6"},
       {{"--local", "4", "--pp", "2", "--vpp", "2", "--micro-batches", "1"},
        "error: micro_batches 1 is not divisible by pp 2"},
-      {{"--local", "2", "--dist-opt-instances", "2"}, "error: dist_opt_instances 2 needs the distributed optimizer"},
+      {{"--local", "2", "--dist-opt-instances", "2"},
+       "error: dist_opt_instances 2 needs the distributed optimizer"},
       {{"--local", "4", "--tp", "3"}, "error: world_size 4 is not divisible by tp*pp*cp"},
       {{"--local", "2", "--backend", "nccl"}, "error: backend: expected gloo or mpi"},
       {{"--local", "2", "--format", "xml"}, "error: format: expected table or json"},
@@ -111,8 +120,9 @@ TEST(TrainGptCli, InvalidCombinationsExit2) {
   for (const auto& [args, expected] : cases) {
     const CliResult r = run_cli(kTrainGpt, args);
     EXPECT_EQ(r.code, 2) << describe(r);
-    EXPECT_EQ(r.err.rfind(expected, 0), 0u) << "expected stderr to start with \"" << expected << "\"\n"
-                                            << describe(r);
+    EXPECT_EQ(r.err.rfind(expected, 0), 0u)
+        << "expected stderr to start with \"" << expected << "\"\n"
+        << describe(r);
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
@@ -121,7 +131,7 @@ TEST(TrainGptCli, InvalidCombinationsExit2) {
 TEST(TrainGptCli, MpirunTpPpSequenceParallelMatchesOneRank) {
   if (kMpiexec.empty()) GTEST_SKIP() << "this build has no MPI backend";
   expect_matches_one_rank(run_shell(mpirun(4, {"--tp", "2", "--pp", "2", "--sequence-parallel",
-                                              "--micro-batches", "2", "--format", "json"})));
+                                               "--micro-batches", "2", "--format", "json"})));
 }
 
 TEST(TrainGptCli, MpirunCpDistOptMatchesOneRank) {
@@ -133,19 +143,22 @@ TEST(TrainGptCli, MpirunBadInputExits2) {
   if (kMpiexec.empty()) GTEST_SKIP() << "this build has no MPI backend";
   const CliResult r = run_shell(mpirun(2, {"--pp", "2", "--layers", "3"}));
   EXPECT_EQ(r.code, 2) << describe(r);
-  EXPECT_NE(r.err.find("error: layers 3 is not divisible by pp(2) x vpp(1) = 2"), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("error: layers 3 is not divisible by pp(2) x vpp(1) = 2"), std::string::npos)
+      << describe(r);
 }
 
 TEST(TrainGptCli, LaunchInterleavedPipelineMatchesOneRank) {
-  const CliResult r = run_cli(kCommgrid, {"launch", "-n", "4", "--", kTrainGpt, "--pp", "2", "--vpp", "2",
-                                          "--cp", "2", "--micro-batches", "2", "--format", "json"},
+  const CliResult r = run_cli(kCommgrid,
+                              {"launch", "-n", "4", "--", kTrainGpt, "--pp", "2", "--vpp", "2",
+                               "--cp", "2", "--micro-batches", "2", "--format", "json"},
                               170);
   expect_matches_one_rank(r);
 }
 
 TEST(TrainGptCli, LaunchDistOptTwoInstancesMatchesOneRank) {
-  const CliResult r = run_cli(kCommgrid, {"launch", "-n", "4", "--", kTrainGpt, "--dist-opt",
-                                          "--dist-opt-instances", "2", "--format", "json"},
+  const CliResult r = run_cli(kCommgrid,
+                              {"launch", "-n", "4", "--", kTrainGpt, "--dist-opt",
+                               "--dist-opt-instances", "2", "--format", "json"},
                               170);
   expect_matches_one_rank(r);
 }

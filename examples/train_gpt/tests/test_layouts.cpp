@@ -2,9 +2,8 @@
 // rank-threads), the loss goes down, and a wrong group is caught.
 #include <gtest/gtest.h>
 
-#include <commgrid/commgrid.hpp>
-
 #include <cmath>
+#include <commgrid/commgrid.hpp>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -60,11 +59,14 @@ std::vector<StepResult> run(const LayoutCase& l, GroupFault fault = GroupFault::
   std::vector<std::vector<StepResult>> per_rank(static_cast<std::size_t>(l.world));
   commgrid::GlooOptions gloo;
   gloo.timeout = std::chrono::seconds(120);
-  commgrid::run_local_ranks(l.world, [&](commgrid::Communicator& world) {
-    auto r = run_rank(world, layout, config, fault);
-    std::lock_guard lock(mutex);
-    per_rank[static_cast<std::size_t>(world.rank())] = std::move(r);
-  }, gloo);
+  commgrid::run_local_ranks(
+      l.world,
+      [&](commgrid::Communicator& world) {
+        auto r = run_rank(world, layout, config, fault);
+        std::lock_guard lock(mutex);
+        per_rank[static_cast<std::size_t>(world.rank())] = std::move(r);
+      },
+      gloo);
   // Every rank reports the same numbers (with a wrong group they need not).
   const bool faulty = fault != GroupFault::none || skip_embd_sum;
   for (const auto& r : per_rank) {
@@ -91,7 +93,8 @@ double max_difference(const std::vector<StepResult>& got) {
   EXPECT_EQ(got.size(), ref.size());
   double worst = 0;
   for (std::size_t i = 0; i < got.size() && i < ref.size(); ++i)
-    worst = std::max({worst, rel(got[i].loss, ref[i].loss), rel(got[i].grad_norm, ref[i].grad_norm)});
+    worst =
+        std::max({worst, rel(got[i].loss, ref[i].loss), rel(got[i].grad_norm, ref[i].grad_norm)});
   return worst;
 }
 
@@ -128,31 +131,75 @@ LayoutCase L(std::string name, int world) {
 
 std::vector<LayoutCase> layouts() {
   std::vector<LayoutCase> v;
-  auto add = [&](LayoutCase l, auto&& set) { set(l); v.push_back(l); };
+  auto add = [&](LayoutCase l, auto&& set) {
+    set(l);
+    v.push_back(l);
+  };
   add(L("tp2", 2), [](LayoutCase& l) { l.tp = 2; });
-  add(L("tp4_sp", 4), [](LayoutCase& l) { l.tp = 4; l.sp = true; });
+  add(L("tp4_sp", 4), [](LayoutCase& l) {
+    l.tp = 4;
+    l.sp = true;
+  });
   add(L("cp2", 2), [](LayoutCase& l) { l.cp = 2; });
-  add(L("cp4_hcp2x2", 4), [](LayoutCase& l) { l.cp = 4; l.hcp = {2, 2}; });
-  add(L("pp2_1f1b_m4", 2), [](LayoutCase& l) { l.pp = 2; l.micro_batches = 4; });
-  add(L("pp4_1f1b_m2", 4), [](LayoutCase& l) { l.pp = 4; l.micro_batches = 2; });
-  add(L("pp2_vpp2_m4", 2), [](LayoutCase& l) { l.pp = 2; l.vpp = 2; l.micro_batches = 4; });
+  add(L("cp4_hcp2x2", 4), [](LayoutCase& l) {
+    l.cp = 4;
+    l.hcp = {2, 2};
+  });
+  add(L("pp2_1f1b_m4", 2), [](LayoutCase& l) {
+    l.pp = 2;
+    l.micro_batches = 4;
+  });
+  add(L("pp4_1f1b_m2", 4), [](LayoutCase& l) {
+    l.pp = 4;
+    l.micro_batches = 2;
+  });
+  add(L("pp2_vpp2_m4", 2), [](LayoutCase& l) {
+    l.pp = 2;
+    l.vpp = 2;
+    l.micro_batches = 4;
+  });
   add(L("dp4_m2", 4), [](LayoutCase& l) { l.micro_batches = 2; });
   add(L("dp2_dist_opt", 2), [](LayoutCase& l) { l.dist_opt = true; });
-  add(L("dp4_dist_opt_2inst", 4), [](LayoutCase& l) { l.dist_opt = true; l.instances = 2; });
+  add(L("dp4_dist_opt_2inst", 4), [](LayoutCase& l) {
+    l.dist_opt = true;
+    l.instances = 2;
+  });
   add(L("tp2_dp2_pp2_order_dp_tp_pp", 8), [](LayoutCase& l) {
-    l.tp = 2; l.pp = 2; l.order = "dp-pp-tp-cp-ep"; l.micro_batches = 2;
+    l.tp = 2;
+    l.pp = 2;
+    l.order = "dp-pp-tp-cp-ep";
+    l.micro_batches = 2;
   });
   add(L("tp2_cp2_sp_pp2_dist_opt", 8), [](LayoutCase& l) {
-    l.tp = 2; l.cp = 2; l.pp = 2; l.sp = true; l.dist_opt = true; l.micro_batches = 2;
+    l.tp = 2;
+    l.cp = 2;
+    l.pp = 2;
+    l.sp = true;
+    l.dist_opt = true;
+    l.micro_batches = 2;
   });
   add(L("tp2_cp2_pp2_dp2_sp_dist_opt_2inst", 16), [](LayoutCase& l) {
-    l.tp = 2; l.cp = 2; l.pp = 2; l.sp = true; l.dist_opt = true; l.instances = 2;
+    l.tp = 2;
+    l.cp = 2;
+    l.pp = 2;
+    l.sp = true;
+    l.dist_opt = true;
+    l.instances = 2;
   });
   add(L("tp2_pp2_vpp2_cp2_dp2_sp", 16), [](LayoutCase& l) {
-    l.tp = 2; l.pp = 2; l.vpp = 2; l.cp = 2; l.sp = true; l.micro_batches = 2;
+    l.tp = 2;
+    l.pp = 2;
+    l.vpp = 2;
+    l.cp = 2;
+    l.sp = true;
+    l.micro_batches = 2;
   });
   add(L("cp4_hcp_pp2_dp2_ep2", 16), [](LayoutCase& l) {
-    l.cp = 4; l.hcp = {2, 2}; l.pp = 2; l.ep = 2; l.micro_batches = 2;
+    l.cp = 4;
+    l.hcp = {2, 2};
+    l.pp = 2;
+    l.ep = 2;
+    l.micro_batches = 2;
   });
   return v;
 }

@@ -2,9 +2,8 @@
 // schedules (every pass once, in an order that completes).
 #include <gtest/gtest.h>
 
-#include <commgrid/commgrid.hpp>
-
 #include <cmath>
+#include <commgrid/commgrid.hpp>
 #include <map>
 #include <set>
 #include <tuple>
@@ -109,9 +108,10 @@ void expect_schedule_completes(int pp, int vpp, int m) {
       while (i < ops[static_cast<std::size_t>(s)].size()) {
         const ScheduleOp& op = ops[static_cast<std::size_t>(s)][i];
         const int c = chunk_of(s, op.vstage);
-        const bool ready = op.forward ? (c == 0 || done.count({true, c - 1, op.micro_batch}))
-                                      : (done.count({true, c, op.micro_batch}) &&
-                                         (c == chunks - 1 || done.count({false, c + 1, op.micro_batch})));
+        const bool ready = op.forward
+                               ? (c == 0 || done.count({true, c - 1, op.micro_batch}))
+                               : (done.count({true, c, op.micro_batch}) &&
+                                  (c == chunks - 1 || done.count({false, c + 1, op.micro_batch})));
         if (!ready) break;
         EXPECT_TRUE(done.insert({op.forward, c, op.micro_batch}).second) << "pass repeated";
         ++i;
@@ -140,7 +140,8 @@ TEST(TrainGptSchedule, OneFOneBWarmup) {
     const auto ops = pipeline_schedule(4, s, 1, 6);
     ASSERT_EQ(ops.size(), 12u);
     const int warmup = 3 - s;
-    for (int k = 0; k < warmup; ++k) EXPECT_EQ(ops[static_cast<std::size_t>(k)], (ScheduleOp{true, 0, k}));
+    for (int k = 0; k < warmup; ++k)
+      EXPECT_EQ(ops[static_cast<std::size_t>(k)], (ScheduleOp{true, 0, k}));
     EXPECT_EQ(ops[static_cast<std::size_t>(warmup)], (ScheduleOp{true, 0, warmup}));
     EXPECT_EQ(ops[static_cast<std::size_t>(warmup + 1)], (ScheduleOp{false, 0, 0}));
   }
