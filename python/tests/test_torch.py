@@ -24,21 +24,32 @@ def test_every_group_of_two_layouts_on_8_gloo_ranks(tmp_path):
                     "against) is not set; ctest sets it")
     init_file = tmp_path / "rendezvous"
     start = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, WORKER, str(r), str(WORLD), str(init_file)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(WORLD)]
-    outputs = []
+    # Each rank writes to files (no pipe can fill up and block it); the first rank that
+    # fails stops the test at once: the others would wait for it in a collective.
+    files = [(tmp_path / f"rank{r}.out", tmp_path / f"rank{r}.err") for r in range(WORLD)]
+    procs = []
+    for r, (out_file, err_file) in enumerate(files):
+        with open(out_file, "w") as out, open(err_file, "w") as err:
+            procs.append(subprocess.Popen([sys.executable, WORKER, str(r), str(WORLD),
+                                           str(init_file)], stdout=out, stderr=err))
+    deadline = time.monotonic() + 240
+    failed = None
     try:
-        for p in procs:
-            out, err = p.communicate(timeout=240)
-            outputs.append((p.returncode, out, err))
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None or all(c == 0 for c in codes):
+                break
+            time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    failed = [(r, rc, err[-2000:]) for r, (rc, _, err) in enumerate(outputs) if rc != 0]
-    assert not failed, f"{len(failed)} ranks failed; the first: {failed[0]}"
-    reports = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs]
+                p.wait()
+    outputs = [(o.read_text(), e.read_text()) for o, e in files]
+    assert failed is None, f"rank {failed} failed: {outputs[failed][1][-3000:]}"
+    assert all(p.returncode == 0 for p in procs), "ranks still running after 240 s"
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["rank"] for r in reports] == list(range(WORLD))
     for r in reports:
         # Every rank checked its groups of every kind in both layouts.

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -164,7 +165,9 @@ def check_layout(args, kwargs, gloo_twins):
 
 def main():
     rank, world, init_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    # A bounded timeout: a rank that fails makes the others fail soon, not in 30 minutes.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))
     # A bad config fails on every rank before any group exists: no rank waits.
     try:
         ps.initialize_model_parallel(tensor_model_parallel_size=3)
