@@ -165,7 +165,13 @@ PYBIND11_MODULE(_commgrid, m) {
     if (sizes.size() != kNumAxes || order.size() != kNumAxes)
       throw InvalidValueError("order", "grid_groups needs all five axes in sizes and order");
     for (const auto& [name, size] : sizes) s[static_cast<int>(parse_axis(name))] = size;
-    for (std::size_t i = 0; i < order.size(); ++i) o[i] = parse_axis(order[i]);
+    bool seen[kNumAxes] = {};
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      o[i] = parse_axis(order[i]);
+      if (seen[static_cast<int>(o[i])])
+        throw OrderError("order", "axis \"" + order[i] + "\" appears twice in the grid order");
+      seen[static_cast<int>(o[i])] = true;
+    }
     // AxisSet is built from an initializer list: collect the distinct masked axes first.
     bool has[kNumAxes] = {};
     for (const auto& name : masked) has[static_cast<int>(parse_axis(name))] = true;
