@@ -1,8 +1,10 @@
-// commgrid launch: starts N processes of one program on this machine, like torchrun's
-// standalone mode, with a file store in a fresh temporary folder.
+// commgrid launch: starts N processes of one program on this machine, like torchrun: alone
+// with a file store in a fresh temporary folder, or as one node of several (--nnodes) with
+// the TCP store that rank 0 serves at --master-addr:--master-port.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <iostream>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -108,7 +111,8 @@ class SignalGuard {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    // Without SA_NOCLDSTOP: a rank stopped by SIGSTOP wakes the loop, which names it.
+    sa.sa_flags = SA_RESTART;
     for (int s : kHandled) ::sigaction(s, &sa, &old_[index(s)]);
     struct sigaction ign {};
     ign.sa_handler = SIG_IGN;
@@ -206,8 +210,31 @@ struct Child {
   int rank = 0;
   pid_t pid = -1;
   bool running = false;
+  bool stopped = false;  // by SIGSTOP/SIGTSTP/..., until continued
+  int stop_signal = 0;
   int status = 0;
   Stream out, err;
+};
+
+/// A random hex string (std::random_device reads the kernel's getrandom on Linux).
+std::string random_hex(size_t bytes) {
+  std::random_device rd;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned v = rd() & 0xff;
+    out += kHex[v >> 4];
+    out += kHex[v & 15];
+  }
+  return out;
+}
+
+/// Where and how this launch's ranks meet.
+struct JobSetup {
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a file store in a temporary folder (one node only)
+  std::string job_id, token;
 };
 
 double parse_seconds(const char* param, const std::string& text, bool allow_zero) {
@@ -224,32 +251,65 @@ double parse_seconds(const char* param, const std::string& text, bool allow_zero
 }
 
 struct LaunchArgs {
-  std::string nproc, timeout, grace = "5";
+  std::string nproc, timeout, grace = "5", nnodes = "1", node_rank, master_addr, master_port;
   std::vector<std::string> command;
 };
 
 class Launcher {
  public:
-  Launcher(int n, std::optional<std::string> timeout, double grace,
+  Launcher(int n, std::optional<std::string> timeout, double grace, JobSetup job,
            std::vector<std::string> command)
-      : n_(n), timeout_(std::move(timeout)), grace_(grace), command_(std::move(command)) {}
+      : n_(n), timeout_(std::move(timeout)), grace_(grace), job_(std::move(job)),
+        command_(std::move(command)) {}
 
   int run() {
-    TempDir store;
+    std::optional<TempDir> folder;
+    std::string store;
+    if (job_.master_port == 0) {
+      folder.emplace();
+      store = "file://" + folder->path();
+    } else {
+      store = "tcp://" + job_.master_addr + ":" + std::to_string(job_.master_port);
+    }
     Pipe sig = make_pipe();
     ::fcntl(sig.read.get(), F_SETFL, O_NONBLOCK);
     ::fcntl(sig.write.get(), F_SETFL, O_NONBLOCK);
     SignalGuard guard(sig.write.get());
     children_.resize(static_cast<size_t>(n_));
-    for (int r = 0; r < n_; ++r) {
-      if (auto failure = start(r, store.path()); failure) {
+    if (timeout_) {
+      // The ranks' operations are bounded by T each; the job as a whole by T and a second,
+      // so that a rank's own timeout error (which names the missing peer) is seen first.
+      const double t = std::strtod(timeout_->c_str(), nullptr);
+      job_deadline_ = Clock::now() + std::chrono::milliseconds(std::llround(t * 1000.0) + 1000);
+    }
+    for (int i = 0; i < n_; ++i) {
+      std::optional<std::string> failure;
+      try {
+        failure = start(i, store);
+      } catch (const Error& e) {
+        // Out of processes or descriptors (ulimit): nothing of this job may outlive launch.
+        failure = std::string(e.what()) + " (starting rank " +
+                  std::to_string(global_rank(i)) + "; stopped the " + std::to_string(i) +
+                  " ranks already started)";
         stop_all(SIGKILL);
         while (any_running()) reap(true);
-        std::cerr << "error: " << *failure << "\n";
+        std::cerr << ("error: " + *failure + "\n") << std::flush;
+        return 1;
+      }
+      if (failure) {
+        stop_all(SIGKILL);
+        while (any_running()) reap(true);
+        std::cerr << ("error: " + *failure + "\n") << std::flush;
         return 2;
       }
     }
     loop(sig.read.get());
+    if (timed_out_) {
+      std::cerr << ("error: launch: the job did not end within its --timeout of " + *timeout_ +
+                    " s; still running: " + still_running_ + "; stopped them\n")
+                << std::flush;
+      return 124;
+    }
     if (interrupted_ != 0) {
       std::cerr << "error: interrupted by " << signal_name(interrupted_) << "; stopped "
                 << n_ << " ranks\n";
@@ -269,22 +329,28 @@ class Launcher {
 
  private:
   // Starts rank r; returns a message when the program cannot be executed at all.
-  std::optional<std::string> start(int r, const std::string& store_dir) {
+  [[nodiscard]] int global_rank(int local) const { return job_.node_rank * n_ + local; }
+
+  std::optional<std::string> start(int local, const std::string& store) {
+    const int r = global_rank(local);
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view kv(*e);
       if (kv.starts_with("COMMGRID_RANK=") || kv.starts_with("COMMGRID_WORLD_SIZE=") ||
           kv.starts_with("COMMGRID_STORE=") || kv.starts_with("COMMGRID_LOCAL_RANK=") ||
-          kv.starts_with("COMMGRID_LOCAL_WORLD_SIZE=") ||
+          kv.starts_with("COMMGRID_LOCAL_WORLD_SIZE=") || kv.starts_with("COMMGRID_JOB_ID=") ||
+          kv.starts_with("COMMGRID_TOKEN=") ||
           (timeout_ && kv.starts_with("COMMGRID_TIMEOUT=")))
         continue;
       env_strings.emplace_back(kv);
     }
     env_strings.push_back("COMMGRID_RANK=" + std::to_string(r));
-    env_strings.push_back("COMMGRID_WORLD_SIZE=" + std::to_string(n_));
-    env_strings.push_back("COMMGRID_LOCAL_RANK=" + std::to_string(r));
+    env_strings.push_back("COMMGRID_WORLD_SIZE=" + std::to_string(n_ * job_.nnodes));
+    env_strings.push_back("COMMGRID_LOCAL_RANK=" + std::to_string(local));
     env_strings.push_back("COMMGRID_LOCAL_WORLD_SIZE=" + std::to_string(n_));
-    env_strings.push_back("COMMGRID_STORE=file://" + store_dir);
+    env_strings.push_back("COMMGRID_STORE=" + store);
+    env_strings.push_back("COMMGRID_JOB_ID=" + job_.job_id);
+    if (!job_.token.empty()) env_strings.push_back("COMMGRID_TOKEN=" + job_.token);
     if (timeout_) env_strings.push_back("COMMGRID_TIMEOUT=" + *timeout_);
     // Everything the child needs is prepared before fork: after it, only async-signal-safe
     // calls are allowed.
@@ -296,11 +362,15 @@ class Launcher {
 
     Pipe out = make_pipe(), err = make_pipe(), exec_status = make_pipe();
     Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    const pid_t launcher_pid = ::getpid();
     pid_t pid = ::fork();
     if (pid < 0) throw Error(std::string("launch: fork: ") + std::strerror(errno));
     if (pid == 0) {
       // Its own process group, so that stopping a rank stops what it started too.
       ::setpgid(0, 0);
+      // A launch killed by SIGKILL cannot stop its ranks; the kernel does it for it.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher_pid) ::_exit(127);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       sigemptyset(&dfl.sa_mask);
@@ -317,7 +387,7 @@ class Launcher {
     out.write.reset();
     err.write.reset();
     exec_status.write.reset();
-    Child& c = children_[static_cast<size_t>(r)];
+    Child& c = children_[static_cast<size_t>(local)];
     c.rank = r;
     c.pid = pid;
     c.running = true;
@@ -344,7 +414,21 @@ class Launcher {
 
   void stop_all(int sig) {
     for (auto& c : children_)
-      if (c.running) ::kill(-c.pid, sig);
+      if (c.running) {
+        ::kill(-c.pid, sig);
+        if (sig != SIGKILL && c.stopped) ::kill(-c.pid, SIGCONT);  // else TERM waits forever
+      }
+  }
+
+  // The ranks still running, each with "(stopped by SIGSTOP)" when it is.
+  std::string running_list() const {
+    std::string out;
+    for (const auto& c : children_)
+      if (c.running) {
+        out += (out.empty() ? "rank " : ", rank ") + std::to_string(c.rank);
+        if (c.stopped) out += " (stopped by " + signal_name(c.stop_signal) + ")";
+      }
+    return out;
   }
 
   void begin_stop() {
@@ -359,8 +443,20 @@ class Launcher {
     for (auto& c : children_) {
       if (!c.running) continue;
       int status = 0;
-      pid_t got = ::waitpid(c.pid, &status, block ? 0 : WNOHANG);
+      pid_t got = ::waitpid(c.pid, &status, block ? 0 : (WNOHANG | WUNTRACED | WCONTINUED));
       if (got != c.pid) continue;
+      if (WIFSTOPPED(status)) {
+        c.stopped = true;
+        c.stop_signal = WSTOPSIG(status);
+        std::cerr << ("launch: note: rank " + std::to_string(c.rank) + " was stopped by " +
+                      signal_name(c.stop_signal) + "\n")
+                  << std::flush;
+        continue;
+      }
+      if (WIFCONTINUED(status)) {
+        c.stopped = false;
+        continue;
+      }
       c.running = false;
       c.status = status;
       // Anything the rank started in its group goes with it.
@@ -409,6 +505,10 @@ class Launcher {
         return;
       }
       int wait_ms = 200;
+      if (job_deadline_ && !stopping_) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*job_deadline_ - Clock::now());
+        wait_ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 200));
+      }
       if (stopping_ && running) {
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now());
         wait_ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 200));
@@ -433,6 +533,11 @@ class Launcher {
         }
       }
       reap(false);
+      if (job_deadline_ && !stopping_ && any_running() && Clock::now() >= *job_deadline_) {
+        timed_out_ = true;
+        still_running_ = running_list();
+        begin_stop();
+      }
       if (stopping_ && any_running() && Clock::now() >= kill_at_) stop_all(SIGKILL);
     }
   }
@@ -458,7 +563,11 @@ class Launcher {
   int n_;
   std::optional<std::string> timeout_;
   double grace_;
+  JobSetup job_;
   std::vector<std::string> command_;
+  std::optional<Clock::time_point> job_deadline_;
+  bool timed_out_ = false;
+  std::string still_running_;
   std::vector<Child> children_;
   std::optional<std::string> failure_;
   std::vector<std::string> also_failed_;
@@ -473,18 +582,69 @@ Command add_launch_command(CLI::App& root) {
   auto args = std::make_shared<LaunchArgs>();
   CLI::App* app = root.add_subcommand(
       "launch",
-      "Start N processes of PROGRAM on this machine with COMMGRID_RANK, COMMGRID_WORLD_SIZE "
-      "and COMMGRID_STORE (a file store in a fresh temporary folder); prefix their output "
-      "with [rank i]; stop all if one fails");
-  app->add_option("-n,--nproc", args->nproc, "Number of processes (ranks), 1-1024")->required();
+      "Start N processes of PROGRAM on this machine with COMMGRID_RANK, COMMGRID_WORLD_SIZE, "
+      "COMMGRID_STORE, COMMGRID_JOB_ID and COMMGRID_TOKEN (alone: a file store in a fresh "
+      "temporary folder; with --nnodes or --master-port: the TCP store rank 0 serves); "
+      "prefix their output with [rank i]; stop all if one fails");
+  app->add_option("-n,--nproc,--nproc-per-node", args->nproc,
+                  "Number of processes (ranks) on this node, 1-1024")->required();
+  app->add_option("--nnodes", args->nnodes, "Number of nodes (launches) of the job (default 1)");
+  app->add_option("--node-rank", args->node_rank,
+                  "This node's index, 0 ... nnodes-1: its ranks are node_rank*n ... "
+                  "node_rank*n+n-1 (required with --nnodes > 1)");
+  app->add_option("--master-addr", args->master_addr,
+                  "Address of node 0, where rank 0 serves the TCP store (default 127.0.0.1)");
+  app->add_option("--master-port", args->master_port,
+                  "Port of the TCP store on node 0 (required with --nnodes > 1)");
   app->add_option("--timeout", args->timeout,
-                  "Timeout in seconds of every rendezvous and collective of the ranks "
-                  "(exported as COMMGRID_TIMEOUT; default: the ranks' own, 30 minutes)");
+                  "Seconds: bound of every rendezvous and collective of the ranks (exported as "
+                  "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)");
   app->add_option("--grace", args->grace,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)");
   app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();
   return {app, [args]() -> int {
             const auto n = parse_integer("-n", args->nproc, 1, kMaxRanks);
+            JobSetup job;
+            job.nnodes = static_cast<int>(parse_integer("--nnodes", args->nnodes, 1, kMaxRanks));
+            if (n * job.nnodes > kMaxRanks)
+              throw InvalidValueError("--nnodes", "launch: -n " + std::to_string(n) +
+                                                      " times --nnodes " +
+                                                      std::to_string(job.nnodes) +
+                                                      " exceeds " + std::to_string(kMaxRanks) +
+                                                      " ranks");
+            if (!args->node_rank.empty())
+              job.node_rank = static_cast<int>(
+                  parse_integer("--node-rank", args->node_rank, 0, job.nnodes - 1));
+            else if (job.nnodes > 1)
+              throw ConfigError("--node-rank", "launch: --nnodes " + std::to_string(job.nnodes) +
+                                                   " needs --node-rank (0 ... " +
+                                                   std::to_string(job.nnodes - 1) + ")");
+            if (!args->master_addr.empty()) job.master_addr = args->master_addr;
+            if (!args->master_port.empty())
+              job.master_port = static_cast<int>(parse_integer("--master-port", args->master_port, 1, 65535));
+            else if (job.nnodes > 1)
+              throw ConfigError("--master-port", "launch: --nnodes " + std::to_string(job.nnodes) +
+                                                     " needs --master-port (the TCP store of node 0)");
+            // The job's identity: the user's or scheduler's, else (one node) a fresh one.
+            // Several nodes must share it, so they cannot each make one up.
+            const char* id = std::getenv("COMMGRID_JOB_ID");
+            const char* token = std::getenv("COMMGRID_TOKEN");
+            if (id != nullptr && *id == '\0')
+              throw InvalidValueError("COMMGRID_JOB_ID", "COMMGRID_JOB_ID is set but empty");
+            if (token != nullptr && *token == '\0')
+              throw InvalidValueError("COMMGRID_TOKEN", "COMMGRID_TOKEN is set but empty");
+            if (job.nnodes > 1) {
+              job.job_id = id ? id : "launch-" + job.master_addr + "-" + std::to_string(job.master_port);
+              job.token = token ? token : "";
+              if (!token)
+                std::cerr << "launch: note: COMMGRID_TOKEN is not set: the ranks of this "
+                             "multi-node job do not authenticate each other (set the same "
+                             "COMMGRID_JOB_ID and COMMGRID_TOKEN on every node; see "
+                             "docs/security.md)\n" << std::flush;
+            } else {
+              job.job_id = id ? id : "launch-" + random_hex(8);
+              job.token = token ? token : random_hex(32);
+            }
             std::optional<std::string> timeout;
             if (!args->timeout.empty()) {
               parse_seconds("--timeout", args->timeout, false);
@@ -495,7 +655,7 @@ Command add_launch_command(CLI::App& root) {
               throw ConfigError("command", "launch: no program given (usage: commgrid launch "
                                            "-n N -- PROGRAM ARGS...)");
             std::cout.flush();
-            return Launcher(static_cast<int>(n), timeout, grace, args->command).run();
+            return Launcher(static_cast<int>(n), timeout, grace, job, args->command).run();
           }};
 }
 

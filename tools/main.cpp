@@ -19,6 +19,28 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// Empty values are errors like any other bad value: `--timeout ''` never means "default".
+// Positional arguments (a launched program's arguments) may be empty.
+void reject_empty_values(const CLI::App& app) {
+  for (const CLI::Option* o : app.get_options()) {
+    if (!o->nonpositional() || o->get_type_size() == 0 || o->count() == 0) continue;
+    for (const std::string& v : o->results())
+      if (v.empty())
+        throw commgrid::InvalidValueError(
+            o->get_name(), app.get_name() + ": " + o->get_name() +
+                               " needs a value, got an empty one (omit the flag for the default)");
+  }
+  for (const CLI::App* sub : app.get_subcommands()) reject_empty_values(*sub);
+}
+
+// Each error is one line written with one write(2), so that a rank stopped right after it
+// (by launch, or by its own exit) never leaves half a line.
+void print_error(const std::string& text) {
+  std::string line = "error: " + one_line(text) + "\n";
+  std::cout.flush();
+  std::cerr << line << std::flush;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,6 +67,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     app.parse(argc, argv);
+    reject_empty_values(app);
     for (auto& c : commands)
       if (c.app->parsed()) return c.run();
     std::cerr << "error: no subcommand given\n";
@@ -52,16 +75,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help and friends: CLI11 prints, exit 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return 2;
   } catch (const ConfigError& e) {
-    std::cerr << "error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return 2;
   } catch (const Error& e) {
-    std::cerr << "error: " << one_line(e.what()) << "\n";
+    print_error(e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "error: internal: " << one_line(e.what()) << "\n";
+    print_error(std::string("internal: ") + e.what());
     return 1;
   }
 }

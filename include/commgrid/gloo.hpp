@@ -17,8 +17,9 @@ struct GlooOptions {
   /// Timeout of every rendezvous and every collective of the world and of every group
   /// created from it.
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  /// The address this rank listens on, as a name or a numeric address. Empty: 127.0.0.1
-  /// for memory and file stores (one machine), this machine's host name for Redis.
+  /// The address this rank listens on, as a name or a numeric address. Empty: the local
+  /// address of the store's connection (Store::local_address: 127.0.0.1 for memory and
+  /// file stores; for Redis and TCP stores the interface that reaches the store).
   std::string hostname;
   /// Key prefix of this world in the store. Two worlds in one store need two prefixes.
   std::string prefix = "world";
@@ -49,9 +50,9 @@ WorldEnv read_world_env();
 /// (commgrid launch, or a user's own script exporting the variables).
 bool world_env_present();
 
-/// Creates the world from the environment (read_world_env + open_store + make_gloo_world).
-/// COMMGRID_TIMEOUT, when set, overrides options.timeout; COMMGRID_GLOO_HOSTNAME, when set,
-/// overrides options.hostname.
+/// Creates the world from the environment: the same as make_world() in
+/// <commgrid/world.hpp> (any launcher, the job id and token). COMMGRID_TIMEOUT, when set,
+/// overrides options.timeout; COMMGRID_GLOO_HOSTNAME, when set, overrides options.hostname.
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options = {});
 
 }  // namespace commgrid

@@ -48,8 +48,13 @@ class Store {
   /// Whether abort() was called.
   [[nodiscard]] bool aborted() const noexcept;
 
-  /// "memory", "file:///path" or "redis://host:port/prefix": where the store is.
+  /// "memory", "file:///path" or "redis://host:port/prefix": where the store is. Never
+  /// contains a password.
   [[nodiscard]] virtual std::string uri() const = 0;
+  /// The address of this machine on the network the store is reached through (the local end
+  /// of its connection): the interface a rank's listeners bind to. "127.0.0.1" for the
+  /// memory and file stores, which join ranks of one machine.
+  [[nodiscard]] virtual std::string local_address() const;
 
  protected:
   Store();
@@ -64,20 +69,60 @@ class Store {
   std::unique_ptr<State> state_;
 };
 
+/// Another job already uses the store's folder, key prefix or port: jobs never merge.
+class JobConflictError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// The store or a peer did not prove the job's token (a stranger, or a rank of another job).
+class AuthenticationError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// Which job a store is opened for, and with what secret.
+struct StoreOptions {
+  /// The job's id: a file store folder, a Redis prefix or a TCP store port holds one job;
+  /// a second job there fails at once with JobConflictError. No '/', spaces or newlines.
+  std::string job_id = "default";
+  /// The job's secret (empty: none). The file store records a keyed hash of it; the TCP
+  /// store answers a challenge with it; it never appears in a message.
+  std::string token;
+  /// Bound on connecting to the store (and, for a TCP store's clients, on each request).
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  /// tcp:// only: this process serves the store (rank 0, MASTER_ADDR:MASTER_PORT).
+  bool serve = false;
+};
+
 /// An in-memory store (Gloo's HashStore) for ranks that are threads of one process.
 std::shared_ptr<Store> make_memory_store();
 /// A store in a folder (Gloo's FileStore) for processes of one machine or a shared file
 /// system. The folder must exist; use a fresh, empty one per job.
-std::shared_ptr<Store> make_file_store(const std::string& folder);
+/// The folder is claimed for options.job_id (a 0600 file "commgrid-job" holding the id and
+/// a keyed hash of the token); key files are 0600.
+std::shared_ptr<Store> make_file_store(const std::string& folder,
+                                       const StoreOptions& options = {});
 /// A Redis store (Gloo's RedisStore) for machines that share nothing but the network.
 /// Keys are prefixed with `prefix` so that jobs sharing one server do not collide: give
 /// every job its own prefix. Connecting times out after 5 seconds (TimeoutError).
 std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
                                         const std::string& prefix = "commgrid");
+/// As above, sending `password` with AUTH (empty: none; AuthenticationError when refused;
+/// never shown) and claiming the prefix for options.job_id (JobConflictError when another
+/// job holds it).
+std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
+                                        const std::string& prefix, const std::string& password,
+                                        const StoreOptions& options);
 
-/// Opens a store from its URI: `file:///absolute/folder`, `redis://host:port` or
-/// `redis://host:port/prefix`, or `memory` (only useful within one process). Throws
-/// ConfigError (parameter "store") for anything else, naming the text and the accepted forms.
-std::shared_ptr<Store> open_store(std::string_view uri);
+/// Opens a store from its URI: `file:///absolute/folder`, `redis://[:password@]host:port[/prefix]`,
+/// `tcp://host:port` (served by the process with options.serve) or `memory` (only useful
+/// within one process). Throws ConfigError (parameter "store") for anything else, naming
+/// the text (without a password) and the accepted forms.
+std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& options = {});
+
+/// options.token in hex, keyed-hashed (HMAC-SHA256) with `context`: what a store or a peer
+/// may learn about the token without learning it. Empty when the token is empty.
+std::string token_proof(const std::string& token, const std::string& context);
 
 }  // namespace commgrid

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "commgrid/gloo.hpp"
+#include "commgrid/world.hpp"
 
 namespace commgrid {
 namespace {
@@ -67,10 +68,8 @@ WorldEnv read_world_env() {
 }
 
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
-  WorldEnv e = read_world_env();
-  if (e.timeout) options.timeout = *e.timeout;
-  if (auto h = env("COMMGRID_GLOO_HOSTNAME"); h && !h->empty()) options.hostname = *h;
-  return make_gloo_world(open_store(e.store), e.rank, e.size, options);
+  // One way to start a world: the launcher, the job id and token, the store's interface.
+  return make_world(std::move(options));
 }
 
 }  // namespace commgrid

@@ -23,6 +23,7 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 
 #include "commgrid/gloo.hpp"
@@ -918,12 +919,54 @@ bool GlooP2PWork::done() const {
   return true;
 }
 
-std::string default_hostname(const commgrid::Store& store) {
-  if (store.uri().rfind("redis://", 0) != 0) return "127.0.0.1";
-  // Redis joins machines that share nothing, so peers must reach this one by its name.
-  std::array<char, HOST_NAME_MAX + 1> buf{};
-  if (gethostname(buf.data(), buf.size() - 1) != 0 || buf[0] == '\0') return "127.0.0.1";
-  return buf.data();
+// Listeners bind only to the interface the job uses: the local end of this rank's
+// connection to the store (127.0.0.1 for the memory and file stores).
+std::string default_hostname(const commgrid::Store& store) { return store.local_address(); }
+
+// Every rank records the world size it was given before Gloo exchanges addresses (whose
+// layout depends on the size), so that a mismatch is named instead of failing inside Gloo.
+void check_world_size(commgrid::Store& store, const std::string& prefix, int rank, int size,
+                      Ms timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto key = [&](int r) { return prefix + "/size/" + std::to_string(r); };
+  const std::string mine = std::to_string(size);
+  guard("create world", "world", [&] { store.set(key(rank), std::span<const char>(mine.data(), mine.size())); });
+  std::vector<int> pending;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) pending.push_back(r);
+  auto pause = Ms(1);
+  while (!pending.empty()) {
+    if (store.aborted()) (void)store.wait_for({}, Ms(0));  // throws AbortedError
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (!store.has(key(*it))) {
+        ++it;
+        continue;
+      }
+      const std::vector<char> v = store.get(key(*it));
+      const std::string theirs(v.begin(), v.end());
+      if (theirs != mine) {
+        // Name rank 0's view first when it is involved: it is the one launchers agree on.
+        const bool zero_first = *it == 0;
+        throw IncompatibleError(
+            "world_size", "gloo create world: rank " + std::to_string(zero_first ? rank : *it) +
+                              " says world size " + (zero_first ? mine : theirs) + ", rank " +
+                              std::to_string(zero_first ? 0 : rank) + " says " +
+                              (zero_first ? theirs : mine));
+      }
+      it = pending.erase(it);
+    }
+    if (pending.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::vector<int> global(pending);
+      throw TimeoutError("gloo create world on world: timed out after " + seconds_text(timeout) +
+                         " waiting for " + (pending.size() == 1 ? "rank " : "ranks ") +
+                         join_ints(pending) + " (global " + join_ints(global) + ") of " +
+                         std::to_string(size) + " to arrive (store " + store.uri() + ", keys " +
+                         prefix + "/*)");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, Ms(20));
+  }
 }
 
 }  // namespace
@@ -952,6 +995,7 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
         "hostname " + attr.hostname);
   std::vector<int> global(static_cast<size_t>(size));
   std::iota(global.begin(), global.end(), 0);
+  check_world_size(*shared->store, options.prefix, rank, size, options.timeout);
   auto ctx = connect_group(*shared, options.prefix, rank, global, "create world", "world",
                            options.timeout);
   return std::make_unique<GlooCommunicator>("world", shared, std::move(ctx), std::move(global),

@@ -7,9 +7,14 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/rendezvous/redis_store.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,10 +24,13 @@
 #include <atomic>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "gloo_errors.hpp"
+#include "tcp_store.hpp"
 
 namespace commgrid {
 
@@ -88,6 +96,25 @@ void Store::abort(const std::string& reason) {
 
 bool Store::aborted() const noexcept { return state_->aborted.load(); }
 
+std::string Store::local_address() const { return "127.0.0.1"; }
+
+std::string token_proof(const std::string& token, const std::string& context) {
+  if (token.empty()) return "";
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+           reinterpret_cast<const unsigned char*>(context.data()), context.size(), mac,
+           &len) == nullptr)
+    throw BackendError("token proof: OpenSSL HMAC-SHA256 failed");
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out += kHex[mac[i] >> 4];
+    out += kHex[mac[i] & 15];
+  }
+  return out;
+}
+
 namespace {
 
 // Gloo's stores do not all offer a non-blocking check; these subclasses expose one through
@@ -104,6 +131,11 @@ class CheckableFileStore : public ::gloo::rendezvous::FileStore {
  public:
   using FileStore::FileStore;
   bool has(const std::string& key) { return check({key}); }
+  // Gloo writes with the process umask; a key (a rank's address) is the job's business only.
+  void set(const std::string& key, const std::vector<char>& data) override {
+    FileStore::set(key, data);
+    ::chmod(objectPath(key).c_str(), 0600);
+  }
 };
 
 // A commgrid Store over one of Gloo's stores (S), named by `uri`.
@@ -129,13 +161,34 @@ class GlooBackedStore final : public Store {
 using MemoryStore = GlooBackedStore<CheckableHashStore>;
 using FileStore = GlooBackedStore<CheckableFileStore>;
 
+// Gloo's RedisStore with AUTH on its connection (Gloo's constructor sends none).
+class AuthRedisStore : public ::gloo::rendezvous::RedisStore {
+ public:
+  AuthRedisStore(const std::string& host, int port, const std::string& password)
+      : RedisStore(host, port) {
+    if (password.empty()) return;
+    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "AUTH %b", password.data(),
+                                                        password.size()));
+    const bool ok = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
+    std::string why = reply == nullptr ? std::string("no reply")
+                      : reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
+                                                         : std::string("unexpected reply");
+    if (reply != nullptr) freeReplyObject(reply);
+    // The reply names no password; it is still cut at the first space-free word to be safe.
+    if (!ok) throw AuthenticationError("redis AUTH refused: " + why);
+  }
+};
+
 class RedisStore final : public Store {
  public:
-  RedisStore(const std::string& host, int port, std::string prefix)
-      : host_(host), port_(port), prefix_(std::move(prefix)), store_(host, port) {}
+  RedisStore(const std::string& host, int port, std::string prefix, const std::string& password,
+             std::string local)
+      : host_(host), port_(port), prefix_(std::move(prefix)), local_(std::move(local)),
+        store_(host, port, password) {}
   std::string uri() const override {
     return "redis://" + host_ + ":" + std::to_string(port_) + "/" + prefix_;
   }
+  std::string local_address() const override { return local_; }
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& value) override {
@@ -149,13 +202,14 @@ class RedisStore final : public Store {
   std::string host_;
   int port_;
   std::string prefix_;
-  ::gloo::rendezvous::RedisStore store_;
+  std::string local_;
+  AuthRedisStore store_;
 };
 
 // Gloo's RedisStore leaks its connection when the connection fails in its constructor, and
 // waits 2 s without saying whether the host or the port was wrong; probing first gives a
 // clean error with the reason. Returns "" when a TCP connection could be made.
-std::string probe_tcp(const std::string& host, int port, int timeout_ms) {
+std::string probe_tcp(const std::string& host, int port, int timeout_ms, std::string* local) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -172,7 +226,11 @@ std::string probe_tcp(const std::string& host, int port, int timeout_ms) {
       continue;
     }
     std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* f) { close(*f); });
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return "";
+    auto local_end = [&] {
+      if (local != nullptr) *local = gloo_backend::socket_local_address(fd);
+      return std::string();
+    };
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return local_end();
     if (errno != EINPROGRESS) {
       last = std::strerror(errno);
       continue;
@@ -186,26 +244,94 @@ std::string probe_tcp(const std::string& host, int port, int timeout_ms) {
     int err = 0;
     socklen_t len = sizeof(err);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (ready > 0 && err == 0) return "";
+    if (ready > 0 && err == 0) return local_end();
     last = std::strerror(err != 0 ? err : errno);
   }
   return last;
 }
 
+// The URI as it may be shown: a Redis password is replaced by "***".
+std::string shown_uri(std::string_view uri) {
+  std::string out(uri);
+  if (!out.starts_with("redis://")) return out;
+  const size_t at = out.find('@');
+  if (at == std::string::npos) return out;
+  return "redis://***@" + out.substr(at + 1);
+}
+
 [[noreturn]] void bad_uri(std::string_view uri, const std::string& why) {
-  throw ConfigError("store", "store '" + std::string(uri) + "': " + why +
-                                 " (expected file:///absolute/folder, redis://host:port[/prefix]"
-                                 " or memory)");
+  throw ConfigError("store", "store '" + shown_uri(uri) + "': " + why +
+                                 " (expected file:///absolute/folder, "
+                                 "redis://[:password@]host:port[/prefix], tcp://host:port or "
+                                 "memory)");
+}
+
+// The claim record of a job: its id and a keyed hash of its token, so that a second job
+// (another id, or the same id with another token) is told apart without the token.
+std::string claim_text(const StoreOptions& o) {
+  return o.job_id + "\n" + token_proof(o.token, "commgrid store claim " + o.job_id) + "\n";
+}
+
+[[noreturn]] void conflict(const std::string& where, const std::string& found,
+                           const StoreOptions& o) {
+  const std::string other = found.substr(0, found.find('\n'));
+  if (other == o.job_id)
+    throw JobConflictError("store " + where + " is in use by another job with the id '" +
+                           other + "' and a different token: give each job its own store");
+  throw JobConflictError("store " + where + " is in use by job '" + other + "' (this is job '" +
+                         o.job_id + "'): give each job its own store");
+}
+
+// Claims a Redis prefix (or any store whose set refuses an existing key) for the job.
+void claim_store(Store& store, const StoreOptions& o) {
+  const std::string key = "commgrid-job";
+  const std::string mine = claim_text(o);
+  if (!store.has(key)) {
+    try {
+      store.set(key, std::span<const char>(mine.data(), mine.size()));
+      return;
+    } catch (const BackendError&) {
+      // Another rank (or job) set it first: compare below.
+    }
+  }
+  const std::vector<char> got = store.get(key);
+  const std::string found(got.begin(), got.end());
+  if (found != mine) conflict(store.uri(), found, o);
+}
+
+// Claims a file store folder: the record is written to a private file and linked into
+// place, which fails if a claim exists (rename would replace it).
+void claim_folder(const std::string& folder, const StoreOptions& o) {
+  const std::string path = folder + "/commgrid-job";
+  const std::string mine = claim_text(o);
+  std::string tmp = folder + "/.commgrid-job-XXXXXX";
+  int fd = ::mkstemp(tmp.data());  // 0600
+  if (fd < 0)
+    throw BackendError("file store " + folder + ": cannot write a claim: " + std::strerror(errno));
+  const bool written = ::write(fd, mine.data(), mine.size()) == static_cast<ssize_t>(mine.size());
+  ::close(fd);
+  const int linked = written ? ::link(tmp.c_str(), path.c_str()) : -1;
+  const int link_errno = errno;
+  ::unlink(tmp.c_str());
+  if (!written)
+    throw BackendError("file store " + folder + ": cannot write a claim");
+  if (linked == 0) return;
+  if (link_errno != EEXIST)
+    throw BackendError("file store " + folder + ": cannot claim: " + std::strerror(link_errno));
+  std::ifstream in(path, std::ios::binary);
+  std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (found != mine) conflict("file://" + folder, found, o);
 }
 
 }  // namespace
 
 std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>("memory"); }
 
-std::shared_ptr<Store> make_file_store(const std::string& folder) {
+std::shared_ptr<Store> make_file_store(const std::string& folder, const StoreOptions& options) {
   std::error_code ec;
   if (!std::filesystem::is_directory(folder, ec))
     throw ConfigError("store", "file store '" + folder + "': not an existing folder");
+  claim_folder(folder, options);
   std::shared_ptr<Store> out;
   gloo_backend::guard("store open", "file://" + folder,
                       [&] { out = std::make_shared<FileStore>("file://" + folder, folder); });
@@ -214,12 +340,19 @@ std::shared_ptr<Store> make_file_store(const std::string& folder) {
 
 std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
                                         const std::string& prefix) {
+  return make_redis_store(host, port, prefix, "", StoreOptions{});
+}
+
+std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
+                                        const std::string& prefix, const std::string& password,
+                                        const StoreOptions& options) {
   if (host.empty()) throw ConfigError("store", "redis store: empty host name");
   if (port < 1 || port > 65535)
     throw ConfigError("store", "redis store: port must be in [1, 65535], got " +
                                    std::to_string(port));
   const std::string where = "redis://" + host + ":" + std::to_string(port);
-  if (std::string why = probe_tcp(host, port, 5000); !why.empty()) {
+  std::string local;
+  if (std::string why = probe_tcp(host, port, 5000, &local); !why.empty()) {
     if (why.find("timed out") != std::string::npos)
       throw TimeoutError("gloo store connect on " + where + ": " + why);
     throw BackendError("gloo store connect on " + where + ": " + why);
@@ -227,21 +360,56 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
   std::shared_ptr<Store> out;
   gloo_backend::guard("store connect",
                       "redis://" + host + ":" + std::to_string(port),
-                      [&] { out = std::make_shared<RedisStore>(host, port, prefix); });
+                      [&] {
+                        out = std::make_shared<RedisStore>(host, port, prefix, password, local);
+                      });
+  claim_store(*out, options);
   return out;
 }
 
-std::shared_ptr<Store> open_store(std::string_view uri) {
+std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& options) {
   constexpr std::string_view kFile = "file://";
   constexpr std::string_view kRedis = "redis://";
+  constexpr std::string_view kTcp = "tcp://";
   if (uri == "memory") return make_memory_store();
   if (uri.starts_with(kFile)) {
     std::string path(uri.substr(kFile.size()));
     if (path.empty() || path.front() != '/') bad_uri(uri, "the folder must be an absolute path");
-    return make_file_store(path);
+    return make_file_store(path, options);
+  }
+  if (uri.starts_with(kTcp)) {
+    std::string_view rest = uri.substr(kTcp.size());
+    const auto colon = rest.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) bad_uri(uri, "expected host:port");
+    std::string_view port_text = rest.substr(colon + 1);
+    int port = 0;
+    auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 ||
+        port > 65535)
+      bad_uri(uri, "port '" + std::string(port_text) + "' is not a number in [1, 65535]");
+    std::string host(rest.substr(0, colon));
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
+    return gloo_backend::make_tcp_store(host, port, options);
   }
   if (uri.starts_with(kRedis)) {
     std::string_view rest = uri.substr(kRedis.size());
+    // redis://[user]:password@host... : the password is used, never shown.
+    std::string password;
+    if (auto at = rest.find('@'); at != std::string_view::npos) {
+      std::string_view cred = rest.substr(0, at);
+      const auto c = cred.find(':');
+      password = std::string(c == std::string_view::npos ? cred : cred.substr(c + 1));
+      if (password.empty()) bad_uri(uri, "empty password before '@'");
+      rest = rest.substr(at + 1);
+    }
+    if (password.empty())
+      if (const char* p = std::getenv("COMMGRID_REDIS_PASSWORD"); p != nullptr) {
+        if (*p == '\0')
+          throw InvalidValueError("COMMGRID_REDIS_PASSWORD",
+                                  "COMMGRID_REDIS_PASSWORD is set but empty");
+        password = p;
+      }
     std::string prefix = "commgrid";
     if (auto slash = rest.find('/'); slash != std::string_view::npos) {
       prefix = std::string(rest.substr(slash + 1));
@@ -256,7 +424,7 @@ std::shared_ptr<Store> open_store(std::string_view uri) {
     if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 ||
         port > 65535)
       bad_uri(uri, "port '" + std::string(port_text) + "' is not a number in [1, 65535]");
-    return make_redis_store(std::string(rest.substr(0, colon)), port, prefix);
+    return make_redis_store(std::string(rest.substr(0, colon)), port, prefix, password, options);
   }
   bad_uri(uri, "unknown scheme");
 }

@@ -170,7 +170,7 @@ TEST(GlooEnv, MissingOrMalformedVariablesAreNamed) {
 }
 
 TEST(GlooEnv, StoreUrisAreParsedStrictly) {
-  for (const char* bad : {"", "tcp://x:1", "file://relative", "redis://host", "redis://:1",
+  for (const char* bad : {"", "tcp://x", "tcp://:5", "tcp://h:0", "redis://:@h:1", "file://relative", "redis://host", "redis://:1",
                           "redis://h:0", "redis://h:99999", "redis://h:12x", "redis://h:1/"}) {
     try {
       open_store(bad);

@@ -1,0 +1,67 @@
+// Starting a world from whichever launcher started this process: commgrid launch, torchrun,
+// SLURM's srun, Open MPI's mpirun or MPICH/Hydra. Link commgrid::gloo.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commgrid/communicator.hpp"
+#include "commgrid/gloo.hpp"
+
+namespace commgrid {
+
+/// Where this process stands in its job, as its launcher described it.
+struct LaunchInfo {
+  /// The launcher whose variables gave rank and size, with the variables' names, e.g.
+  /// "torchrun (RANK, WORLD_SIZE)".
+  std::string launcher;
+  int rank = 0;        ///< 0 ... size-1
+  int size = 1;        ///< >= 1
+  int local_rank = 0;  ///< this process's index on its machine (a GPU job's device)
+  /// Processes of this job on this machine; 0 when the launcher does not say.
+  int local_size = 0;
+  /// The rendezvous store's URL: COMMGRID_STORE, else tcp://MASTER_ADDR:MASTER_PORT.
+  std::string store;
+  /// COMMGRID_JOB_ID, else the launcher's job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID), else
+  /// "default". Every store key of the job lives under it.
+  std::string job_id;
+  /// COMMGRID_TOKEN: the job's secret, proven to the store and to every peer. Empty: the
+  /// job is not authenticated (see docs/security.md).
+  std::string token;
+  /// COMMGRID_TIMEOUT in seconds, when set.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// A variable lookup (name -> value, nullopt when unset); tests pass their own.
+using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
+
+/// Reads the launcher's variables, in this order (the first launcher found gives the
+/// world): commgrid launch (COMMGRID_RANK, COMMGRID_WORLD_SIZE, COMMGRID_LOCAL_RANK,
+/// COMMGRID_LOCAL_WORLD_SIZE), torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE),
+/// SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE), Open MPI
+/// (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE), Hydra (PMI_RANK, PMI_SIZE,
+/// MPI_LOCALRANKID, MPI_LOCALNRANKS). A later launcher that is also present must agree:
+/// either the same rank and size, or be the outer launcher of a per-node job (its rank is
+/// the node index rank / local_size and its size the number of nodes, as srun starting
+/// one torchrun per node); otherwise ConfigError names both. Throws ConfigError for an
+/// empty, malformed or out-of-range value, or when no launcher is found.
+LaunchInfo read_launch_info(const EnvLookup& lookup);
+/// read_launch_info over this process's environment.
+LaunchInfo read_launch_info();
+
+/// Whether any known launcher's rank variable is set.
+bool launched(const EnvLookup& lookup);
+/// launched over this process's environment.
+bool launched();
+
+/// Creates the world of this process from its launcher: read_launch_info, the store from
+/// its URL under the job id with the job's token, and a Gloo world. COMMGRID_TIMEOUT
+/// overrides options.timeout and COMMGRID_GLOO_HOSTNAME options.hostname. A tcp:// store
+/// is served by rank 0 (it listens on MASTER_PORT) and rank 0's Gloo listens on the
+/// store's interface.
+std::unique_ptr<Communicator> make_world(GlooOptions options = {});
+
+}  // namespace commgrid

@@ -1,0 +1,319 @@
+// Starting a world from any launcher's variables, the TCP store (served by rank 0, proven
+// by the job's token), job identity in the file store, and mismatched world sizes.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "commgrid/world.hpp"
+#include "gloo_test_util.hpp"
+
+namespace commgrid::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Vars = std::map<std::string, std::string>;
+
+EnvLookup lookup_in(const Vars& vars) {
+  return [vars](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string launch_error(const Vars& vars) {
+  try {
+    (void)read_launch_info(lookup_in(vars));
+  } catch (const ConfigError& e) {
+    return e.parameter() + ": " + e.what();
+  }
+  return "no error";
+}
+
+const Vars kStore = {{"COMMGRID_STORE", "memory"}};
+
+Vars with_store(Vars v) {
+  v.insert(kStore.begin(), kStore.end());
+  return v;
+}
+
+TEST(LaunchInfo, EachLauncherIsReadWithItsLocalRank) {
+  struct Case {
+    Vars vars;
+    std::string launcher;
+    int rank, size, local_rank, local_size;
+  };
+  const std::vector<Case> cases = {
+      {{{"COMMGRID_RANK", "3"}, {"COMMGRID_WORLD_SIZE", "8"}, {"COMMGRID_LOCAL_RANK", "1"},
+        {"COMMGRID_LOCAL_WORLD_SIZE", "2"}},
+       "commgrid launch (COMMGRID_RANK, COMMGRID_WORLD_SIZE)", 3, 8, 1, 2},
+      {{{"RANK", "5"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"}},
+       "torchrun (RANK, WORLD_SIZE)", 5, 6, 2, 3},
+      {{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+        {"SLURM_NTASKS_PER_NODE", "2(x2)"}},
+       "SLURM (SLURM_PROCID, SLURM_NTASKS)", 1, 4, 1, 0},
+      {{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+       "Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)", 2, 4, 0, 2},
+      {{{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}, "Hydra (PMI_RANK, PMI_SIZE)", 1, 2, 0, 0},
+  };
+  for (const auto& c : cases) {
+    const LaunchInfo i = read_launch_info(lookup_in(with_store(c.vars)));
+    EXPECT_EQ(i.launcher, c.launcher);
+    EXPECT_EQ(i.rank, c.rank) << c.launcher;
+    EXPECT_EQ(i.size, c.size) << c.launcher;
+    EXPECT_EQ(i.local_rank, c.local_rank) << c.launcher;
+    EXPECT_EQ(i.local_size, c.local_size) << c.launcher;
+    EXPECT_EQ(i.store, "memory");
+    EXPECT_EQ(i.job_id, "default");
+    EXPECT_EQ(i.token, "");
+  }
+}
+
+TEST(LaunchInfo, TorchrunsMasterAddressIsTheTcpStoreAndSchedulersNameTheJob) {
+  const LaunchInfo t = read_launch_info(lookup_in(
+      {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"},
+       {"TORCHELASTIC_RUN_ID", "abc"}, {"COMMGRID_TOKEN", "s3cret"}, {"COMMGRID_TIMEOUT", "1.5"}}));
+  EXPECT_EQ(t.store, "tcp://10.1.2.3:29500");
+  EXPECT_EQ(t.job_id, "torchrun-abc");
+  EXPECT_EQ(t.token, "s3cret");
+  EXPECT_EQ(t.timeout, 1500ms);
+  const LaunchInfo s = read_launch_info(lookup_in(with_store(
+      {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "2"}})));
+  EXPECT_EQ(s.job_id, "slurm-77.2");
+  // The user's id wins over the scheduler's.
+  EXPECT_EQ(read_launch_info(lookup_in(with_store({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"},
+                                                   {"SLURM_JOB_ID", "77"}, {"COMMGRID_JOB_ID", "mine"}})))
+                .job_id,
+            "mine");
+}
+
+TEST(LaunchInfo, DisagreeingLaunchersAreNamedBothAndNestedOnesAgree) {
+  EXPECT_EQ(launch_error(with_store({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"SLURM_PROCID", "3"},
+                                     {"SLURM_NTASKS", "4"}})),
+            "launcher: launchers disagree: torchrun says rank 3 of 8 (RANK, WORLD_SIZE), SLURM "
+            "says rank 3 of 4 (SLURM_PROCID, SLURM_NTASKS)");
+  EXPECT_EQ(launch_error(with_store({{"COMMGRID_RANK", "1"}, {"COMMGRID_WORLD_SIZE", "2"},
+                                     {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})),
+            "launcher: launchers disagree: commgrid launch says rank 1 of 2 (COMMGRID_RANK, "
+            "COMMGRID_WORLD_SIZE), Open MPI says rank 0 of 2 (OMPI_COMM_WORLD_RANK, "
+            "OMPI_COMM_WORLD_SIZE)");
+  // srun starting one torchrun per node: SLURM counts nodes (rank 5 of 8, 4 per node, is on
+  // node 1 of 2), and srun's PMI variables for the same world agree too.
+  const LaunchInfo i = read_launch_info(lookup_in(with_store(
+      {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
+       {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "2"}})));
+  EXPECT_EQ(i.rank, 5);
+  EXPECT_EQ(i.local_rank, 1);
+}
+
+TEST(LaunchInfo, EmptyMissingAndMalformedValuesAreErrors) {
+  EXPECT_EQ(launch_error({}).substr(0, 30), "launcher: no launcher found: n");
+  EXPECT_EQ(launch_error(with_store({{"RANK", ""}, {"WORLD_SIZE", "2"}})),
+            "RANK: RANK is set but empty");
+  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}})),
+            "WORLD_SIZE: RANK is set but WORLD_SIZE is not (torchrun)");
+  EXPECT_EQ(launch_error(with_store({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
+            "RANK: RANK=2 is not below WORLD_SIZE=2");
+  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "x"}})),
+            "LOCAL_RANK: LOCAL_RANK='x' is not a whole decimal number");
+  EXPECT_EQ(launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}}).substr(0, 55),
+            "COMMGRID_STORE: no rendezvous store: torchrun started t");
+  EXPECT_EQ(launch_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"COMMGRID_STORE", ""}}),
+            "COMMGRID_STORE: COMMGRID_STORE is set but empty");
+  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_TOKEN", ""}})),
+            "COMMGRID_TOKEN: COMMGRID_TOKEN is set but empty");
+  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_TIMEOUT", ""}})),
+            "COMMGRID_TIMEOUT: COMMGRID_TIMEOUT='' is not a positive number of seconds");
+  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_JOB_ID", "a/b"}})),
+            "COMMGRID_JOB_ID: job id 'a/b' may not contain '/', spaces or newlines");
+}
+
+// ---- world size mismatch -------------------------------------------------------------
+
+TEST(GlooWorld, AMismatchedWorldSizeIsNamedNotAGlooAssertion) {
+  // Rank 0 believes in 8 ranks, ranks 1-3 in 4.
+  auto store = make_memory_store();
+  std::vector<std::string> errors(4);
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 4; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          make_gloo_world(store, r, r == 0 ? 8 : 4, test_options(3s));
+        } catch (const IncompatibleError& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = std::string("wrong type: ") + e.what();
+        }
+      });
+  }
+  EXPECT_NE(errors[3].find("rank 3 says world size 4, rank 0 says 8"), std::string::npos)
+      << errors[3];
+  EXPECT_NE(errors[0].find("says world size 4, rank 0 says 8"), std::string::npos) << errors[0];
+}
+
+// ---- the TCP store -------------------------------------------------------------------
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+StoreOptions job(const std::string& id, const std::string& token, bool serve,
+                 std::chrono::milliseconds timeout = 5s) {
+  StoreOptions o;
+  o.job_id = id;
+  o.token = token;
+  o.serve = serve;
+  o.timeout = timeout;
+  return o;
+}
+
+std::string tcp_uri(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+TEST(GlooTcpStore, RanksMeetThroughTheStoreRankZeroServes) {
+  const std::string uri = tcp_uri(free_port());
+  std::vector<std::string> errs(4);
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 4; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          auto store = open_store(uri, job("j1", "t0ken", r == 0));
+          EXPECT_EQ(store->local_address(), "127.0.0.1");
+          auto w = make_gloo_world(store, r, 4, test_options(20s));
+          std::int64_t v = w->rank(), out = 0;
+          w->allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
+          EXPECT_EQ(out, 6);
+          auto g = w->split(w->rank() % 2, w->rank(), "parity");
+          g->barrier()->wait();
+          w->barrier()->wait();  // rank 0's store serves until every rank is done with it
+        } catch (const std::exception& e) {
+          errs[static_cast<size_t>(r)] = e.what();
+        }
+      });
+  }
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+TEST(GlooTcpStore, AWrongTokenAnotherJobAndASecondServerFailAtOnce) {
+  const int port = free_port();
+  auto server = open_store(tcp_uri(port), job("j1", "right", true));
+  const std::string v = "value";
+  server->set("k", std::span<const char>(v.data(), v.size()));
+  auto client = open_store(tcp_uri(port), job("j1", "right", false));
+  EXPECT_TRUE(client->has("k"));
+  EXPECT_EQ(std::string(client->get("k").data(), 5), "value");
+  EXPECT_THROW(client->set("k", std::span<const char>(v.data(), v.size())), BackendError);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    open_store(tcp_uri(port), job("j1", "wrong", false));
+    ADD_FAILURE() << "a wrong token was accepted";
+  } catch (const AuthenticationError& e) {
+    EXPECT_NE(std::string(e.what()).find("another token"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("wrong"), std::string::npos) << "token shown";
+  }
+  EXPECT_THROW(open_store(tcp_uri(port), job("j1", "", false)), AuthenticationError);
+  try {
+    open_store(tcp_uri(port), job("j2", "right", false));
+    ADD_FAILURE() << "another job was accepted";
+  } catch (const JobConflictError& e) {
+    EXPECT_NE(std::string(e.what()).find("serves job 'j1' (this is job 'j2')"), std::string::npos)
+        << e.what();
+  }
+  try {
+    open_store(tcp_uri(port), job("j2", "other", true));
+    ADD_FAILURE() << "a second server on the port";
+  } catch (const JobConflictError& e) {
+    EXPECT_NE(std::string(e.what()).find("is in use"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << "refusals must be immediate";
+  // The first job's store still works.
+  EXPECT_TRUE(client->has("k"));
+}
+
+TEST(GlooTcpStore, StrangersAndGarbageDoNotHurtTheServer) {
+  const int port = free_port();
+  auto server = open_store(tcp_uri(port), job("j", "tok", true, 1s));
+  // Strangers: one sends garbage, one a huge frame length, one says nothing.
+  std::vector<int> fds;
+  for (const std::string& junk : {std::string(48, '\x7f'), std::string("\xff\xff\xff\xff", 4),
+                                  std::string()}) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    if (!junk.empty()) (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    fds.push_back(fd);
+  }
+  auto client = open_store(tcp_uri(port), job("j", "tok", false, 1s));
+  const std::string v((1 << 20) + 1, 'x');  // over the 1 MiB value limit
+  EXPECT_THROW(client->set("big", std::span<const char>(v.data(), v.size())), BackendError);
+  client->set("small", std::span<const char>(v.data(), 10));
+  EXPECT_TRUE(client->has("small"));
+  for (int fd : fds) ::close(fd);
+}
+
+TEST(GlooTcpStore, NoServerIsATimeoutWithinTheBound) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    open_store(tcp_uri(free_port()), job("j", "", false, 1s));
+    ADD_FAILURE() << "connected to nothing";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 serves it"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+// ---- the file store: one job per folder, private files -------------------------------
+
+TEST(GlooFileStore, ASecondJobOnTheFolderFailsAtOnceAndFilesArePrivate) {
+  std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-job-XXXXXX").string();
+  const std::string dir = ::mkdtemp(pattern.data());
+  {
+    auto first = open_store("file://" + dir, job("a", "ta", false));
+    const std::string v = "1";
+    first->set("key", std::span<const char>(v.data(), 1));
+    EXPECT_NO_THROW(open_store("file://" + dir, job("a", "ta", false)));  // same job: a rank
+    try {
+      open_store("file://" + dir, job("b", "tb", false));
+      ADD_FAILURE() << "a second job merged";
+    } catch (const JobConflictError& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by job 'a' (this is job 'b')"),
+                std::string::npos)
+          << e.what();
+    }
+    try {
+      open_store("file://" + dir, job("a", "other", false));
+      ADD_FAILURE() << "the same id with another token merged";
+    } catch (const JobConflictError& e) {
+      EXPECT_NE(std::string(e.what()).find("different token"), std::string::npos) << e.what();
+    }
+    for (const auto& f : std::filesystem::directory_iterator(dir)) {
+      struct stat st {};
+      ASSERT_EQ(::stat(f.path().c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0600u) << f.path();
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace commgrid::test
