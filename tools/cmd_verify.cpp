@@ -18,6 +18,9 @@
 #if COMMGRID_HAS_GLOO
 #include "verify_gloo.hpp"
 #endif
+#if COMMGRID_HAS_NCCL
+#include "verify_nccl.hpp"
+#endif
 
 namespace commgrid::cli {
 namespace {
@@ -50,13 +53,26 @@ int run_verify_command(const VerifyFlags& f) {
                         : std::chrono::seconds(parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
   if (!f.fault_rank.empty())
     opts.fault_rank = static_cast<int>(parse_integer("fault_rank", f.fault_rank, 0, INT32_MAX));
-  // Gloo when asked, or by default with --local or under a store launcher (COMMGRID_RANK,
-  // set by commgrid launch); MPI otherwise.
+  // Gloo when asked, or by default with --local or under a store launcher (COMMGRID_RANK
+  // from commgrid launch, torchrun's RANK, or a store named by COMMGRID_STORE or
+  // MASTER_ADDR); MPI otherwise.
+  const bool store_launcher = std::getenv("COMMGRID_RANK") || std::getenv("RANK") ||
+                              std::getenv("COMMGRID_STORE") || std::getenv("MASTER_ADDR");
   const std::string backend = !f.backend.empty() ? f.backend
-                              : (!f.local.empty() || std::getenv("COMMGRID_RANK")) ? "gloo"
-                                                                                  : "mpi";
-  if (backend != "mpi" && backend != "gloo")
-    throw InvalidValueError("backend", "backend: expected mpi or gloo, got '" + backend + "'");
+                              : (!f.local.empty() || store_launcher) ? "gloo"
+                                                                     : "mpi";
+  if (backend != "mpi" && backend != "gloo" && backend != "nccl")
+    throw InvalidValueError("backend", "backend: expected mpi, gloo or nccl, got '" + backend + "'");
+  if (backend == "nccl") {
+#if COMMGRID_HAS_NCCL
+    std::optional<int> local;
+    if (!f.local.empty()) local = static_cast<int>(parse_integer("local", f.local, 1, 1024));
+    return run_verify_nccl(f.layout, opts, timeout, local);
+#else
+    throw ConfigError("backend", "verify: this build of commgrid has no NCCL backend; install "
+                                 "CUDA and NCCL and rebuild with -DCOMMGRID_WITH_NCCL=ON");
+#endif
+  }
   if (backend == "mpi" && !f.local.empty())
     throw ConfigError("local", "local: --local runs ranks as threads and needs --backend gloo");
   if (backend == "gloo") {
@@ -96,7 +112,8 @@ int run_verify_command(const VerifyFlags& f) {
     } catch (const Error& e) {
       // Possibly seen by this rank alone (a timeout, a backend failure): end the job, or
       // the other ranks would wait for this one until their own timeout.
-      std::cerr << "error: rank " << rank << ": " << one_line(e.what()) << std::endl;
+      std::cerr << ("error: rank " + std::to_string(rank) + ": " + one_line(e.what()) + "\n")
+                << std::flush;  // one write: a line is never cut by the abort
       mpi::MpiEnvironment::abort(1);
     }
     if (rank == 0) {
@@ -129,7 +146,8 @@ Command add_verify_command(CLI::App& root) {
   app->add_option("--timeout", flags->timeout,
                   "seconds any rank waits for the others in one call (default 120)");
   app->add_option("--backend", flags->backend,
-                  "mpi (under mpirun) or gloo (--local N, or under commgrid launch); default: "
+                  "mpi (under mpirun), gloo (--local N, or under commgrid launch) or nccl "
+                  "(GPUs, one per rank: --local N, commgrid launch or mpirun); default: "
                   "gloo with --local or COMMGRID_RANK set, else mpi");
   app->add_option("--local", flags->local,
                   "run N ranks as threads of this process (Gloo, no launcher needed)");
@@ -137,6 +155,7 @@ Command add_verify_command(CLI::App& root) {
   app->add_option("--fault-rank", flags->fault_rank)->group("");
   app->footer("Example: mpirun -np 8 commgrid verify --tp 2 --pp 2 --cp 2\n"
               "         commgrid verify --backend gloo --local 8 --tp 2 --pp 2 --ep 2\n"
+              "         commgrid verify --backend nccl --local 8 --tp 2 --pp 2 (8 GPUs)\n"
               "Exit codes: 0 every group verified, 1 a check or the communication failed, "
               "2 bad input or ranks given different flags.");
   return {app, [flags] { return run_verify_command(*flags); }};

@@ -6,6 +6,7 @@
 #include "commgrid/gloo.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/local_ranks.hpp"
+#include "commgrid/world.hpp"
 
 namespace commgrid::cli {
 namespace {
@@ -14,22 +15,6 @@ std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   return s;
-}
-
-// Bad input is found before any communication: the same on every rank.
-ParallelConfig checked_config(const LayoutFlags& layout, const VerifyOptions& options, int size) {
-  ParallelConfig config = to_config(layout, size);
-  const Layout l(config);
-  for (GroupKind k : options.kinds)
-    if (!l.has_kind(k)) (void)l.num_groups(k);  // throws, saying why the kind is absent
-  return config;
-}
-
-int print_report(const VerifyReport& report) {
-  std::cout << format_verify_report(report) << std::flush;
-  for (const KindVerdict& v : report.kinds)
-    if (!v.passed) std::cerr << "error: verify failed: " << v.label << ": " << v.failure << "\n";
-  return report.passed() ? 0 : 1;
 }
 
 bool is_config_error(const std::exception_ptr& e) {
@@ -49,7 +34,7 @@ int run_verify_gloo(const LayoutFlags& layout, const VerifyOptions& options,
   GlooOptions gloo;
   gloo.timeout = timeout;
   if (local_ranks) {
-    const ParallelConfig config = checked_config(layout, options, *local_ranks);
+    const ParallelConfig config = checked_verify_config(layout, options, *local_ranks);
     std::mutex mutex;
     std::optional<VerifyReport> report;
     LocalRunResult run = run_local_ranks_collect(*local_ranks, [&](Communicator& world) {
@@ -63,13 +48,13 @@ int run_verify_gloo(const LayoutFlags& layout, const VerifyOptions& options,
       std::cerr << "error: " << one_line(run.first_failure) << "\n";
       return is_config_error(run.errors[static_cast<size_t>(run.first_failed_rank)]) ? 2 : 1;
     }
-    return print_report(*report);
+    return print_verify_report(*report);
   }
-  // One rank of a launched job: COMMGRID_* says which, and launch stops the others when
-  // this one fails.
-  const WorldEnv env = read_world_env();
-  const ParallelConfig config = checked_config(layout, options, env.size);
-  auto world = make_gloo_world_from_env(gloo);
+  // One rank of a launched job (commgrid launch, torchrun, srun, ...): the launcher says
+  // which, and launch stops the others when this one fails.
+  const LaunchInfo info = read_launch_info();
+  const ParallelConfig config = checked_verify_config(layout, options, info.size);
+  auto world = make_world(gloo);
   VerifyReport report;
   try {
     report = run_verify(*world, config, options);
@@ -77,10 +62,11 @@ int run_verify_gloo(const LayoutFlags& layout, const VerifyOptions& options,
     if (world->rank() == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
     return 2;
   } catch (const Error& e) {
-    std::cerr << "error: rank " << world->rank() << ": " << one_line(e.what()) << std::endl;
+    std::cerr << ("error: rank " + std::to_string(world->rank()) + ": " + one_line(e.what()) +
+                  "\n") << std::flush;  // one write: never cut mid-line
     return 1;
   }
-  if (world->rank() == 0) return print_report(report);
+  if (world->rank() == 0) return print_verify_report(report);
   return report.passed() ? 0 : 1;
 }
 

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <numeric>
 
 namespace commgrid::cli {
@@ -172,6 +173,22 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
     }
   }
   return report;
+}
+
+ParallelConfig checked_verify_config(const LayoutFlags& layout, const VerifyOptions& options,
+                                     int world_size) {
+  ParallelConfig config = to_config(layout, world_size);
+  const Layout l(config);
+  for (GroupKind k : options.kinds)
+    if (!l.has_kind(k)) (void)l.num_groups(k);  // throws, saying why the kind is absent
+  return config;
+}
+
+int print_verify_report(const VerifyReport& report) {
+  std::cout << format_verify_report(report) << std::flush;
+  for (const KindVerdict& v : report.kinds)
+    if (!v.passed) std::cerr << "error: verify failed: " << v.label << ": " << v.failure << "\n";
+  return report.passed() ? 0 : 1;
 }
 
 std::string format_verify_report(const VerifyReport& report) {

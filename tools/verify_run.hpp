@@ -12,6 +12,7 @@
 #include "commgrid/config.hpp"
 #include "commgrid/group_kind.hpp"
 #include "commgrid/process_groups.hpp"
+#include "layout_flags.hpp"
 
 namespace commgrid::cli {
 
@@ -64,5 +65,14 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
 
 /// The report as a table, then `verified K kinds, G groups on W ranks` (or the failures).
 std::string format_verify_report(const VerifyReport& report);
+
+/// The config of `layout` on `world_size` ranks, with every kind of `options` checked to
+/// exist: bad input is a ConfigError found before any communication, the same on every rank.
+ParallelConfig checked_verify_config(const LayoutFlags& layout, const VerifyOptions& options,
+                                     int world_size);
+
+/// Prints the report (stdout) and each failure (stderr, `error: verify failed: ...`);
+/// returns the exit code, 0 when every kind passed, else 1.
+int print_verify_report(const VerifyReport& report);
 
 }  // namespace commgrid::cli

@@ -1,0 +1,181 @@
+// The NCCL backend: commgrid's Communicator on GPUs, over NCCL communicators made from any
+// commgrid Communicator (an MPI or Gloo world) as bootstrap. Link commgrid::nccl.
+// No CUDA or NCCL header is included here: cudaStream_t is CUstream_st* and ncclComm_t is
+// ncclComm*, so this header (and <commgrid/commgrid.hpp>) compiles without CUDA's paths.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "commgrid/communicator.hpp"
+
+struct CUstream_st;  // cudaStream_t
+struct ncclComm;     // ncclComm_t
+
+namespace commgrid {
+
+/// How an NCCL world is made.
+struct NcclOptions {
+  /// This rank's CUDA device. nullopt: from the local rank (this rank's position among the
+  /// bootstrap's ranks on the same host, found by exchanging host names): device
+  /// `local rank`, or device 0 when the process sees exactly one device (one GPU per
+  /// process through CUDA_VISIBLE_DEVICES). Ranks of one host that would share a device
+  /// are an error on every rank: NCCL needs one GPU per rank.
+  std::optional<int> device;
+  /// Timeout of the world's creation and of every creation and operation on it and on the
+  /// groups made from it. nullopt: the bootstrap's timeout.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// The number of CUDA devices this process sees; 0 without a driver or a device.
+int cuda_device_count() noexcept;
+/// Empty when this process sees a CUDA device; otherwise why not, starting with
+/// "no CUDA device" ("no CUDA device (cudaGetDeviceCount: CUDA driver version is
+/// insufficient for CUDA runtime version)").
+std::string cuda_unavailable_reason();
+/// The version of the NCCL library linked at run time, e.g. "2.28.9".
+std::string nccl_version();
+
+/// A Communicator over an NCCL communicator on one CUDA device.
+///
+/// Buffers: device memory (cudaMalloc, cudaMallocManaged) is used in place and operations
+/// are enqueued on the communicator's stream; host memory is accepted too, staged through
+/// device memory (for small control data such as ProcessGroups' fingerprint and verify's
+/// checks): host inputs may be reused when the call returns, host outputs are written when
+/// wait() (or done() returning true) sees the operation complete.
+///
+/// Every operation returns a pending Work wrapping a CUDA event recorded after it (send and
+/// recv, blocking by the interface, wait before returning). wait() polls the event and the
+/// communicator's asynchronous NCCL error against the timeout taken when the operation was
+/// posted; on timeout it aborts the communicator (ncclCommAbort, as torch's NCCL watchdog
+/// does) and throws TimeoutError naming the operation, the group and its members. An NCCL
+/// error aborts the communicator too; after an abort every call throws BackendError saying
+/// that the communicator was aborted and why. Other communicators (the parent, other
+/// groups) are not affected.
+///
+/// NCCL has no tags: point-to-point messages between two ranks match in the order they
+/// were posted, whatever their tags (tags must still be >= 0).
+///
+/// Creation is nonblocking NCCL (config.blocking = 0) polled with ncclCommGetAsyncError
+/// against the timeout; on timeout the communicator being made (for split: the parent,
+/// whose abort also stops the child's initialization) is aborted and TimeoutError names the
+/// kind and group (the `name` argument), and the members. Not thread-safe: one thread uses
+/// one communicator at a time (it may differ between calls; each call selects the device).
+class NcclCommunicator final : public Communicator {
+ public:
+  struct State;  ///< the NCCL handle, stream and abort state, shared with pending Work
+  /// Finalizes and destroys the NCCL communicator once pending operations are done (bounded
+  /// by the timeout, then aborted). An aborted communicator has nothing left to free.
+  ~NcclCommunicator() override;
+
+  [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
+  [[nodiscard]] int rank() const noexcept override;
+  [[nodiscard]] int size() const noexcept override;
+
+  /// Also bounds the finalization of the NCCL communicator when it is destroyed.
+  void set_timeout(std::chrono::milliseconds timeout) override;
+
+  /// The CUDA device of this rank.
+  [[nodiscard]] int device() const noexcept;
+  /// The stream operations are enqueued on: the communicator's own (a blocking stream, so
+  /// work on the legacy default stream is ordered before it) unless set_stream chose one.
+  [[nodiscard]] CUstream_st* stream() const noexcept;
+  /// Enqueues later operations on `stream` (a stream of device()); nullptr: back to the
+  /// communicator's own stream. The caller keeps `stream` alive while operations on it are
+  /// pending.
+  void set_stream(CUstream_st* stream) noexcept;
+  /// The NCCL communicator, for calling NCCL directly; nullptr once aborted.
+  [[nodiscard]] ncclComm* native() const noexcept;
+  /// Whether the communicator was aborted (by a timeout, an NCCL error or abort()).
+  [[nodiscard]] bool aborted() const noexcept;
+  /// Why it was aborted; empty when it was not.
+  [[nodiscard]] std::string abort_reason() const;
+  /// Aborts the NCCL communicator (ncclCommAbort): operations in flight end, and every later
+  /// call throws BackendError naming `reason`. No-op when already aborted.
+  void abort(const std::string& reason) noexcept;
+
+  /// ncclCommSplit of this communicator: color = group index (nullopt: NCCL_SPLIT_NOCOLOR,
+  /// the rank gets nullptr), key orders the new group. Color must be in [0, 2^31), key must
+  /// fit an int. The members' global ranks are exchanged over the new group (one allgather).
+  std::unique_ptr<Communicator> split(std::optional<std::int64_t> color, std::int64_t key,
+                                      std::string name) override;
+  /// Only the members call it: the first member makes an ncclUniqueId and sends it to the
+  /// others through the bootstrap communicator (point to point, with the name's hash, so that
+  /// members disagreeing on the name fail instead of joining the wrong group), then the
+  /// members initialize (ncclCommInitRankConfig). The bootstrap must still be alive.
+  std::unique_ptr<Communicator> create_group(std::span<const int> members,
+                                             std::string name) override;
+  /// Collective over this whole group (Megatron's new_group): one allgather over this
+  /// communicator carries every rank's fingerprint of (members, name) and the first member's
+  /// ncclUniqueId; ranks that passed different arguments fail on every rank; then the members
+  /// initialize, the others get nullptr.
+  std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
+                                                        std::string name) override;
+
+  /// An allreduce of one int on a device buffer (NCCL has no barrier).
+  std::unique_ptr<Work> barrier() override;
+  std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
+                                  int root) override;
+  std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
+                                  DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
+                                  DataType type) override;
+  std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
+                                       DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
+                                 DataType type) override;
+  /// Grouped ncclSend/ncclRecv (ncclGroupStart/End), one pair per peer with a count > 0.
+  std::unique_ptr<Work> alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                  void* recv, std::span<const std::size_t> recv_counts,
+                                  DataType type) override;
+  /// Grouped ncclBroadcast, one per rank with a count > 0, into recv's blocks.
+  std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
+                                   std::span<const std::size_t> recv_counts,
+                                   DataType type) override;
+  std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DataType type,
+                               ReduceOp op, int root) override;
+  std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count, DataType type,
+                               int root) override;
+  std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                int root) override;
+  std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type, int peer,
+                             int tag) override;
+  std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
+                             int tag) override;
+  std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type, int peer,
+                              int tag) override;
+  std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
+                              int tag) override;
+  /// ncclGroupStart, every operation, ncclGroupEnd: one Work for all. A peer may be this rank.
+  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override;
+  COMMGRID_USING_TYPED_OVERLOADS;
+
+ private:
+  friend std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
+                                                           const NcclOptions& options);
+  NcclCommunicator(std::string name, std::shared_ptr<State> state,
+                   std::chrono::milliseconds timeout);
+  /// Wraps an initialized NCCL communicator; `members` are the global ranks by group rank.
+  static std::unique_ptr<NcclCommunicator> adopt(std::shared_ptr<State> state,
+                                                 std::chrono::milliseconds timeout,
+                                                 std::vector<std::int64_t> members);
+  std::shared_ptr<State> state_;
+};
+
+/// Creates the NCCL world over the ranks of `bootstrap`: collective over `bootstrap` (every
+/// rank calls it with the same options). The ranks exchange host names, device counts and
+/// PCI bus ids (so that a rank without a usable device, or two ranks sharing one, is an error
+/// on every rank, never a hang); rank 0 makes the ncclUniqueId and broadcasts it; every rank
+/// initializes its NCCL communicator on its device (nonblocking, bounded by the timeout).
+/// The world's ranks are the bootstrap's ranks. `bootstrap` must outlive every create_group
+/// call on this world and its groups (the ids of member-only groups travel over it).
+/// Throws InvalidValueError for a bad option, BackendError naming the rank and host without
+/// a device (or the ranks sharing one), TimeoutError when initialization does not complete.
+std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
+                                                  const NcclOptions& options = {});
+
+}  // namespace commgrid

@@ -1,0 +1,219 @@
+// Host-side parts of the NCCL backend: exchanges over the bootstrap communicator, device
+// choice and error texts. Nothing here touches a GPU.
+#include "nccl_host.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "commgrid/error.hpp"
+
+namespace commgrid::nccl_host {
+namespace {
+
+// The bootstrap may be any backend, and int64 is the element type every backend has reduced
+// and gathered since the start, so the exchanges below pack bytes into int64 words.
+constexpr std::size_t kWord = sizeof(std::int64_t);
+constexpr std::size_t kIdWords = kUniqueIdBytes / kWord;
+constexpr std::size_t kTextBytes = 200;
+constexpr std::size_t kTextWords = kTextBytes / kWord;
+// A tag of its own for unique ids on the bootstrap, so that they are not mistaken for a
+// user's messages with small tags.
+constexpr int kIdTag = kUniqueIdTag;
+
+void put_bytes(std::int64_t* words, std::size_t nwords, const void* data, std::size_t bytes) {
+  std::memset(words, 0, nwords * kWord);
+  std::memcpy(words, data, std::min(bytes, nwords * kWord));
+}
+
+// A string cut so that it always ends with at least one NUL in its field.
+void put_text(std::int64_t* words, std::size_t nwords, const std::string& s) {
+  put_bytes(words, nwords, s.data(), std::min(s.size(), nwords * kWord - 1));
+}
+
+std::string get_text(const std::int64_t* words, std::size_t nwords) {
+  const char* p = reinterpret_cast<const char*>(words);
+  return std::string(p, strnlen(p, nwords * kWord));
+}
+
+// One message carrying an id or the reason there is none: [ok, hash, id..., text...].
+struct IdMessage {
+  static constexpr std::size_t kWords = 2 + kIdWords + kTextWords;
+  static_assert(kWords == kIdMessageWords);
+  std::array<std::int64_t, kWords> w{};
+
+  void make(const MakeUniqueId& make_id, std::uint64_t hash) {
+    w[1] = static_cast<std::int64_t>(hash);
+    try {
+      const UniqueId id = make_id();
+      put_bytes(&w[2], kIdWords, id.data(), id.size());
+      w[0] = 1;
+    } catch (const std::exception& e) {
+      put_text(&w[2 + kIdWords], kTextWords, e.what());
+      w[0] = 0;
+    }
+  }
+  [[nodiscard]] bool ok() const { return w[0] == 1; }
+  [[nodiscard]] std::uint64_t hash() const { return static_cast<std::uint64_t>(w[1]); }
+  [[nodiscard]] UniqueId id() const {
+    UniqueId id{};
+    std::memcpy(id.data(), &w[2], id.size());
+    return id;
+  }
+  [[nodiscard]] std::string text() const { return get_text(&w[2 + kIdWords], kTextWords); }
+};
+
+std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+constexpr std::uint64_t kFnvBasis = 14695981039346656037ULL;
+
+std::uint64_t name_hash(const std::string& name) { return fnv1a(kFnvBasis, name.data(), name.size()); }
+
+}  // namespace
+
+UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUniqueId& make,
+                             const std::string& what) {
+  IdMessage m;
+  if (bootstrap.rank() == root) m.make(make, 0);
+  bootstrap.broadcast(m.w.data(), m.w.size(), DataType::int64, root)->wait();
+  if (!m.ok())
+    throw BackendError("nccl " + what + ": rank " + std::to_string(root) + " of " +
+                       bootstrap.name() + " could not make the NCCL unique id: " + m.text());
+  return m.id();
+}
+
+UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> members,
+                              const std::string& name, const MakeUniqueId& make) {
+  COMMGRID_ENFORCE(!members.empty() &&
+                       std::binary_search(members.begin(), members.end(), bootstrap.rank()),
+                   "distribute_unique_id for " + name + ": this rank is not a member");
+  const int leader = members.front();
+  const std::uint64_t hash = name_hash(name);
+  IdMessage m;
+  if (bootstrap.rank() == leader) {
+    m.make(make, hash);
+    std::vector<P2POp> sends;
+    for (int peer : members.subspan(1))
+      sends.push_back(P2POp::send(m.w.data(), m.w.size(), DataType::int64, peer, kIdTag));
+    if (!sends.empty()) bootstrap.batch_isend_irecv(sends)->wait();
+  } else {
+    bootstrap.recv(m.w.data(), m.w.size(), DataType::int64, leader, kIdTag)->wait();
+  }
+  if (m.hash() != hash)
+    throw BackendError("nccl create_group for " + name + ": rank " + std::to_string(leader) +
+                       " of " + bootstrap.name() +
+                       " (the first member) sent the id of a group with another name; members "
+                       "must create their groups under the same names and in the same order");
+  if (!m.ok())
+    throw BackendError("nccl create_group for " + name + ": rank " + std::to_string(leader) +
+                       " of " + bootstrap.name() + " could not make the NCCL unique id: " +
+                       m.text());
+  return m.id();
+}
+
+std::vector<HostInfo> exchange_host_info(Communicator& bootstrap, const HostInfo& mine) {
+  constexpr std::size_t kHostWords = 8, kBusWords = 4;
+  constexpr std::size_t kWords = kHostWords + 2 + kBusWords + kTextWords;
+  std::array<std::int64_t, kWords> w{};
+  put_text(&w[0], kHostWords, mine.host);
+  w[kHostWords] = mine.device_count;
+  w[kHostWords + 1] = mine.device;
+  put_text(&w[kHostWords + 2], kBusWords, mine.bus_id);
+  put_text(&w[kHostWords + 2 + kBusWords], kTextWords, mine.problem);
+  const auto n = static_cast<std::size_t>(bootstrap.size());
+  std::vector<std::int64_t> all(kWords * n);
+  bootstrap.allgather(w.data(), all.data(), kWords, DataType::int64)->wait();
+  std::vector<HostInfo> out(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::int64_t* p = &all[r * kWords];
+    out[r].host = get_text(p, kHostWords);
+    out[r].device_count = static_cast<int>(p[kHostWords]);
+    out[r].device = static_cast<int>(p[kHostWords + 1]);
+    out[r].bus_id = get_text(p + kHostWords + 2, kBusWords);
+    out[r].problem = get_text(p + kHostWords + 2 + kBusWords, kTextWords);
+  }
+  return out;
+}
+
+LocalRank local_rank_of(const std::vector<HostInfo>& all, int rank) {
+  LocalRank l{0, 0};
+  const std::string& host = all.at(static_cast<std::size_t>(rank)).host;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].host != host) continue;
+    if (static_cast<int>(r) < rank) ++l.rank;
+    ++l.size;
+  }
+  return l;
+}
+
+int choose_device(std::optional<int> requested, LocalRank local, int device_count,
+                  const std::string& host, const std::string& why) {
+  if (device_count <= 0) throw BackendError(why.empty() ? "no CUDA device" : why);
+  if (requested) {
+    if (*requested < 0 || *requested >= device_count)
+      throw InvalidValueError("device", "device " + std::to_string(*requested) +
+                                            " is not in [0, " + std::to_string(device_count) +
+                                            "): the CUDA devices this process sees on host " +
+                                            host);
+    return *requested;
+  }
+  if (device_count == 1) return 0;
+  if (local.rank < device_count) return local.rank;
+  throw InvalidValueError(
+      "device", "local rank " + std::to_string(local.rank) + " of " + std::to_string(local.size) +
+                    " on host " + host + " has no CUDA device of its own (this process sees " +
+                    std::to_string(device_count) + "); start at most " +
+                    std::to_string(device_count) +
+                    " ranks per host, or give each process one device with CUDA_VISIBLE_DEVICES");
+}
+
+std::string world_problem(const std::vector<HostInfo>& all) {
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].problem.empty())
+      return "rank " + std::to_string(r) + " (host " + all[r].host + "): " + all[r].problem;
+  for (std::size_t a = 0; a < all.size(); ++a)
+    for (std::size_t b = a + 1; b < all.size(); ++b)
+      if (all[a].host == all[b].host && !all[a].bus_id.empty() && all[a].bus_id == all[b].bus_id)
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on host " +
+               all[a].host + " both chose CUDA device " + std::to_string(all[a].device) +
+               " (bus " + all[a].bus_id + "); NCCL needs one GPU per rank";
+  return "";
+}
+
+std::string members_text(std::span<const std::int64_t> members) {
+  constexpr std::size_t kShown = 16;
+  std::string s = "[";
+  for (std::size_t i = 0; i < members.size() && i < kShown; ++i)
+    s += (i ? "," : "") + std::to_string(members[i]);
+  if (members.size() > kShown) s += ",... (" + std::to_string(members.size()) + " ranks)";
+  return s + "]";
+}
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  std::ostringstream s;
+  s << static_cast<double>(t.count()) / 1000.0 << " s";
+  return s.str();
+}
+
+std::string timeout_message(const std::string& op, const std::string& group,
+                            const std::string& target, std::chrono::milliseconds timeout,
+                            const std::string& aborted, std::span<const std::int64_t> members) {
+  return "nccl " + op + " on " + group + (target.empty() ? "" : " for " + target) +
+         ": did not complete within " + seconds_text(timeout) + "; " + aborted +
+         " aborted (members " + members_text(members) + ")";
+}
+
+std::uint64_t group_fingerprint(std::span<const int> members, const std::string& name) {
+  std::uint64_t h = name_hash(name);
+  for (int m : members) h = fnv1a(h, &m, sizeof m);
+  return h;
+}
+
+}  // namespace commgrid::nccl_host

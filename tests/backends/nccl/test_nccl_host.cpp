@@ -1,0 +1,302 @@
+// The NCCL backend's host-side parts, for real and without a GPU: unique ids and host
+// information exchanged over a Gloo bootstrap of rank-threads, device choice, option checks,
+// error texts and the type mapping.
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <regex>
+#include <set>
+#include <vector>
+
+#include "commgrid/gloo.hpp"
+#include "commgrid/local_ranks.hpp"
+#include "commgrid/nccl.hpp"
+#include "nccl_host.hpp"
+#include "nccl_types.hpp"
+
+namespace commgrid {
+namespace {
+
+using namespace std::chrono_literals;
+using nccl_host::HostInfo;
+using nccl_host::UniqueId;
+
+GlooOptions quick() {
+  GlooOptions o;
+  o.timeout = 20s;
+  return o;
+}
+
+UniqueId real_unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t rc = ncclGetUniqueId(&id);
+  if (rc != ncclSuccess) throw BackendError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
+  UniqueId out{};
+  std::memcpy(out.data(), id.internal, out.size());
+  return out;
+}
+
+UniqueId pattern_id(int seed) {
+  UniqueId id{};
+  for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<unsigned char>(seed * 31 + i);
+  return id;
+}
+
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+TEST(NcclHost, RootsRealUniqueIdReachesEveryRank) {
+  constexpr int kRanks = 4;
+  std::mutex mu;
+  std::vector<UniqueId> got(kRanks);
+  std::atomic<int> made{0};
+  run_local_ranks(kRanks, [&](Communicator& world) {
+    const UniqueId id = nccl_host::broadcast_unique_id(world, 2, [&] {
+      ++made;
+      return real_unique_id();
+    }, "test");
+    std::lock_guard lock(mu);
+    got[static_cast<std::size_t>(world.rank())] = id;
+  }, quick());
+  EXPECT_EQ(made.load(), 1);  // only the root makes one
+  for (int r = 1; r < kRanks; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << "rank " << r;
+  EXPECT_NE(got[0], UniqueId{}) << "NCCL's id is not all zero";
+}
+
+TEST(NcclHost, RootFailingToMakeAnIdFailsEveryRankWithItsReason) {
+  LocalRunResult run = run_local_ranks_collect(3, [&](Communicator& world) {
+    nccl_host::broadcast_unique_id(world, 0, []() -> UniqueId {
+      throw BackendError("ncclGetUniqueId: no socket interface found");
+    }, "create world");
+  }, quick());
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    const std::string msg = message_of([&] { std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]); });
+    EXPECT_NE(msg.find("nccl create world: rank 0 of world could not make the NCCL unique id: "
+                       "ncclGetUniqueId: no socket interface found"),
+              std::string::npos)
+        << msg;
+  }
+}
+
+TEST(NcclHost, MemberOnlyIdsGoToTheirGroupsOnly) {
+  // Two rounds of disjoint groups, as two kinds of a layout: only members call, in the same
+  // order on every member.
+  constexpr int kRanks = 4;
+  const std::vector<std::vector<int>> round1 = {{0, 1}, {2, 3}}, round2 = {{0, 2}, {1, 3}};
+  std::mutex mu;
+  std::vector<std::vector<UniqueId>> got(kRanks);
+  std::atomic<int> made{0};
+  run_local_ranks(kRanks, [&](Communicator& world) {
+    const int me = world.rank();
+    for (const auto* round : {&round1, &round2}) {
+      for (std::size_t g = 0; g < round->size(); ++g) {
+        const std::vector<int>& members = (*round)[g];
+        if (std::find(members.begin(), members.end(), me) == members.end()) continue;
+        const std::string name = std::string(round == &round1 ? "tp" : "dp") + "#" + std::to_string(g);
+        const UniqueId id = nccl_host::distribute_unique_id(world, members, name, [&] {
+          ++made;
+          return pattern_id(static_cast<int>(round == &round1 ? 10 : 20) + me);
+        });
+        std::lock_guard lock(mu);
+        got[static_cast<std::size_t>(me)].push_back(id);
+      }
+    }
+  }, quick());
+  EXPECT_EQ(made.load(), 4);  // one per group: its first member
+  EXPECT_EQ(got[0][0], pattern_id(10));
+  EXPECT_EQ(got[1][0], pattern_id(10));
+  EXPECT_EQ(got[2][0], pattern_id(12));
+  EXPECT_EQ(got[3][0], pattern_id(12));
+  EXPECT_EQ(got[0][1], pattern_id(20));
+  EXPECT_EQ(got[2][1], pattern_id(20));
+  EXPECT_EQ(got[1][1], pattern_id(21));
+  EXPECT_EQ(got[3][1], pattern_id(21));
+}
+
+TEST(NcclHost, MemberWithAnotherGroupNameFailsNamingTheLeader) {
+  LocalRunResult run = run_local_ranks_collect(2, [&](Communicator& world) {
+    const std::vector<int> members = {0, 1};
+    nccl_host::distribute_unique_id(world, members, world.rank() == 0 ? "tp#0" : "pp#0",
+                                    [] { return pattern_id(1); });
+  }, quick());
+  EXPECT_FALSE(run.errors[0]) << "the leader sent its id and returns";
+  ASSERT_TRUE(run.errors[1]);
+  const std::string msg = message_of([&] { std::rethrow_exception(run.errors[1]); });
+  EXPECT_NE(msg.find("nccl create_group for pp#0: rank 0 of world (the first member) sent the "
+                     "id of a group with another name"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(NcclHost, HostInfoExchangeAndLocalRanksOnOneHost) {
+  constexpr int kRanks = 3;
+  std::mutex mu;
+  std::vector<nccl_host::LocalRank> local(kRanks);
+  std::vector<std::vector<HostInfo>> seen(kRanks);
+  run_local_ranks(kRanks, [&](Communicator& world) {
+    HostInfo mine;
+    mine.host = "node-a";
+    mine.device_count = 8;
+    mine.device = world.rank();
+    mine.bus_id = "0000:0" + std::to_string(world.rank()) + ":00.0";
+    mine.problem = world.rank() == 2 ? std::string(300, 'x') : "";  // cut to fit its field
+    auto all = nccl_host::exchange_host_info(world, mine);
+    std::lock_guard lock(mu);
+    local[static_cast<std::size_t>(world.rank())] = nccl_host::local_rank_of(all, world.rank());
+    seen[static_cast<std::size_t>(world.rank())] = std::move(all);
+  }, quick());
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(local[static_cast<std::size_t>(r)].rank, r);
+    EXPECT_EQ(local[static_cast<std::size_t>(r)].size, kRanks);
+    const auto& all = seen[static_cast<std::size_t>(r)];
+    ASSERT_EQ(all.size(), 3u);
+    EXPECT_EQ(all[1].host, "node-a");
+    EXPECT_EQ(all[1].device, 1);
+    EXPECT_EQ(all[1].device_count, 8);
+    EXPECT_EQ(all[1].bus_id, "0000:01:00.0");
+    EXPECT_EQ(all[2].problem, std::string(199, 'x'));
+  }
+}
+
+TEST(NcclHost, LocalRankCountsOnlyTheSameHost) {
+  std::vector<HostInfo> all(5);
+  const char* hosts[] = {"a", "b", "a", "b", "a"};
+  for (std::size_t i = 0; i < all.size(); ++i) all[i].host = hosts[i];
+  EXPECT_EQ(nccl_host::local_rank_of(all, 0).rank, 0);
+  EXPECT_EQ(nccl_host::local_rank_of(all, 2).rank, 1);
+  EXPECT_EQ(nccl_host::local_rank_of(all, 4).rank, 2);
+  EXPECT_EQ(nccl_host::local_rank_of(all, 4).size, 3);
+  EXPECT_EQ(nccl_host::local_rank_of(all, 3).rank, 1);
+  EXPECT_EQ(nccl_host::local_rank_of(all, 3).size, 2);
+}
+
+TEST(NcclHost, DeviceChoice) {
+  using nccl_host::choose_device;
+  EXPECT_EQ(choose_device(std::nullopt, {3, 8}, 8, "h", ""), 3);
+  EXPECT_EQ(choose_device(std::nullopt, {3, 8}, 1, "h", ""), 0);  // one visible device each
+  EXPECT_EQ(choose_device(5, {0, 1}, 8, "h", ""), 5);
+  EXPECT_EQ(message_of([] { choose_device(std::nullopt, {2, 3}, 2, "gpu7", ""); }),
+            "local rank 2 of 3 on host gpu7 has no CUDA device of its own (this process sees "
+            "2); start at most 2 ranks per host, or give each process one device with "
+            "CUDA_VISIBLE_DEVICES");
+  EXPECT_THROW(choose_device(std::nullopt, {2, 3}, 2, "gpu7", ""), InvalidValueError);
+  EXPECT_EQ(message_of([] { choose_device(4, {0, 1}, 2, "gpu7", ""); }),
+            "device 4 is not in [0, 2): the CUDA devices this process sees on host gpu7");
+  EXPECT_THROW(choose_device(0, {0, 1}, 0, "h", "no CUDA device (test)"), BackendError);
+  EXPECT_EQ(message_of([] { choose_device(0, {0, 1}, 0, "h", "no CUDA device (test)"); }),
+            "no CUDA device (test)");
+}
+
+TEST(NcclHost, WorldProblemIsTheSameTextForEveryRank) {
+  std::vector<HostInfo> all(3);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    all[i].host = "gpu7";
+    all[i].device = static_cast<int>(i);
+    all[i].bus_id = "0000:0" + std::to_string(i) + ":00.0";
+  }
+  EXPECT_EQ(nccl_host::world_problem(all), "");
+  all[2].device = 1;
+  all[2].bus_id = all[1].bus_id;
+  EXPECT_EQ(nccl_host::world_problem(all),
+            "ranks 1 and 2 on host gpu7 both chose CUDA device 1 (bus 0000:01:00.0); NCCL "
+            "needs one GPU per rank");
+  all[2].host = "gpu8";  // same bus id on another host is another device
+  EXPECT_EQ(nccl_host::world_problem(all), "");
+  all[1].problem = "no CUDA device (test)";
+  EXPECT_EQ(nccl_host::world_problem(all), "rank 1 (host gpu7): no CUDA device (test)");
+}
+
+TEST(NcclHost, ErrorTexts) {
+  const std::vector<std::int64_t> members = {4, 5, 12, 13};
+  EXPECT_EQ(nccl_host::timeout_message("split", "world", "tp#2 (color 2)", 2500ms, "world", members),
+            "nccl split on world for tp#2 (color 2): did not complete within 2.5 s; world "
+            "aborted (members [4,5,12,13])");
+  EXPECT_EQ(nccl_host::timeout_message("allreduce", "dp#0", "", 1000ms, "dp#0", members),
+            "nccl allreduce on dp#0: did not complete within 1 s; dp#0 aborted (members "
+            "[4,5,12,13])");
+  std::vector<std::int64_t> many(40);
+  std::iota(many.begin(), many.end(), 0);
+  EXPECT_EQ(nccl_host::members_text(many),
+            "[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,... (40 ranks)]");
+}
+
+TEST(NcclHost, FingerprintSeparatesNamesAndMembers) {
+  const std::vector<int> a = {0, 1}, b = {0, 2};
+  std::set<std::uint64_t> seen = {nccl_host::group_fingerprint(a, "tp#0"),
+                                  nccl_host::group_fingerprint(b, "tp#0"),
+                                  nccl_host::group_fingerprint(a, "tp#1")};
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(nccl_host::group_fingerprint(a, "tp#0"), nccl_host::group_fingerprint(a, "tp#0"));
+}
+
+TEST(NcclHost, TypesAndReductionsMapToNcclsOwn) {
+  using nccl_backend::nccl_op;
+  using nccl_backend::nccl_type;
+  EXPECT_EQ(nccl_type(DataType::float32), ncclFloat32);
+  EXPECT_EQ(nccl_type(DataType::float64), ncclFloat64);
+  EXPECT_EQ(nccl_type(DataType::bfloat16), ncclBfloat16);
+  EXPECT_EQ(nccl_type(DataType::float16), ncclFloat16);
+  EXPECT_EQ(nccl_type(DataType::int32), ncclInt32);
+  EXPECT_EQ(nccl_type(DataType::int64), ncclInt64);
+  EXPECT_EQ(nccl_type(DataType::int8), ncclInt8);
+  EXPECT_EQ(nccl_type(DataType::uint8), ncclUint8);
+  EXPECT_EQ(nccl_op(ReduceOp::sum), ncclSum);
+  EXPECT_EQ(nccl_op(ReduceOp::prod), ncclProd);
+  EXPECT_EQ(nccl_op(ReduceOp::max), ncclMax);
+  EXPECT_EQ(nccl_op(ReduceOp::min), ncclMin);
+  EXPECT_EQ(nccl_op(ReduceOp::avg), ncclAvg);
+}
+
+TEST(NcclHost, VersionOfTheLinkedLibrary) {
+  const std::string v = nccl_version();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(v, m, std::regex(R"((\d+)\.(\d+)\.(\d+))"))) << v;
+  EXPECT_GE(std::stoi(m[1]) * 100 + std::stoi(m[2]), 218) << v;
+}
+
+TEST(NcclHost, BadOptionsAreRejectedBeforeAnyCommunication) {
+  run_local_ranks(1, [&](Communicator& world) {
+    NcclOptions bad_device;
+    bad_device.device = -1;
+    EXPECT_EQ(message_of([&] { make_nccl_world(world, bad_device); }),
+              "nccl world: device must be >= 0, got -1");
+    EXPECT_THROW(make_nccl_world(world, bad_device), InvalidValueError);
+    NcclOptions bad_timeout;
+    bad_timeout.timeout = 0ms;
+    EXPECT_EQ(message_of([&] { make_nccl_world(world, bad_timeout); }),
+              "nccl world: timeout must be > 0 ms, got 0");
+  }, quick());
+}
+
+TEST(NcclHost, WithoutADeviceEveryRankFailsAlikeAndNoneHangs) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device; see NcclDevice";
+  const std::string why = cuda_unavailable_reason();
+  EXPECT_EQ(why.rfind("no CUDA device", 0), 0u) << why;
+  const auto t0 = std::chrono::steady_clock::now();
+  LocalRunResult run = run_local_ranks_collect(3, [&](Communicator& world) {
+    make_nccl_world(world);
+  }, quick());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    const std::string msg = message_of([&] { std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]); });
+    EXPECT_EQ(msg.rfind("nccl world: rank 0 (host ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("): " + why), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace commgrid
