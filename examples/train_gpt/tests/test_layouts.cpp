@@ -5,6 +5,7 @@
 #include <cmath>
 #include <commgrid/commgrid.hpp>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct LayoutCase {
   std::string order;
   bool sp = false, dist_opt = false;
 };
+
+// Test names and ctest names show the layout's name, not its bytes.
+void PrintTo(const LayoutCase& l, std::ostream* os) { *os << l.name; }
 
 constexpr double kRelTolerance = 1e-9;
 
