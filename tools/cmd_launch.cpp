@@ -157,6 +157,10 @@ std::string signal_name(int sig) {
     case SIGTERM: return "SIGTERM";
     case SIGXCPU: return "SIGXCPU";
     case SIGXFSZ: return "SIGXFSZ";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
     default: return "signal " + std::to_string(sig);
   }
 }

@@ -27,8 +27,11 @@ struct GlooOptions {
 
 /// Creates the world communicator of rank `rank` of `size` ranks: collective over the
 /// world: every rank calls it with the same store (or a store at the same place), size and
-/// prefix. Throws ConfigError for a rank or size out of range, TimeoutError naming the
-/// ranks that did not arrive within options.timeout, BackendError for a transport failure.
+/// prefix. Throws ConfigError for a rank or size out of range, IncompatibleError when ranks
+/// were given different sizes ("rank 3 says world size 4, rank 0 says 8"), TimeoutError
+/// naming the ranks that did not arrive within options.timeout, BackendError for a
+/// transport failure. Sets SIGPIPE to ignored when it has its default action, so that a
+/// write to a dead peer is an error, not the death of this rank.
 std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank, int size,
                                               const GlooOptions& options = {});
 

@@ -12,6 +12,7 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -995,6 +996,12 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
         "hostname " + attr.hostname);
   std::vector<int> global(static_cast<size_t>(size));
   std::iota(global.begin(), global.end(), 0);
+  // Gloo writes to peers' sockets without MSG_NOSIGNAL: a peer that died would kill this
+  // rank with SIGPIPE. Ignored (unless the program chose a handler), the write fails with
+  // EPIPE and the survivor reports the lost peer as an error.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
   check_world_size(*shared->store, options.prefix, rank, size, options.timeout);
   auto ctx = connect_group(*shared, options.prefix, rank, global, "create world", "world",
                            options.timeout);

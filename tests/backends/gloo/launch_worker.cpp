@@ -1,6 +1,6 @@
 // A rank program for the launch tests: builds its world from COMMGRID_* like a user's
 // program, then behaves as asked: ok | exit RANK CODE | sigkill RANK | missing RANK |
-// env | sleep.
+// env | sleep | hold SECONDS (world, barrier, sleep, barrier) | local.
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "commgrid/gloo.hpp"
+#include "commgrid/world.hpp"
 
 namespace {
 
@@ -40,9 +41,24 @@ int run(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(100));
     return 0;
   }
-  const WorldEnv env = read_world_env();
-  if (mode == "missing" && env.rank == target) return 0;  // never joins
-  auto w = make_gloo_world_from_env();
+  const LaunchInfo info = read_launch_info();
+  if (mode == "missing" && info.rank == target) return 0;  // never joins
+  auto w = make_world();
+  if (mode == "hold") {
+    w->barrier()->wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(target * 1000));
+    w->barrier()->wait();
+    std::cout << ("rank " + std::to_string(w->rank()) + " held\n") << std::flush;
+    return 0;
+  }
+  if (mode == "local") {
+    std::cout << ("rank " + std::to_string(w->rank()) + " local " +
+                  std::to_string(info.local_rank) + " of " + std::to_string(info.local_size) +
+                  " job " + info.job_id + "\n")
+              << std::flush;
+    w->barrier()->wait();
+    return 0;
+  }
   std::int64_t v = w->rank(), sum = 0;
   w->allreduce(&v, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
   if (mode == "ok") {
@@ -68,7 +84,8 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    // One write: a rank stopped right after cannot leave half a line.
+    std::cerr << ("error: " + std::string(e.what()) + "\n") << std::flush;
     return 1;
   }
 }

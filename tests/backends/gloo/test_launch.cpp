@@ -1,12 +1,16 @@
 // `commgrid launch` end to end: real processes, the file store, output prefixes, exit codes,
 // and faults (a rank exiting non-zero, a rank killed by SIGKILL, a rank never arriving).
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -115,6 +119,186 @@ TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
     out = m.suffix();
   }
   EXPECT_EQ(pids, 2) << r.out;
+}
+
+// ---- starting from other launchers, across nodes ------------------------------------
+
+// A loopback TCP port that was free a moment ago.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+const std::string kCli = commgrid::test::shell_quote(COMMGRID_CLI);
+
+// Whether a process exists and is not a zombie (an orphan's zombie stays until its new
+// parent reaps it, which a container's init may never do).
+bool alive(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(") ");
+  return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
+}
+
+// Starts `count` copies of `command` in the background, each with `env(i)` before it, and
+// prints each one's exit code as "exit <i> <code>".
+std::string start_ranks(int count, const std::function<std::string(int)>& env,
+                        const std::string& command) {
+  std::string sh;
+  for (int i = 0; i < count; ++i)
+    sh += "( " + env(i) + " timeout 60 " + command + "; echo \"exit " + std::to_string(i) +
+          " $?\" ) & ";
+  return sh + "wait";
+}
+
+TEST(Launchers, TorchrunStyleVariablesStartAVerifiedJob) {
+  const std::string port = std::to_string(free_port());
+  Result r = run_shell(start_ranks(4, [&](int i) {
+    return "RANK=" + std::to_string(i) + " WORLD_SIZE=4 LOCAL_RANK=" + std::to_string(i) +
+           " LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+           " COMMGRID_TOKEN=t0rch";
+  }, kCli + " verify --tp 2 --pp 2 --timeout 20"));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(has(r.out, "exit " + std::to_string(i) + " 0\n")) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+      << r.out;
+  EXPECT_FALSE(has(r.out + r.err, "t0rch")) << "the token was shown";
+}
+
+TEST(Launchers, SlurmStyleVariablesStartAVerifiedJob) {
+  const std::string port = std::to_string(free_port());
+  Result r = run_shell(start_ranks(4, [&](int i) {
+    return "SLURM_PROCID=" + std::to_string(i) + " SLURM_NTASKS=4 SLURM_LOCALID=" +
+           std::to_string(i % 2) + " SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=4242 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           port;
+  }, kCli + " verify --tp 2 --timeout 20"));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(has(r.out, "exit " + std::to_string(i) + " 0\n")) << r.out << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+      << r.out;
+}
+
+TEST(Launchers, TwoLaunchesOfTwoNodesOverLoopbackVerifyOneJob) {
+  const std::string port = std::to_string(free_port());
+  // Node 1's launch writes to stderr, so that the two launches' lines stay apart.
+  const std::string common = "COMMGRID_JOB_ID=two-nodes COMMGRID_TOKEN=n0des timeout 60 " + kCli +
+                             " launch -n 2 --nnodes 2 --master-port " + port + " --timeout 20";
+  Result j = run_shell("(" + common + " --node-rank 1 -- " + kCli +
+                       " verify --tp 2 --pp 2 >&2; echo \"node1 $?\" >&2) & " + common +
+                       " --node-rank 0 -- " + kCli + " verify --tp 2 --pp 2; echo \"node0 $?\"; wait");
+  EXPECT_TRUE(has(j.out, "node0 0\n")) << j.out << j.err;
+  EXPECT_TRUE(has(j.err, "node1 0\n")) << j.out << j.err;
+  EXPECT_TRUE(std::regex_search(j.out, std::regex(R"(\[rank 0\] verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+      << j.out;
+}
+
+TEST(Launchers, NodeRanksAndLocalRanksOfATwoNodeLaunch) {
+  const std::string port = std::to_string(free_port());
+  const std::string common = "COMMGRID_JOB_ID=j7 COMMGRID_TOKEN=x timeout 60 " + kCli +
+                             " launch -n 2 --nnodes 2 --master-port " + port + " --timeout 20";
+  Result j = run_shell("(" + common + " --node-rank 1 -- " + commgrid::test::shell_quote(kWorker) +
+                       " local; echo \"node1 $?\") & " + common + " --node-rank 0 -- " +
+                       commgrid::test::shell_quote(kWorker) + " local; echo \"node0 $?\"; wait");
+  EXPECT_TRUE(has(j.out, "node0 0\n") && has(j.out, "node1 0\n")) << j.out << j.err;
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(has(j.out, "[rank " + std::to_string(r) + "] rank " + std::to_string(r) +
+                               " local " + std::to_string(r % 2) + " of 2 job j7\n"))
+        << j.out;
+}
+
+TEST(Launchers, ASecondJobOnTheSamePortFailsAtOnceAndTheFirstCompletes) {
+  const std::string port = std::to_string(free_port());
+  const std::string launch = "timeout 60 " + kCli + " launch -n 2 --master-port " + port +
+                             " --timeout 20 -- " + commgrid::test::shell_quote(kWorker);
+  Result r = run_shell("(" + launch + " hold 4; echo \"first $?\") & sleep 1.5; " +
+                       "s=$(date +%s%N); " + launch + " hold 0 >&2; echo \"second $?\"; " +
+                       "echo \"took_ms $(( ($(date +%s%N) - s) / 1000000 ))\"; wait");
+  EXPECT_TRUE(has(r.out, "first 0\n")) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "second 1\n")) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "[rank 0] rank 0 held") && has(r.out, "[rank 1] rank 1 held")) << r.out;
+  EXPECT_TRUE(has(r.err, "is in use") || has(r.err, "serves job")) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(took_ms (\d+))"))) << r.out;
+  EXPECT_LT(std::stoi(m[1].str()), 2500) << "the second job did not fail at once";
+}
+
+// ---- every timeout a bound ---------------------------------------------------------
+
+TEST(LaunchBounds, TimeoutBoundsTheWholeJobWithExit124NamingTheRanks) {
+  Result r = launch({"launch", "-n", "2", "--timeout", "2", "--", "sleep", "30"});
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_LT(r.seconds, 4.0);
+  EXPECT_TRUE(has(r.err, "error: launch: the job did not end within its --timeout of 2 s; "
+                         "still running: rank 0, rank 1; stopped them\n"))
+      << r.err;
+}
+
+TEST(LaunchBounds, ASigstoppedRankIsNamedAtTheDeadline) {
+  Result r = launch({"launch", "-n", "2", "--timeout", "1", "--grace", "1", "--", "sh", "-c",
+                     "if [ $COMMGRID_RANK = 1 ]; then kill -STOP $$; fi; exit 0"});
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_TRUE(has(r.err, "launch: note: rank 1 was stopped by SIGSTOP\n")) << r.err;
+  EXPECT_TRUE(has(r.err, "still running: rank 1 (stopped by SIGSTOP); stopped them")) << r.err;
+  EXPECT_LT(r.seconds, 6.0);
+}
+
+TEST(LaunchBounds, DescriptorExhaustionLeavesNoProcessBehind) {
+  // 24 descriptors run out after a few ranks (3 pipes each): the started ranks are stopped.
+  const std::string marker = "31." + std::to_string(::getpid());
+  Result r = run_shell("ulimit -n 24; timeout 60 " + kCli + " launch -n 16 -- sleep " + marker);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(error: launch: pipe: Too many open files \(starting rank \d+; stopped the \d+ ranks already started\)\n)")))
+      << r.err;
+  // "slee[p]": the pattern does not match the shell that runs pgrep.
+  Result left = run_shell("pgrep -f 'slee[p] " + marker + "'");
+  EXPECT_EQ(left.out, "") << "ranks left running";
+}
+
+TEST(LaunchBounds, ALauncherKilledBySigkillTakesItsRanksWithIt) {
+  // No coreutils timeout here: SIGKILL must reach launch itself.
+  Result r = run_shell(kCli + " launch -n 2 -- sh -c 'echo pid $$; exec sleep 100' " +
+                       "& pid=$!; sleep 1.5; kill -KILL $pid; wait $pid; sleep 0.5");
+  std::smatch m;
+  std::string out = r.out;
+  int pids = 0;
+  while (std::regex_search(out, m, std::regex(R"(\] pid (\d+))"))) {
+    ++pids;
+    EXPECT_FALSE(alive(std::stoi(m[1].str()))) << "rank process " << m[1] << " survived";
+    out = m.suffix();
+  }
+  EXPECT_EQ(pids, 2) << r.out;
+}
+
+TEST(LaunchBounds, SighupAndSigintStopEveryRankToo) {
+  for (const std::string sig : {"HUP", "INT"}) {
+    Result r = run_shell("timeout 60 " + kCli + " launch -n 2 --grace 1 -- sleep 100 & pid=$!; "
+                         "sleep 1; kill -" + sig + " $pid; wait $pid");
+    EXPECT_EQ(r.code, sig == "HUP" ? 129 : 130) << r.err;
+    EXPECT_TRUE(has(r.err, "error: interrupted by SIG" + sig + "; stopped 2 ranks")) << r.err;
+    EXPECT_LT(r.seconds, 10);
+  }
+}
+
+TEST(LaunchBounds, EmptyFlagValuesAreErrors) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"launch", "-n", "2", "--timeout", "", "--", "true"},
+           {"launch", "-n", "", "--", "true"},
+           {"launch", "-n", "2", "--master-port", "", "--", "true"},
+           {"verify", "--local", "2", "--timeout", ""},
+           {"verify", "--local", "2", "--strategy", ""},
+           {"verify", "--local", "2", "--backend", ""},
+           {"plan", "--world-size", "8", "--tp", ""}}) {
+    Result r = launch(args);
+    EXPECT_EQ(r.code, 2) << args[0] << " " << args[3] << ": " << r.err;
+    EXPECT_TRUE(has(r.err, "needs a value, got an empty one")) << r.err;
+  }
 }
 
 }  // namespace

@@ -96,23 +96,29 @@ int free_port() {
 
 class RedisServer {
  public:
-  RedisServer() {
+  /// With a password, the server requires it (--requirepass).
+  explicit RedisServer(const std::string& password = "") {
     const std::string exe = COMMGRID_REDIS_SERVER;
     if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) return;
     port_ = free_port();
     pid_ = ::fork();
     if (pid_ == 0) {
       const std::string port = std::to_string(port_);
-      ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-              "--save", "", "--appendonly", "no", "--loglevel", "warning",
-              static_cast<char*>(nullptr));
+      if (password.empty())
+        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--loglevel", "warning",
+                static_cast<char*>(nullptr));
+      else
+        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--loglevel", "warning", "--requirepass",
+                password.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     // Ready when it accepts connections (a few milliseconds usually).
     for (int i = 0; i < 200 && !ready_; ++i) {
       std::this_thread::sleep_for(25ms);
       try {
-        make_redis_store("127.0.0.1", port_, "probe");
+        make_redis_store("127.0.0.1", port_, "probe", password, StoreOptions{});
         ready_ = true;
       } catch (const BackendError&) {
       }
@@ -147,6 +153,78 @@ TEST(GlooRedisStore, RanksMeetThroughARealRedisServer) {
   for (int r : {0, 1})
     EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 2 (global 2) of 3"), std::string::npos)
         << errors[static_cast<size_t>(r)];
+}
+
+TEST(GlooRedisStore, APasswordFromTheUrlOrTheEnvironmentWorksAndIsNeverShown) {
+  const std::string password = "pw-" + std::to_string(::getpid()) + "-secret";
+  RedisServer redis(password);
+  if (!redis.available()) GTEST_SKIP() << "redis-server not found or did not start";
+  const std::string at = "127.0.0.1:" + std::to_string(redis.port());
+  run_with_own_stores(3, "redis://:" + password + "@" + at + "/pw1", 20s, allreduce_and_split);
+  run_with_own_stores(2, "redis://default:" + password + "@" + at + "/pw2", 20s,
+                      allreduce_and_split);
+  ::setenv("COMMGRID_REDIS_PASSWORD", password.c_str(), 1);
+  run_with_own_stores(2, "redis://" + at + "/pw3", 20s, allreduce_and_split);
+  ::unsetenv("COMMGRID_REDIS_PASSWORD");
+  for (const std::string& uri : {"redis://:wrong-" + password + "@" + at + "/x",
+                                 "redis://" + at + "/x"}) {
+    try {
+      open_store(uri);
+      ADD_FAILURE() << "accepted without the password";
+    } catch (const BackendError& e) {
+      EXPECT_EQ(std::string(e.what()).find(password), std::string::npos) << "password shown";
+    }
+  }
+  try {
+    open_store("redis://:" + password + "@" + at);  // no prefix, but otherwise fine...
+    open_store("redis://:" + password + "@h:0/x");  // ...a bad port is a ConfigError
+    ADD_FAILURE() << "accepted port 0";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find(password), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("redis://***@h:0/x"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GlooRedisStore, ASecondJobOnThePrefixFailsAtOnceAndTheFirstCompletes) {
+  RedisServer redis;
+  if (!redis.available()) GTEST_SKIP() << "redis-server not found or did not start";
+  StoreOptions first, second;
+  first.job_id = "first";
+  first.token = "t1";
+  second.job_id = "second";
+  second.token = "t2";
+  auto store = open_store(redis.uri("shared"), first);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    open_store(redis.uri("shared"), second);
+    ADD_FAILURE() << "two jobs merged on one prefix";
+  } catch (const JobConflictError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by job 'first' (this is job 'second')"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("t1"), std::string::npos) << "token shown";
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  // A stranger who knows the id but not the token is refused too.
+  StoreOptions stranger = first;
+  stranger.token = "guess";
+  EXPECT_THROW(open_store(redis.uri("shared"), stranger), JobConflictError);
+  // The first job completes.
+  std::vector<std::string> errs(2);
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          auto w = make_gloo_world(open_store(redis.uri("shared"), first), r, 2,
+                                   test_options(20s));
+          allreduce_and_split(*w);
+        } catch (const std::exception& e) {
+          errs[static_cast<size_t>(r)] = e.what();
+        }
+      });
+  }
+  EXPECT_EQ(errs, std::vector<std::string>(2));
 }
 
 TEST(GlooRedisStore, AnUnreachableServerIsABackendErrorNamingIt) {
