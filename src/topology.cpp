@@ -59,6 +59,48 @@ int kendall_distance(const std::vector<Axis>& from, const std::vector<Axis>& to)
   return d;
 }
 
+// Whether every group of the kind is a run of consecutive ranks, from the grid alone: the
+// masked axes of size > 1 must have strides 1, s0, s0*s1, ... (nothing else below them).
+bool groups_are_runs(const Layout& layout, GroupKind k) {
+  auto runs = [](const RankGrid& grid, AxisSet masked) {
+    std::int64_t next = 1;
+    for (Axis a : grid.order()) {
+      if (!masked.contains(a) || grid.size(a) == 1) continue;
+      if (grid.stride(a) != next) return false;
+      next *= grid.size(a);
+    }
+    return true;
+  };
+  const RankGrid& d = layout.dense_grid();
+  const RankGrid& e = layout.expert_grid();
+  switch (k) {
+    case GroupKind::tp: return runs(d, {Axis::tp});
+    case GroupKind::cp: return runs(d, {Axis::cp});
+    case GroupKind::dp: return runs(d, {Axis::dp});
+    case GroupKind::pp: return runs(d, {Axis::pp});
+    case GroupKind::mp: return runs(d, {Axis::tp, Axis::pp});
+    case GroupKind::dp_cp:
+    case GroupKind::intra_dp_cp: return runs(d, {Axis::dp, Axis::cp});
+    case GroupKind::tp_cp: return runs(d, {Axis::tp, Axis::cp});
+    case GroupKind::tp_dp: return runs(d, {Axis::tp, Axis::dp});
+    case GroupKind::tp_dp_cp: return runs(d, {Axis::tp, Axis::dp, Axis::cp});
+    case GroupKind::ep: return runs(e, {Axis::ep});
+    case GroupKind::expt_tp: return runs(e, {Axis::tp});
+    case GroupKind::tp_ep: return runs(e, {Axis::tp, Axis::ep});
+    case GroupKind::tp_ep_pp: return runs(e, {Axis::tp, Axis::ep, Axis::pp});
+    case GroupKind::expt_dp:
+    case GroupKind::intra_expt_dp: return runs(e, {Axis::dp});
+    case GroupKind::intra_dist_opt:
+      // An instance is the ranks whose expert dp coordinate lies in a range: consecutive
+      // when every other axis lies below dp. Its list starts at its smallest member.
+      if (layout.config().dist_opt_instances == 1) return true;  // one group: the world
+      for (Axis a : {Axis::tp, Axis::ep, Axis::pp})
+        if (e.size(a) > 1 && e.stride(a) > e.stride(Axis::dp)) return false;
+      return true;
+    default: return false;
+  }
+}
+
 // The node-local kinds crossing nodes as bits, the most important highest, so that a
 // smaller value is a better layout: tp inside beats anything else, then cp, ep, expt_tp.
 int crossing_mask(const Layout& layout, const NodeMap& nodes) {
@@ -140,6 +182,21 @@ KindSpan kind_span(const Layout& layout, GroupKind k, int level, const NodeMap& 
   if (s.groups == 0) return s;
   if (*size == 1) {
     s.max_nodes_spanned = 1;
+    return s;
+  }
+  // Large groups of consecutive ranks: a group [a, a + g) spans node(a + g - 1) - node(a)
+  // + 1 nodes, from its first member alone (a world of 2^31 - 1 ranks in one dp group costs
+  // one step, not 2^31).
+  constexpr std::int64_t kRunShortcut = 1024;
+  if (*size >= kRunShortcut && groups_are_runs(layout, k)) {
+    const std::int64_t G = nodes.gpus_per_node();
+    Rank first = 0;
+    for (std::int64_t q = 0; q < s.groups; ++q) {
+      layout.members(k, level, q * *size, std::span<Rank>(&first, 1));
+      const std::int64_t spanned = (first + *size - 1) / G - first / G + 1;
+      s.crossing_groups += spanned > 1 ? 1 : 0;
+      s.max_nodes_spanned = std::max(s.max_nodes_spanned, spanned);
+    }
     return s;
   }
   // Stream the members in pieces; every kind but intra_dist_opt lists each group

@@ -151,6 +151,38 @@ TEST(TopologyAdvice, StreamedSpansMatchWholeLists) {
   }
 }
 
+// Kinds of large groups of consecutive ranks take a shortcut (first member only); it must
+// agree with counting every member, whichever axes are large and wherever dp sits.
+TEST(TopologyAdvice, RunShortcutMatchesWholeLists) {
+  for (const char* order : {"tp-cp-ep-dp-pp", "dp-tp-cp-ep-pp", "tp-dp-cp-ep-pp"})
+    for (std::int64_t n : {1, 2, 4}) {
+      ParallelConfig c = make_config(8192, 2, 2, 1, 2, order);
+      c.etp = 1;
+      c.dist_opt_instances = n;
+      std::optional<Layout> l;
+      try {
+        l.emplace(c);
+      } catch (const ConfigError&) {
+        continue;
+      }
+      for (std::int64_t g : {3, 8, 1000}) {
+        const NodeMap nodes(g);
+        for (GroupKind k : l->kinds()) {
+          const GroupList groups = l->groups(k);
+          std::int64_t crossing = 0, most = 0;
+          for (std::size_t i = 0; i < groups.size(); ++i) {
+            const std::int64_t spanned = nodes.nodes_spanned(groups[i]);
+            crossing += spanned > 1 ? 1 : 0;
+            most = std::max(most, spanned);
+          }
+          const KindSpan s = kind_span(*l, k, 0, nodes);
+          EXPECT_EQ(s.crossing_groups, crossing) << c.canonical() << " " << kind_name(k) << " g " << g;
+          EXPECT_EQ(s.max_nodes_spanned, most) << c.canonical() << " " << kind_name(k) << " g " << g;
+        }
+      }
+    }
+}
+
 // A group larger than a node is no one's fault: a warning, not an avoidable one.
 TEST(TopologyAdvice, OversizedGroupIsNotAvoidable) {
   const TopologyReport r = check_topology(Layout(make_config(32, 16)), {}, NodeMap(8));
