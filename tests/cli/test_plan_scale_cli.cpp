@@ -201,6 +201,22 @@ TEST(PlanScale, MemoryStaysSmall) {
 #endif
 }
 
+// The topology check of the largest world answers (no bad_alloc, nothing printed first).
+TEST(PlanScale, TopologyOfTheLargestWorld) {
+  const CliResult r = plan({"--world-size", "2147483647", "--check-topology", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["nodes"], 268435456);
+  bool dp_seen = false;
+  for (const auto& k : j["kinds"])
+    if (k["kind"] == "dp") {
+      dp_seen = true;
+      EXPECT_EQ(k["max_nodes_spanned"], 268435456);
+    }
+  EXPECT_TRUE(dp_seen);
+  EXPECT_LT(r.seconds, 20.0);
+}
+
 TEST(PlanScale, HelpShowsIntegerFlagsAsInt) {
   const CliResult r = run_cli(COMMGRID_EXE, {"plan", "--help"});
   ASSERT_EQ(r.code, 0);
