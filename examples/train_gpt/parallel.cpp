@@ -21,10 +21,10 @@ ModelParallel::ModelParallel(const commgrid::ModelCommProcessGroups& groups, boo
       pp_size_(pp_->size()),
       pp_rank_(pp_->rank()),
       sequence_parallel_(sequence_parallel) {
-  // hcp, when the layout has it, replaces the one cp gather by one gather per level.
-  const commgrid::GroupField& hcp = groups.hcp();
-  if (hcp.has_group())
-    for (const auto& h : hcp.handles()) cp_levels_.push_back(h.get());
+  // hcp, when the layout has it, replaces the one cp gather by one gather per level. A
+  // collection built by hand may leave it unset: then cp is gathered in one call.
+  if (groups.is_set("hcp") && groups.hcp().has_group())
+    for (const auto& h : groups.hcp().handles()) cp_levels_.push_back(h.get());
   else
     cp_levels_.push_back(cp_);
   // Which cp rank each gathered block comes from: gather the global ranks the same way.

@@ -14,9 +14,9 @@ namespace train_gpt {
 /// parallel blocks comes from the members of the hcp (or cp) groups.
 class ModelParallel {
  public:
-  /// Reads tp, cp, hcp, pp, mp, embd and pos_embd from the collection (UnsetFieldError if
-  /// one was not set). Collective over cp (and hcp): exchanges the members' global ranks
-  /// once to learn the order of gathered blocks.
+  /// Reads tp, cp, pp, mp, embd, pos_embd (UnsetFieldError if one was not set) and hcp
+  /// (optional) from the collection. Collective over cp (and hcp): exchanges the members'
+  /// global ranks once to learn the order of gathered blocks.
   ModelParallel(const commgrid::ModelCommProcessGroups& groups, bool sequence_parallel);
 
   commgrid::Communicator& tp() const { return *tp_; }
