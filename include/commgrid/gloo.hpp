@@ -23,6 +23,11 @@ struct GlooOptions {
   std::string hostname;
   /// Key prefix of this world in the store. Two worlds in one store need two prefixes.
   std::string prefix = "world";
+  /// The job's secret (COMMGRID_TOKEN). After Gloo connects the pairs of a new group, both
+  /// ends prove it (HMAC-SHA256) before any use; a peer that cannot is reported as
+  /// "unauthenticated peer at ADDR" (AuthenticationError). Empty: every rank proves the
+  /// empty token, which keeps out only programs that do not speak commgrid.
+  std::string token;
 };
 
 /// Creates the world communicator of rank `rank` of `size` ranks: collective over the

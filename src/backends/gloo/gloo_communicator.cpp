@@ -42,6 +42,7 @@ using Ms = std::chrono::milliseconds;
 struct Shared {
   std::shared_ptr<Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
+  std::string token;  // the job's secret, proven to every peer of every new group
 };
 
 std::string join_ints(const std::vector<int>& v) {
@@ -121,6 +122,68 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
   Ms timeout_;
 };
 
+// Whoever connects first to a listening Gloo pair becomes the peer. Before a new group is
+// used, both ends of every pair therefore prove the job's token over it: HMAC-SHA256 of the
+// group's key prefix (unique per job, group and creation) and the two ranks. A stranger that
+// won a connection cannot produce it and is reported as an unauthenticated peer; the wait is
+// bounded by the creation's deadline, not per peer. A slot prefix of its own (0x7f) keeps
+// these messages apart from every collective and point-to-point message.
+void prove_peers(::gloo::Context& ctx, const std::string& token, const std::string& prefix,
+                 int rank, const std::string& op, const std::string& group,
+                 std::chrono::steady_clock::time_point deadline) {
+  const int size = ctx.size;
+  if (size == 1) return;
+  constexpr size_t kProof = 64;  // hex of HMAC-SHA256; an empty token proves as zeros
+  auto proof = [&](int from, int to) {
+    std::string p = token_proof(token, "commgrid pair\n" + prefix + "\n" + std::to_string(from) +
+                                           "\n" + std::to_string(to));
+    p.resize(kProof, '0');
+    return p;
+  };
+  const std::uint64_t slot = std::uint64_t{0x7f} << 56;
+  std::vector<std::string> out(static_cast<size_t>(size)), in(static_cast<size_t>(size));
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends, recvs;
+  std::vector<int> recv_peer;
+  guard(op, group, [&] {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      out[static_cast<size_t>(peer)] = proof(rank, peer);
+      in[static_cast<size_t>(peer)].assign(kProof, '\0');
+      sends.push_back(ctx.createUnboundBuffer(out[static_cast<size_t>(peer)].data(), kProof));
+      sends.back()->send(peer, slot);
+      recvs.push_back(ctx.createUnboundBuffer(in[static_cast<size_t>(peer)].data(), kProof));
+      recvs.back()->recv(peer, slot);
+      recv_peer.push_back(peer);
+    }
+  });
+  auto left = [&] {
+    return std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now()));
+  };
+  auto peer_address = [&](int peer) {
+    try {
+      return ctx.getPair(peer)->address().str();
+    } catch (const std::exception&) {
+      return std::string("rank ") + std::to_string(peer);
+    }
+  };
+  for (size_t i = 0; i < recvs.size(); ++i) {
+    const int peer = recv_peer[i];
+    bool ok = false;
+    try {
+      ok = recvs[i]->waitRecv(left());
+    } catch (const std::exception& e) {
+      throw AuthenticationError("gloo " + op + " on " + group + ": unauthenticated peer at " +
+                                peer_address(peer) + " (expected rank " + std::to_string(peer) +
+                                "): " + strip_gloo_location(e.what()));
+    }
+    if (!ok || in[static_cast<size_t>(peer)] != proof(peer, rank))
+      throw AuthenticationError("gloo " + op + " on " + group + ": unauthenticated peer at " +
+                                peer_address(peer) + " (expected rank " + std::to_string(peer) +
+                                "): it did not prove the job's token");
+  }
+  for (auto& b : sends) guard(op, group, [&] { b->waitSend(left()); });
+}
+
 std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix,
                                                int rank, const std::vector<int>& global_ranks,
                                                const std::string& op, const std::string& group,
@@ -130,7 +193,9 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   ctx->setTimeout(timeout);
   RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout);
   guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+  prove_peers(*ctx, shared.token, prefix, rank, op, group, deadline);
   std::string addresses;
   for (int peer = 0; peer < size; ++peer)
     if (peer != rank) addresses += std::to_string(peer) + " " + ctx->getPair(peer)->address().str() + "\n";
@@ -989,6 +1054,7 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
   if (options.prefix.empty()) throw ConfigError("prefix", "gloo world: empty key prefix");
   auto shared = std::make_shared<Shared>();
   shared->store = std::move(store);
+  shared->token = options.token;
   ::gloo::transport::tcp::attr attr;
   attr.hostname = options.hostname.empty() ? default_hostname(*shared->store) : options.hostname;
   guard("create device", "world",

@@ -195,6 +195,7 @@ std::unique_ptr<Communicator> make_world(GlooOptions options) {
   auto store = open_store(info.store, so);
   if (options.hostname.empty()) options.hostname = store->local_address();
   options.prefix = info.job_id + "/" + options.prefix;
+  options.token = info.token;
   return make_gloo_world(std::move(store), info.rank, info.size, options);
 }
 

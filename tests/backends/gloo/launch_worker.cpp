@@ -1,6 +1,6 @@
 // A rank program for the launch tests: builds its world from COMMGRID_* like a user's
 // program, then behaves as asked: ok | exit RANK CODE | sigkill RANK | missing RANK |
-// env | sleep | hold SECONDS (world, barrier, sleep, barrier) | local.
+// env | sleep | hold SECONDS (world, barrier, sleep, barrier) | local | lategroup RANK.
 #include <signal.h>
 #include <unistd.h>
 
@@ -49,6 +49,17 @@ int run(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(target * 1000));
     w->barrier()->wait();
     std::cout << ("rank " + std::to_string(w->rank()) + " held\n") << std::flush;
+    return 0;
+  }
+  if (mode == "lategroup") {
+    // Rank `target` joins a group 2 s after the others, who wait with their pairs
+    // listening: the window a stranger would use.
+    if (w->rank() == target) std::this_thread::sleep_for(std::chrono::seconds(2));
+    auto g = w->split(0, w->rank(), "late");
+    std::int64_t one = 1, n = 0;
+    g->allreduce(&one, &n, 1, DataType::int64, ReduceOp::sum)->wait();
+    std::cout << ("rank " + std::to_string(w->rank()) + " group of " + std::to_string(n) + "\n")
+              << std::flush;
     return 0;
   }
   if (mode == "local") {

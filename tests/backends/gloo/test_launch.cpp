@@ -11,8 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <atomic>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -227,6 +230,83 @@ TEST(Launchers, ASecondJobOnTheSamePortFailsAtOnceAndTheFirstCompletes) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(took_ms (\d+))"))) << r.out;
   EXPECT_LT(std::stoi(m[1].str()), 2500) << "the second job did not fail at once";
+}
+
+// ---- strangers ---------------------------------------------------------------------
+
+// The listening TCP ports of processes whose command line contains `marker`, read from
+// /proc (socket inodes of their descriptors matched against /proc/net/tcp{,6}).
+std::set<int> listening_ports_of(const std::string& marker) {
+  std::set<std::string> inodes;
+  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = d.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(d.path() / "cmdline", std::ios::binary);
+    std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (line.find(marker) == std::string::npos || std::stoi(pid) == ::getpid()) continue;
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator(d.path() / "fd", ec)) {
+      const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+      if (target.starts_with("socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::set<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string row;
+    std::getline(in, row);
+    while (std::getline(in, row)) {
+      std::istringstream f(row);
+      std::string slot, local, remote, state, skip, inode;
+      f >> slot >> local >> remote >> state;
+      for (int i = 0; i < 5; ++i) f >> skip;
+      f >> inode;
+      if (state == "0A" && inodes.count(inode) != 0)
+        ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+    }
+  }
+  return ports;
+}
+
+TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
+  // A stranger scans the job's ranks for listening ports while they create their groups and
+  // sends each a Gloo-sized header of garbage. The job completes, or fails within its
+  // timeout naming an unauthenticated peer; never SIGABRT, never a hang.
+  const std::string marker = "--kinds tp,pp,dp,cp";
+  std::atomic<bool> done{false};
+  std::atomic<int> attacked{0};
+  std::jthread stranger([&] {
+    std::vector<int> fds;
+    std::set<int> seen;
+    while (!done.load()) {
+      for (int port : listening_ports_of(marker)) {
+        if (!seen.insert(port).second) continue;
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+          char junk[48];
+          for (size_t i = 0; i < sizeof(junk); ++i) junk[i] = static_cast<char>(i * 37 + 1);
+          (void)!::send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+          ++attacked;
+        }
+        fds.push_back(fd);
+      }
+    }
+    for (int fd : fds) ::close(fd);
+  });
+  Result r = launch({"launch", "-n", "4", "--timeout", "10", "--", COMMGRID_CLI, "verify", "--tp",
+                     "2", "--cp", "2", "--kinds", "tp,pp,dp,cp"});
+  done = true;
+  std::cout << "stranger attacked " << attacked.load() << " listening ports\n";
+  EXPECT_FALSE(has(r.err, "SIGABRT")) << r.err;
+  EXPECT_LT(r.seconds, 15.0) << "a hang";
+  if (r.code != 0) {
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(has(r.err, "unauthenticated peer at ")) << r.err;
+  }
 }
 
 // ---- every timeout a bound ---------------------------------------------------------

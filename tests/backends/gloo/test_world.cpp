@@ -159,6 +159,41 @@ TEST(GlooWorld, AMismatchedWorldSizeIsNamedNotAGlooAssertion) {
   EXPECT_NE(errors[0].find("says world size 4, rank 0 says 8"), std::string::npos) << errors[0];
 }
 
+// ---- the pair proof ------------------------------------------------------------------
+
+TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
+  // Rank 1 reaches the store (as an attacker who can write it would) but has no token: both
+  // ends of the pair refuse it, within the timeout, and no process aborts.
+  auto store = make_memory_store();
+  std::vector<std::string> errors(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        GlooOptions o = test_options(3s);
+        o.token = r == 0 ? "the-job-token" : "a-guess";
+        try {
+          make_gloo_world(store, r, 2, o);
+        } catch (const AuthenticationError& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = std::string("wrong type: ") + e.what();
+        }
+      });
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("unauthenticated peer at "), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+    EXPECT_EQ(errors[static_cast<size_t>(r)].find("token-"), std::string::npos) << "token shown";
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  // With the same token the world forms and works.
+  GlooOptions same = test_options(10s);
+  same.token = "the-job-token";
+  run_local_ranks(3, [](Communicator& w) { w.barrier()->wait(); }, same);
+}
+
 // ---- the TCP store -------------------------------------------------------------------
 
 int free_port() {
