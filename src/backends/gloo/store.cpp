@@ -164,8 +164,16 @@ using FileStore = GlooBackedStore<CheckableFileStore>;
 // Gloo's RedisStore with AUTH on its connection (Gloo's constructor sends none).
 class AuthRedisStore : public ::gloo::rendezvous::RedisStore {
  public:
-  AuthRedisStore(const std::string& host, int port, const std::string& password)
+  AuthRedisStore(const std::string& host, int port, const std::string& password,
+                 std::chrono::milliseconds timeout)
       : RedisStore(host, port) {
+    // hiredis blocks without limit on a server that stopped answering (SIGSTOP, a network
+    // partition); a bound per command keeps every wait within its timeout plus this.
+    const auto bound = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(2));
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(bound.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((bound.count() % 1000) * 1000);
+    redisSetTimeout(redis_, tv);
     if (password.empty()) return;
     auto* reply = static_cast<redisReply*>(redisCommand(redis_, "AUTH %b", password.data(),
                                                         password.size()));
@@ -182,9 +190,9 @@ class AuthRedisStore : public ::gloo::rendezvous::RedisStore {
 class RedisStore final : public Store {
  public:
   RedisStore(const std::string& host, int port, std::string prefix, const std::string& password,
-             std::string local)
+             std::string local, std::chrono::milliseconds timeout)
       : host_(host), port_(port), prefix_(std::move(prefix)), local_(std::move(local)),
-        store_(host, port, password) {}
+        store_(host, port, password, timeout) {}
   std::string uri() const override {
     return "redis://" + host_ + ":" + std::to_string(port_) + "/" + prefix_;
   }
@@ -361,7 +369,8 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
   gloo_backend::guard("store connect",
                       "redis://" + host + ":" + std::to_string(port),
                       [&] {
-                        out = std::make_shared<RedisStore>(host, port, prefix, password, local);
+                        out = std::make_shared<RedisStore>(host, port, prefix, password, local,
+                                                           options.timeout);
                       });
   claim_store(*out, options);
   return out;

@@ -135,6 +135,10 @@ class RedisServer {
     return "redis://127.0.0.1:" + std::to_string(port_) + "/" + prefix;
   }
   [[nodiscard]] int port() const { return port_; }
+  /// Sends the server a signal (SIGKILL, SIGSTOP, SIGCONT), as a failure would.
+  void signal(int sig) const {
+    if (pid_ > 0) ::kill(pid_, sig);
+  }
 
  private:
   pid_t pid_ = -1;
@@ -225,6 +229,33 @@ TEST(GlooRedisStore, ASecondJobOnThePrefixFailsAtOnceAndTheFirstCompletes) {
       });
   }
   EXPECT_EQ(errs, std::vector<std::string>(2));
+}
+
+// The case: Redis dies (or freezes) mid-rendezvous with a rank missing; 8 ranks with
+// a 3 s timeout all end within 5 s, whatever the number of peers.
+void redis_fails_during_rendezvous(int signal) {
+  RedisServer redis;
+  if (!redis.available()) GTEST_SKIP() << "redis-server not found or did not start";
+  std::jthread killer([&] {
+    std::this_thread::sleep_for(500ms);
+    redis.signal(signal);
+  });
+  std::vector<std::string> errors;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_with_own_stores(8, redis.uri("dies"), 3s, allreduce_and_split, 7, &errors);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 5.0) << "a rank outlived its timeout by more than 2 s";
+  for (int r = 0; r < 7; ++r) EXPECT_NE(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  if (signal == SIGSTOP) redis.signal(SIGCONT);
+}
+
+TEST(GlooRedisStore, KilledDuringRendezvousEveryRankEndsWithinTheTimeout) {
+  redis_fails_during_rendezvous(SIGKILL);
+}
+
+TEST(GlooRedisStore, FrozenDuringRendezvousEveryRankEndsWithinTheTimeout) {
+  redis_fails_during_rendezvous(SIGSTOP);
 }
 
 TEST(GlooRedisStore, AnUnreachableServerIsABackendErrorNamingIt) {
