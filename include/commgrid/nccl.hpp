@@ -64,7 +64,8 @@ std::string nccl_version();
 /// against the timeout; on timeout the communicator being made (for split: the parent,
 /// whose abort also stops the child's initialization) is aborted and TimeoutError names the
 /// kind and group (the `name` argument), and the members. Not thread-safe: one thread uses
-/// one communicator at a time (it may differ between calls; each call selects the device).
+/// one communicator at a time (it may differ between calls). Each call makes device()
+/// current for its duration and restores the caller's current device.
 class NcclCommunicator final : public Communicator {
  public:
   struct State;  ///< the NCCL handle, stream and abort state, shared with pending Work
@@ -171,6 +172,8 @@ class NcclCommunicator final : public Communicator {
 /// PCI bus ids (so that a rank without a usable device, or two ranks sharing one, is an error
 /// on every rank, never a hang); rank 0 makes the ncclUniqueId and broadcasts it; every rank
 /// initializes its NCCL communicator on its device (nonblocking, bounded by the timeout).
+/// The chosen device becomes the calling thread's current device (as torch.cuda.set_device),
+/// so that the rank's own allocations land on it.
 /// The world's ranks are the bootstrap's ranks. `bootstrap` must outlive every create_group
 /// call on this world and its groups (the ids of member-only groups travel over it).
 /// Throws InvalidValueError for a bad option, BackendError naming the rank and host without

@@ -38,9 +38,34 @@ void check_cuda(cudaError_t e, const std::string& op, const std::string& group, 
   throw BackendError("nccl " + op + " on " + group + ": " + call + ": " + cuda_text(e));
 }
 
-void use_device(int device, const std::string& op, const std::string& group) {
-  check_cuda(cudaSetDevice(device), op, group, "cudaSetDevice");
-}
+// Makes `device` current for one call and restores the caller's device afterwards, so that
+// a communicator's calls never change which device the calling thread works on.
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, const std::string& op, const std::string& group) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device) check_cuda(cudaSetDevice(device), op, group, "cudaSetDevice");
+    device_ = device;
+  }
+  /// For destructors and noexcept paths: errors are ignored.
+  explicit DeviceGuard(int device) noexcept : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) (void)cudaSetDevice(device);
+    (void)cudaGetLastError();
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  int device_ = -1;
+};
 
 std::string nccl_text(ncclResult_t rc, ncclComm_t comm) {
   std::string s = ncclGetErrorString(rc);
@@ -102,7 +127,7 @@ std::string host_name() {
 ncclComm_t init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int device,
                      const std::string& op, const std::string& parent, const std::string& name,
                      Ms timeout, const std::vector<std::int64_t>& members) {
-  use_device(device, op, parent);
+  const DeviceGuard guard(device, op, parent);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   config.commName = name.c_str();
@@ -144,6 +169,7 @@ struct NcclCommunicator::State {
   State(ncclComm_t c, int dev, std::string group, Communicator* boot, Ms t)
       : name(std::move(group)), device(dev), timeout(t), bootstrap(boot), comm_(c) {
     try {
+      const DeviceGuard guard(device, "create", name);
       ncclResult_t rc = ncclCommUserRank(comm_, &rank);
       if (rc == ncclSuccess) rc = ncclCommCount(comm_, &size);
       if (rc != ncclSuccess)
@@ -161,7 +187,7 @@ struct NcclCommunicator::State {
   }
 
   ~State() {
-    (void)cudaSetDevice(device);
+    const DeviceGuard guard(device);
     ncclComm_t c = nullptr;
     {
       std::lock_guard lock(mutex_);
@@ -208,7 +234,7 @@ struct NcclCommunicator::State {
       comm_ = nullptr;
     }
     if (c != nullptr) {
-      (void)cudaSetDevice(device);
+      const DeviceGuard guard(device);
       (void)ncclCommAbort(c);
     }
   }
@@ -409,16 +435,17 @@ class NcclWork final : public Work {
       } catch (...) {  // the interface: a Work destroyed without wait() swallows errors
       }
     }
-    (void)cudaSetDevice(state_->device);
+    const DeviceGuard guard(state_->device);
     (void)cudaEventDestroy(event_);
   }
 
   void wait() override {
     if (finished_) {
+      if (timed_out_) throw TimeoutError(error_);
       if (!error_.empty()) throw BackendError(error_);
       return;
     }
-    use_device(state_->device, op_, state_->name);
+    const DeviceGuard guard(state_->device, op_, state_->name);
     Backoff backoff;
     for (;;) {
       const cudaError_t e = cudaEventQuery(event_);
@@ -442,6 +469,7 @@ class NcclWork final : public Work {
             timeout_message(op_, state_->name, "", timeout_, state_->name, state_->members);
         state_->abort(msg);
         finished_ = true;
+        timed_out_ = true;
         error_ = msg;
         throw TimeoutError(msg);
       }
@@ -451,7 +479,8 @@ class NcclWork final : public Work {
 
   [[nodiscard]] bool done() const override {
     if (finished_) return true;
-    if (cudaSetDevice(state_->device) != cudaSuccess || cudaEventQuery(event_) != cudaSuccess) {
+    const DeviceGuard guard(state_->device);
+    if (cudaEventQuery(event_) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -488,6 +517,7 @@ class NcclWork final : public Work {
   mutable Staging staging_;
   cudaEvent_t event_ = nullptr;
   mutable bool finished_ = false;
+  bool timed_out_ = false;
   mutable std::string error_;
 };
 
@@ -497,7 +527,7 @@ template <class Enqueue>
 std::unique_ptr<Work> post(const std::shared_ptr<State>& s, Ms timeout, const std::string& op,
                            Staging staging, Enqueue&& enqueue, bool blocking = false) {
   s->check_usable(op);
-  use_device(s->device, op, s->name);
+  const DeviceGuard guard(s->device, op, s->name);
   const Clock::time_point deadline = Clock::now() + timeout;
   staging.stage(s->stream, op, s->name);
   const ncclComm_t comm = s->comm();
@@ -634,7 +664,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(std::optional<std::int64_t
     throw InvalidValueError("key", "nccl split on " + s.name + " for " + name + ": key " +
                                        std::to_string(key) + " does not fit an int");
   count_creation();
-  use_device(s.device, "split", s.name);
+  const DeviceGuard guard(s.device, "split", s.name);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   config.commName = name.c_str();
@@ -757,7 +787,7 @@ std::unique_ptr<Communicator> NcclCommunicator::create_group_collective(std::spa
 std::unique_ptr<Work> NcclCommunicator::barrier() {
   State& s = *state_;
   s.check_usable("barrier");
-  use_device(s.device, "barrier", s.name);
+  const DeviceGuard guard(s.device, "barrier", s.name);
   if (s.barrier_buf == nullptr)
     check_cuda(cudaMalloc(&s.barrier_buf, 16), "barrier", s.name, "cudaMalloc");
   void* buf = s.barrier_buf;
