@@ -130,6 +130,19 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{{"--world-size", "1048576", "--format", "svg"}, "--nodes A-B"},
         Refusal{{"--world-size", "64", "--max-output-mib", "-1"}, "max_output_mib must be >= 0"}));
 
+// A refused document leaves no file behind: --output is opened only after every check.
+TEST(PlanScale, RefusalCreatesNoFile) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("commgrid-refused-" + std::to_string(::getpid()) + ".json");
+  std::filesystem::remove(path);
+  const CliResult r = plan({"--world-size", "2147483647", "--format", "json", "--output", path.string()});
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(path)) << path;
+  const CliResult bad = plan({"--world-size", "64", "--pp", "16", "--num-layers", "30", "--output", path.string()});
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(path)) << path;
+}
+
 // The limit is a flag: 0 lifts it.
 TEST(PlanScale, LimitCanBeLifted) {
   const CliResult r = plan({"--world-size", "65536", "--format", "json", "--max-output-mib", "0",
