@@ -81,6 +81,39 @@ TEST(Streaming, GroupIndexEqualsGroupOf) {
   }
 }
 
+// Large axes (64, 128 ranks) take other paths through the enumeration than the small
+// random configs: the lists must still hold, at every sampled rank, the group the closed
+// form gives for that rank.
+TEST(Streaming, LargeAxesMatchTheClosedForm) {
+  std::vector<ParallelConfig> cs;
+  for (const char* order : {"tp-cp-ep-dp-pp", "cp-dp-tp-ep-pp", "dp-tp-cp-ep-pp"}) {
+    ParallelConfig c = test::make_config(65536, 64, 2, 128, 1, order);
+    cs.push_back(c);
+    ParallelConfig m = test::make_config(32768, 2, 4, 1, 64, order);
+    m.etp = 1;
+    m.dist_opt_instances = 2;
+    cs.push_back(m);
+  }
+  for (const ParallelConfig& c : cs) {
+    std::optional<Layout> l;
+    try {
+      l.emplace(c);
+    } catch (const ConfigError&) {
+      continue;
+    }
+    for (GroupKind k : l->kinds()) {
+      const GroupList all = l->groups(k);
+      for (Rank r = 0; r < l->world_size(); r += 977) {
+        const auto ref = l->group_of(k, r);
+        if (!ref) continue;
+        const auto g = all[static_cast<std::size_t>(ref->index)];
+        ASSERT_TRUE(std::equal(g.begin(), g.end(), ref->members.begin(), ref->members.end()))
+            << c.canonical() << " kind " << kind_name(k) << " rank " << r;
+      }
+    }
+  }
+}
+
 TEST(Streaming, RangeOutsideTheListIsAnError) {
   const Layout l(test::make_config(8, 2));
   std::vector<Rank> buf(4);
