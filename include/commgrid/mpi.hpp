@@ -29,7 +29,9 @@ enum class ThreadSupport : int {
 class MpiEnvironment {
  public:
   /// Calls MPI_Init_thread unless MPI is initialized. Throws BackendError when the call
-  /// fails or MPI provides less thread support than `required`.
+  /// fails or MPI provides less thread support than `required`. The call is bounded by
+  /// COMMGRID_TIMEOUT (else kDefaultTimeout): past it (a rank of the job never started it),
+  /// this process writes one error line and exits 1, and mpirun ends the job.
   explicit MpiEnvironment(ThreadSupport required = ThreadSupport::serialized);
   /// Same, passing the program's arguments on to MPI (some launchers need them).
   MpiEnvironment(int* argc, char*** argv,

@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -163,6 +165,59 @@ int tag_upper_bound(MPI_Comm comm) {
 
 // ---- MpiEnvironment ------------------------------------------------------------------
 
+namespace {
+// MPI_Init blocks until every rank of the job has started it; a rank that never does (it
+// failed to start, or was stopped) would hang the others, and mpirun, forever. The bound is
+// COMMGRID_TIMEOUT when set, else the default timeout. Past it this rank writes one line and
+// exits 1; mpirun then ends the whole job with its own message. MPI_Abort is not allowed
+// before MPI_Init returns, so this is the only way out.
+std::chrono::milliseconds init_timeout() {
+  const char* t = std::getenv("COMMGRID_TIMEOUT");
+  if (t == nullptr) return kDefaultTimeout;
+  char* end = nullptr;
+  const double seconds = std::strtod(t, &end);
+  if (*t == '\0' || *end != '\0' || !(seconds > 0) || seconds > 1e9)
+    throw InvalidValueError("COMMGRID_TIMEOUT", std::string("COMMGRID_TIMEOUT='") + t +
+                                                    "' is not a positive number of seconds");
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
+}
+
+class InitWatchdog {
+ public:
+  explicit InitWatchdog(std::chrono::milliseconds timeout)
+      : thread_([this, timeout] { watch(timeout); }) {}
+  ~InitWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  InitWatchdog(const InitWatchdog&) = delete;
+  InitWatchdog& operator=(const InitWatchdog&) = delete;
+
+ private:
+  void watch(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, timeout, [this] { return done_; })) return;
+    char line[256];
+    const int n = std::snprintf(line, sizeof(line),
+                                "error: mpi MPI_Init_thread: did not complete within %.1f s (a "
+                                "rank of the job did not start or is stopped); ending this "
+                                "rank\n",
+                                static_cast<double>(timeout.count()) / 1000.0);
+    if (n > 0) [[maybe_unused]] auto w = ::write(2, line, static_cast<size_t>(n));  // one write
+    std::_Exit(1);
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts after the members it reads exist
+};
+}  // namespace
+
 MpiEnvironment::MpiEnvironment(ThreadSupport required) { init(nullptr, nullptr, required); }
 
 MpiEnvironment::MpiEnvironment(int* argc, char*** argv, ThreadSupport required) {
@@ -180,7 +235,11 @@ void MpiEnvironment::init(int* argc, char*** argv, ThreadSupport required) {
   if (initialized != 0) {
     MPI_Query_thread(&provided);
   } else {
-    int rc = MPI_Init_thread(argc, argv, static_cast<int>(required), &provided);
+    int rc = MPI_SUCCESS;
+    {
+      const InitWatchdog watchdog(init_timeout());
+      rc = MPI_Init_thread(argc, argv, static_cast<int>(required), &provided);
+    }
     if (rc != MPI_SUCCESS) throw BackendError("mpi MPI_Init_thread: " + error_text(rc));
     owns_ = true;
     // We own MPI, so errors on the predefined communicators come back as codes too.

@@ -366,6 +366,23 @@ TEST(LaunchBounds, SighupAndSigintStopEveryRankToo) {
   }
 }
 
+TEST(LaunchBounds, UnderMpirunARankStoppedBeforeMpiInitEndsTheJobWithAMessage) {
+  // Rank 1 stops itself before MPI_Init; rank 0's MPI_Init waits for it, its watchdog
+  // (COMMGRID_TIMEOUT) ends it with one line, and mpirun ends the job.
+  if (run_shell("command -v mpirun").code != 0) GTEST_SKIP() << "mpirun not found";
+  Result r = run_shell(
+      "COMMGRID_TIMEOUT=2 timeout 60 mpirun --oversubscribe --allow-run-as-root -np 2 sh -c " +
+      commgrid::test::shell_quote("if [ $OMPI_COMM_WORLD_RANK = 1 ]; then kill -STOP $$; fi; exec " +
+                                  std::string(COMMGRID_CLI) + " verify --backend mpi --tp 2"));
+  if (has(r.err, "has no MPI backend")) GTEST_SKIP() << "commgrid was built without MPI";
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "mpirun hung: " << r.err;
+  EXPECT_TRUE(has(r.out + r.err, "error: mpi MPI_Init_thread: did not complete within 2.0 s (a "
+                                 "rank of the job did not start or is stopped); ending this rank\n"))
+      << r.out << r.err;
+  EXPECT_LT(r.seconds, 15.0);
+}
+
 TEST(LaunchBounds, EmptyFlagValuesAreErrors) {
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"launch", "-n", "2", "--timeout", "", "--", "true"},
