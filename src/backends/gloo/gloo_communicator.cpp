@@ -77,7 +77,8 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
   RendezvousStore(commgrid::Store& store, std::string prefix, std::string op, std::string group,
                   const std::vector<int>& global_ranks, Ms timeout)
       : store_(store), prefix_(std::move(prefix)), op_(std::move(op)), group_(std::move(group)),
-        global_ranks_(global_ranks), timeout_(timeout) {}
+        global_ranks_(global_ranks), timeout_(timeout),
+        deadline_(std::chrono::steady_clock::now() + timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(full(key), data);
@@ -90,8 +91,12 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys, const Ms& timeout) override {
     std::vector<std::string> full_keys;
     for (const auto& k : keys) full_keys.push_back(full(k));
+    // Gloo waits for its peers' keys one after another; one deadline for the whole
+    // rendezvous keeps the total within the timeout, whatever the number of peers.
+    const Ms left = std::max(Ms(1), std::chrono::duration_cast<Ms>(
+                                        deadline_ - std::chrono::steady_clock::now()));
     try {
-      if (store_.wait_for(full_keys, timeout).empty()) return;
+      if (store_.wait_for(full_keys, std::min(timeout, left)).empty()) return;
     } catch (const AbortedError& e) {
       throw AbortedError("gloo " + op_ + " on " + group_ + ": " + e.what());
     }
@@ -120,6 +125,7 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
   std::string prefix_, op_, group_;
   const std::vector<int>& global_ranks_;
   Ms timeout_;
+  std::chrono::steady_clock::time_point deadline_;
 };
 
 // Whoever connects first to a listening Gloo pair becomes the peer. Before a new group is
