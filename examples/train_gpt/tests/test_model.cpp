@@ -29,6 +29,13 @@ void on_one_rank(Fn fn) {
   });
 }
 
+// Every element; every third under the sanitizers, where Eigen runs unoptimized.
+#ifdef TRAIN_GPT_SANITIZED
+constexpr Eigen::Index kElementStride = 3;
+#else
+constexpr Eigen::Index kElementStride = 1;
+#endif
+
 TEST(TrainGptModel, GradientsMatchFiniteDifferences) {
   on_one_rank([](const Collections& c) {
     ModelConfig cfg;
@@ -57,7 +64,7 @@ TEST(TrainGptModel, GradientsMatchFiniteDifferences) {
     double worst = 0;
     std::string worst_at;
     for (Param* p : model.params()) {
-      for (Eigen::Index i = 0; i < p->value.size(); ++i) {
+      for (Eigen::Index i = 0; i < p->value.size(); i += kElementStride) {
         double& x = p->value.data()[i];
         const double saved = x;
         x = saved + eps;
@@ -76,7 +83,7 @@ TEST(TrainGptModel, GradientsMatchFiniteDifferences) {
         ++checked;
       }
     }
-    EXPECT_GT(checked, 1000);
+    EXPECT_GT(checked, 1000 / kElementStride);
     EXPECT_LT(worst, 1e-7) << "worst element " << worst_at;
   });
 }
