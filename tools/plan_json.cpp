@@ -10,10 +10,9 @@ namespace commgrid::cli {
 OutputBuffer::OutputBuffer(std::ostream& out, std::size_t capacity)
     : out_(out), buf_(std::max<std::size_t>(capacity, 64)) {}
 
-OutputBuffer::~OutputBuffer() {
-  // Normal paths flush() and see errors; this only keeps a forgotten tail.
-  if (n_ > 0) out_.write(buf_.data(), static_cast<std::streamsize>(n_));
-}
+// Whatever is still buffered is dropped: every complete document ends with flush(), and an
+// exception in the middle of one must not add its tail after the error.
+OutputBuffer::~OutputBuffer() = default;
 
 void OutputBuffer::drain() {
   out_.write(buf_.data(), static_cast<std::streamsize>(n_));

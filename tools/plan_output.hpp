@@ -35,6 +35,7 @@ class OutputBuffer {
   OutputBuffer(const OutputBuffer&) = delete;
   OutputBuffer& operator=(const OutputBuffer&) = delete;
 
+  /// Appends text; the buffer goes to the stream whenever it is full.
   void put(std::string_view s);
   void put(char c) {
     if (n_ == buf_.size()) drain();
@@ -50,7 +51,8 @@ class OutputBuffer {
   void pad(std::string_view s, std::size_t width, bool left = false);
   /// v right-aligned in `width` columns.
   void pad_int(std::int64_t v, std::size_t width);
-  /// Hands everything buffered to the stream; throws Error when the stream failed.
+  /// Hands everything buffered to the stream; throws Error when the stream failed. A
+  /// document is complete only after flush(): the destructor drops what is left.
   void flush();
 
  private:
