@@ -25,8 +25,24 @@ std::string describe(const CliResult& r) {
   return "exit " + std::to_string(r.code) + "\nstdout:\n" + r.out + "\nstderr:\n" + r.err;
 }
 
+// The program's stdout without the "[rank 0] " that `commgrid launch` puts before each line.
+std::string without_rank_prefix(const std::string& out) {
+  const std::string prefix = "[rank 0] ";
+  std::string s;
+  std::size_t at = 0;
+  while (at < out.size()) {
+    std::size_t end = out.find('\n', at);
+    if (end == std::string::npos) end = out.size();
+    std::string line = out.substr(at, end - at);
+    if (line.rfind(prefix, 0) == 0) line.erase(0, prefix.size());
+    s += line + "\n";
+    at = end + 1;
+  }
+  return s;
+}
+
 json parse_json(const CliResult& r) {
-  json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+  json j = json::parse(without_rank_prefix(r.out), nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(j.is_discarded()) << describe(r);
   return j;
 }
