@@ -130,7 +130,9 @@ ncclComm_t init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int de
   const DeviceGuard guard(device, op, parent);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)  // names the communicator in NCCL's logs
   config.commName = name.c_str();
+#endif
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), id.size());
   ncclComm_t comm = nullptr;
@@ -667,7 +669,9 @@ std::unique_ptr<Communicator> NcclCommunicator::split(std::optional<std::int64_t
   const DeviceGuard guard(s.device, "split", s.name);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)  // names the communicator in NCCL's logs
   config.commName = name.c_str();
+#endif
   ncclComm_t child = nullptr;
   const ncclComm_t parent = s.comm();
   const int c = color ? static_cast<int>(*color) : NCCL_SPLIT_NOCOLOR;

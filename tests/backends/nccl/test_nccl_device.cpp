@@ -303,7 +303,7 @@ TEST_F(NcclDevice, PointToPointRingBatchesAndSelf) {
       if (r == 0) {
         w.send(&token, 1, DataType::int64, next, 0);
         w.recv(&token, 1, DataType::int64, prev, 0);
-        EXPECT_EQ(token, std::int64_t{1} << n) << "each stage doubled it";
+        EXPECT_EQ(token, std::int64_t{1} << (n - 1)) << "each other stage doubled it";
       } else {
         w.recv(&token, 1, DataType::int64, prev, 0);
         token *= 2;
