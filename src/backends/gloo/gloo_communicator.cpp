@@ -200,7 +200,16 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout);
   guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+  try {
+    guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+  } catch (const AbortedError& e) {
+    // Every member has arrived when Gloo connects, so a refused or reset connection means
+    // the peer failed, or a stranger connected to its listener first (the peer then reports
+    // that stranger as an unauthenticated peer).
+    throw AbortedError(std::string(e.what()) +
+                       "; or an unauthenticated peer took the connection (see that rank's "
+                       "error)");
+  }
   prove_peers(*ctx, shared.token, prefix, rank, op, group, deadline);
   std::string addresses;
   for (int peer = 0; peer < size; ++peer)
