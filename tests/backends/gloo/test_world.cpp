@@ -2,6 +2,7 @@
 // by the job's token), job identity in the file store, and mismatched world sizes.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -157,6 +158,19 @@ TEST(GlooWorld, AMismatchedWorldSizeIsNamedNotAGlooAssertion) {
   EXPECT_NE(errors[3].find("rank 3 says world size 4, rank 0 says 8"), std::string::npos)
       << errors[3];
   EXPECT_NE(errors[0].find("says world size 4, rank 0 says 8"), std::string::npos) << errors[0];
+}
+
+TEST(GlooWorld, CreatingAWorldIgnoresSigpipeSoADeadPeerIsAnError) {
+  struct sigaction before {};
+  ::sigaction(SIGPIPE, nullptr, &before);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, nullptr);
+  auto w = make_gloo_world(make_memory_store(), 0, 1, test_options(5s));
+  struct sigaction now {};
+  ::sigaction(SIGPIPE, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  ::sigaction(SIGPIPE, &before, nullptr);
 }
 
 // ---- the pair proof ------------------------------------------------------------------
