@@ -112,14 +112,16 @@ const std::vector<StepResult>& reference() {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
 
-// The largest relative difference from one rank, over every step's loss and norm.
-double max_difference(const std::vector<StepResult>& got) {
+// The largest relative difference from one rank over every step's loss, and (with_norm)
+// gradient norm.
+double max_difference(const std::vector<StepResult>& got, bool with_norm = true) {
   const auto& ref = reference();
   EXPECT_EQ(got.size(), ref.size());
   double worst = 0;
-  for (std::size_t i = 0; i < got.size() && i < ref.size(); ++i)
-    worst =
-        std::max({worst, rel(got[i].loss, ref[i].loss), rel(got[i].grad_norm, ref[i].grad_norm)});
+  for (std::size_t i = 0; i < got.size() && i < ref.size(); ++i) {
+    worst = std::max(worst, rel(got[i].loss, ref[i].loss));
+    if (with_norm) worst = std::max(worst, rel(got[i].grad_norm, ref[i].grad_norm));
+  }
   return worst;
 }
 
@@ -226,19 +228,20 @@ INSTANTIATE_TEST_SUITE_P(Dense, TrainGptLayouts, testing::ValuesIn(layouts()),
                          [](const testing::TestParamInfo<LayoutCase>& i) { return i.param.name; });
 
 // A wrong group must show up as a loss mismatch: the same layout is exact without the
-// fault and off with it.
+// fault, and its losses are off with it.
 TEST(TrainGptFaults, SwappedTpAndDpCpIsCaught) {
   LayoutCase l = L("tp2_dp2", 4);
   l.tp = 2;
   EXPECT_LE(max_difference(run(l)), kRelTolerance);
-  EXPECT_GT(max_difference(run(l, GroupFault::swap_tp_dp_cp)), 1e-6);
+  EXPECT_GT(max_difference(run(l, GroupFault::swap_tp_dp_cp), /*with_norm=*/false), 1e-6);
 }
 
 TEST(TrainGptFaults, SkippedEmbdSumIsCaught) {
   LayoutCase l = L("pp2", 2);
   l.pp = 2;
   EXPECT_LE(max_difference(run(l)), kRelTolerance);
-  EXPECT_GT(max_difference(run(l, GroupFault::none, /*skip_embd_sum=*/true)), 1e-6);
+  EXPECT_GT(max_difference(run(l, GroupFault::none, /*skip_embd_sum=*/true), /*with_norm=*/false),
+            1e-6);
 }
 
 }  // namespace
