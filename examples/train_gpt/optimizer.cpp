@@ -55,6 +55,10 @@ Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcess
                      const ModelParallel& mp, OptimizerConfig config)
     : params_(std::move(params)), mp_(mp), config_(config), dp_cp_(&*grads.dp_cp()) {
   for (const Param* p : params_) {
+    // Expert parameters are reduced over the expert data-parallel groups, not dp_cp.
+    if (p->domain != ParamDomain::dense)
+      throw commgrid::InternalError("optimizer: " + p->name +
+                                    " is an expert parameter; this optimizer reduces dense ones");
     const bool counted = !(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy;
     norm_weight_.insert(norm_weight_.end(), static_cast<std::size_t>(p->value.size()),
                         counted ? 1.0 : 0.0);
