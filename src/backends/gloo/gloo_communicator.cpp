@@ -12,12 +12,15 @@
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -72,6 +75,29 @@ std::string address_key(const std::string& prefix, int rank) {
   return prefix + "/addresses/" + std::to_string(rank);
 }
 
+// Gloo publishes each pair's address as the raw bytes of a sockaddr_storage and a sequence
+// number, copied without clearing the storage's unused tail, so the store would receive
+// uninitialised memory. A value made only of such records (IPv4 or IPv6) gets the unused
+// bytes zeroed; anything else is passed on untouched. The layout is Gloo's tcp::Address.
+std::vector<char> without_padding(std::vector<char> data) {
+  constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(std::int64_t);
+  if (data.empty() || data.size() % kRecord != 0) return data;
+  for (size_t at = 0; at < data.size(); at += kRecord) {
+    sa_family_t family = 0;
+    std::memcpy(&family, data.data() + at + offsetof(sockaddr_storage, ss_family), sizeof(family));
+    if (family != AF_INET && family != AF_INET6) return data;
+  }
+  for (size_t at = 0; at < data.size(); at += kRecord) {
+    sa_family_t family = 0;
+    std::memcpy(&family, data.data() + at + offsetof(sockaddr_storage, ss_family), sizeof(family));
+    // sockaddr_in's sin_zero is padding too.
+    const size_t used = family == AF_INET ? offsetof(sockaddr_in, sin_zero) : sizeof(sockaddr_in6);
+    std::fill(data.begin() + static_cast<std::ptrdiff_t>(at + used),
+              data.begin() + static_cast<std::ptrdiff_t>(at + sizeof(sockaddr_storage)), 0);
+  }
+  return data;
+}
+
 class RendezvousStore final : public ::gloo::rendezvous::Store {
  public:
   RendezvousStore(commgrid::Store& store, std::string prefix, std::string op, std::string group,
@@ -81,7 +107,7 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
         deadline_(std::chrono::steady_clock::now() + timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
-    store_.set(full(key), data);
+    store_.set(full(key), without_padding(data));
   }
   std::vector<char> get(const std::string& key) override {
     wait({key}, timeout_);

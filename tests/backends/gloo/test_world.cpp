@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstddef>
+#include <cstring>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "commgrid/world.hpp"
@@ -138,6 +141,23 @@ TEST(LaunchInfo, EmptyMissingAndMalformedValuesAreErrors) {
 
 // ---- world size mismatch -------------------------------------------------------------
 
+// A world of `size` rank-threads over `store`, each running one barrier.
+void run_with_store(const std::shared_ptr<Store>& store, int size) {
+  std::vector<std::string> errs(static_cast<size_t>(size));
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < size; ++r)
+      ranks.emplace_back([&, r] {
+        try {
+          make_gloo_world(store, r, size, test_options(10s))->barrier()->wait();
+        } catch (const std::exception& e) {
+          errs[static_cast<size_t>(r)] = e.what();
+        }
+      });
+  }
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
 TEST(GlooWorld, AMismatchedWorldSizeIsNamedNotAGlooAssertion) {
   // Rank 0 believes in 8 ranks, ranks 1-3 in 4.
   auto store = make_memory_store();
@@ -171,6 +191,56 @@ TEST(GlooWorld, CreatingAWorldIgnoresSigpipeSoADeadPeerIsAnError) {
   ::sigaction(SIGPIPE, nullptr, &now);
   EXPECT_EQ(now.sa_handler, SIG_IGN);
   ::sigaction(SIGPIPE, &before, nullptr);
+}
+
+// A memory store that keeps a copy of every value written, to inspect what ranks publish.
+class RecordingStore final : public Store {
+ public:
+  std::string uri() const override { return "memory"; }
+  std::vector<std::vector<char>> values() {
+    std::lock_guard lock(mutex_);
+    return values_;
+  }
+
+ protected:
+  void do_set(const std::string& key, const std::vector<char>& value) override {
+    std::lock_guard lock(mutex_);
+    if (map_.count(key) != 0) throw BackendError("key '" + key + "' is already set");
+    map_[key] = value;
+    values_.push_back(value);
+  }
+  std::vector<char> do_get(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return map_.at(key);
+  }
+  bool do_has(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return map_.count(key) != 0;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::vector<char>> map_;
+  std::vector<std::vector<char>> values_;
+};
+
+TEST(GlooWorld, PublishedAddressesCarryNoUninitialisedBytes) {
+  auto store = std::make_shared<RecordingStore>();
+  run_with_store(store, 3);
+  constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(std::int64_t);
+  int records = 0;
+  for (const auto& v : store->values()) {
+    if (v.empty() || v.size() % kRecord != 0) continue;
+    for (size_t at = 0; at < v.size(); at += kRecord) {
+      sa_family_t family = 0;
+      std::memcpy(&family, v.data() + at + offsetof(sockaddr_storage, ss_family), sizeof(family));
+      if (family != AF_INET) continue;
+      ++records;
+      for (size_t b = offsetof(sockaddr_in, sin_zero); b < sizeof(sockaddr_storage); ++b)
+        ASSERT_EQ(v[at + b], 0) << "byte " << b << " of an address record";
+    }
+  }
+  EXPECT_GT(records, 0) << "no Gloo address record was found in the store";
 }
 
 // ---- the pair proof ------------------------------------------------------------------
