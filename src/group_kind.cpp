@@ -9,7 +9,8 @@ constexpr std::array<std::string_view, kNumKinds> kNames = {
     "dp_cp",  "intra_dp_cp", "dp",       "cp",     "hcp",    "mp",       "tp",
     "pp",     "embd",        "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp",   "ep",
     "expt_tp", "tp_ep",      "tp_ep_pp", "expt_dp", "intra_expt_dp", "inter_dist_opt",
-    "intra_dist_opt"};
+    "intra_dist_opt", "gtp_remat", "expt_gtp_remat", "dp_gtp_remat", "dp_cp_gtp_remat",
+    "expt_dp_gtp_remat", "tp_ep_pp_with_egtp_remat", "hybrid_dp_cp", "dp_cp_ag", "expt_dp_ag"};
 
 }  // namespace
 

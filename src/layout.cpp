@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "commgrid/error.hpp"
+#include "head_layout.hpp"
 
 namespace commgrid {
 namespace {
@@ -110,8 +111,10 @@ Layout::Layout(ParallelConfig config, EmbeddingPolicies policies)
       policies_(std::move(policies)),
       dp_(validated(config_).dp()),
       edp_(config_.expert_dp()),
-      dense_(sizes(config_.tp, config_.cp, 1, dp_, config_.pp), config_.resolved_order()),
-      expert_(sizes(config_.expert_tp(), 1, config_.ep, edp_, config_.pp),
+      dense_(sizes(config_.tp, config_.cp, 1, dp_ * config_.gtp_remat, config_.pp),
+             config_.resolved_order()),
+      expert_(sizes(config_.expert_tp(), 1, config_.ep, edp_ * config_.expert_gtp_remat,
+                    config_.pp),
               config_.resolved_order()) {
   // Prefix products of the hcp sizes, so that each level costs O(1) to locate (20,000
   // levels would otherwise be quadratic).
@@ -122,9 +125,26 @@ Layout::Layout(ParallelConfig config, EmbeddingPolicies policies)
     u *= h;
   }
   if (policies_.embedding || policies_.position_embedding) check_policy_results();
+  if (config_.compat == Compat::head)
+    head_ = detail::build_head_groups(config_, [this](GroupKind k, std::span<const Rank> pp) {
+      return embedding_members(k, pp);
+    });
+}
+
+std::string Layout::level_name(GroupKind k, int level) const {
+  if (k == GroupKind::hybrid_dp_cp && head_ && level >= 0 &&
+      level < static_cast<int>(head_->hybrid_sizes.size()))
+    return "hybrid_dp_cp_" + std::to_string(head_->hybrid_sizes[static_cast<std::size_t>(level)]);
+  return std::string(kind_name(k));
+}
+
+std::vector<std::int64_t> Layout::hybrid_sizes() const {
+  return head_ ? head_->hybrid_sizes : std::vector<std::int64_t>{};
 }
 
 bool Layout::has_kind(GroupKind k) const noexcept {
+  if (head_) return !head_->kinds[static_cast<int>(k)].empty();
+  if (is_head_kind(k)) return false;
   if (k == GroupKind::hcp) return !config_.hcp.empty();
   if (k == GroupKind::inter_dist_opt) return config_.dist_opt_instances > 1;
   return true;
@@ -138,6 +158,7 @@ std::vector<GroupKind> Layout::kinds() const {
 }
 
 int Layout::levels(GroupKind k) const noexcept {
+  if (head_) return static_cast<int>(head_->kinds[static_cast<int>(k)].size());
   return k == GroupKind::hcp ? static_cast<int>(config_.hcp.size()) : 1;
 }
 
@@ -151,7 +172,12 @@ void Layout::check_kind(GroupKind k, int level) const {
   if (!has_kind(k))
     throw UnknownKindError(
         "kinds", "group kind \"" + std::string(kind_name(k)) + "\" does not exist for this config (" +
-                     (k == GroupKind::hcp ? "no hcp sizes given" : "dist_opt_instances = 1") + ")");
+                     (is_head_kind(k) && config_.compat != Compat::head
+                          ? "it exists only under compat head"
+                      : is_head_kind(k) ? "its HEAD option is not set"
+                      : k == GroupKind::hcp ? "no hcp sizes given"
+                                            : "dist_opt_instances = 1") +
+                     ")");
   if (level < 0 || level >= levels(k))
     throw ConfigError("level", "level " + std::to_string(level) + " out of range [0, " +
                                    std::to_string(levels(k)) + ") for group kind \"" +
@@ -188,8 +214,15 @@ void Layout::check_policy_results() const {
   }
 }
 
+namespace {
+const detail::HeadLevel& head_level(const detail::HeadGroups& h, GroupKind k, int level) {
+  return h.kinds[static_cast<int>(k)][static_cast<std::size_t>(level)];
+}
+}  // namespace
+
 std::int64_t Layout::num_groups(GroupKind k, int level) const {
   check_kind(k, level);
+  if (head_) return static_cast<std::int64_t>(head_level(*head_, k, level).groups.size());
   const std::int64_t W = world_size(), N = config_.dist_opt_instances;
   if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).num_groups(g->mask);
   switch (k) {
@@ -206,6 +239,7 @@ std::int64_t Layout::num_groups(GroupKind k, int level) const {
 
 std::optional<std::int64_t> Layout::group_size(GroupKind k, int level) const {
   check_kind(k, level);
+  if (head_) return head_level(*head_, k, level).uniform_size;
   if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).group_size(g->mask);
   const std::int64_t W = world_size(), N = config_.dist_opt_instances;
   switch (k) {
@@ -229,6 +263,10 @@ std::optional<std::int64_t> Layout::group_size(GroupKind k, int level) const {
 }
 
 std::int64_t Layout::num_members(GroupKind k, int level) const {
+  if (head_) {
+    check_kind(k, level);
+    return head_level(*head_, k, level).num_members;
+  }
   if (auto g = group_size(k, level)) return *g * num_groups(k, level);
   return static_cast<std::int64_t>(groups(k, level).members().size());
 }
@@ -242,6 +280,11 @@ void Layout::members(GroupKind k, int level, std::int64_t first, std::span<Rank>
                                    std::to_string(first + n) + ") outside [0, " +
                                    std::to_string(total) + ") of kind " +
                                    std::string(kind_name(k)));
+  if (head_) {
+    const auto all = head_level(*head_, k, level).groups.members();
+    std::copy_n(all.begin() + first, n, out.begin());
+    return;
+  }
   if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).fill(g->mask, first, out);
   const std::int64_t N = config_.dist_opt_instances;
   switch (k) {
@@ -309,6 +352,7 @@ void Layout::members(GroupKind k, int level, std::int64_t first, std::span<Rank>
 
 GroupList Layout::groups(GroupKind k, int level) const {
   check_kind(k, level);
+  if (head_) return head_level(*head_, k, level).groups;
   if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).groups(g->mask);
   GroupList out;
   if (k == GroupKind::embd || k == GroupKind::pos_embd) {
@@ -331,6 +375,10 @@ GroupList Layout::groups(GroupKind k, int level) const {
 std::optional<std::int64_t> Layout::group_index(GroupKind k, Rank r, int level) const {
   check_rank(r);
   check_kind(k, level);
+  if (head_) {
+    const std::int32_t q = head_level(*head_, k, level).group_of_rank[static_cast<std::size_t>(r)];
+    return q < 0 ? std::nullopt : std::optional<std::int64_t>(q);
+  }
   if (auto g = grid_kind(k)) return (g->expert ? expert_ : dense_).group_index(g->mask, r);
   const std::int64_t N = config_.dist_opt_instances;
   switch (k) {
@@ -374,6 +422,13 @@ std::optional<std::int64_t> Layout::group_index(GroupKind k, Rank r, int level) 
 std::optional<GroupRef> Layout::group_of(GroupKind k, Rank r, int level) const {
   check_rank(r);
   check_kind(k, level);
+  if (head_) {
+    const detail::HeadLevel& l = head_level(*head_, k, level);
+    const std::int32_t q = l.group_of_rank[static_cast<std::size_t>(r)];
+    if (q < 0) return std::nullopt;
+    const auto g = l.groups[static_cast<std::size_t>(q)];
+    return make_ref(q, r, std::vector<Rank>(g.begin(), g.end()));
+  }
   if (auto g = grid_kind(k)) {
     const RankGrid& grid = g->expert ? expert_ : dense_;
     GroupRef ref;
@@ -438,6 +493,29 @@ std::optional<GroupRef> Layout::group_of(GroupKind k, Rank r, int level) const {
 
 RankCoordinates Layout::coordinates(Rank r) const {
   check_rank(r);
+  if (head_) {
+    // HEAD's grids (gtp_remat is an axis of its own); -1 outside the laid-out ranks.
+    RankCoordinates c{-1, -1, -1, -1, -1, -1, -1};
+    const std::int64_t local = r - config_.rank_offset;
+    if (local < 0 || local >= config_.layout_world_size()) return c;
+    auto coord = [&](const std::vector<std::string>& order,
+                     const std::vector<std::int64_t>& sz, std::string_view axis) {
+      std::int64_t stride = 1;
+      for (std::size_t i = 0; i < order.size(); ++i) {
+        if (order[i] == axis) return (local / stride) % sz[i];
+        stride *= sz[i];
+      }
+      return std::int64_t{0};
+    };
+    c.tp = coord(head_->dense_order, head_->dense_sizes, "tp");
+    c.cp = coord(head_->dense_order, head_->dense_sizes, "cp");
+    c.dp = coord(head_->dense_order, head_->dense_sizes, "dp");
+    c.pp = coord(head_->dense_order, head_->dense_sizes, "pp");
+    c.etp = coord(head_->expert_order, head_->expert_sizes, "tp");
+    c.ep = coord(head_->expert_order, head_->expert_sizes, "ep");
+    c.expert_dp = coord(head_->expert_order, head_->expert_sizes, "dp");
+    return c;
+  }
   RankCoordinates c;
   c.tp = dense_.coordinate(r, Axis::tp);
   c.cp = dense_.coordinate(r, Axis::cp);

@@ -12,8 +12,23 @@ using Clock = std::chrono::steady_clock;
 
 std::string label_of(GroupKind k, int level) {
   std::string s(kind_name(k));
-  if (k == GroupKind::hcp) s += "[" + std::to_string(level) + "]";
+  if (k == GroupKind::hcp || k == GroupKind::hybrid_dp_cp) s += "[" + std::to_string(level) + "]";
   return s;
+}
+
+// Why a kind does not exist for a config.
+std::string absent_reason(GroupKind k) {
+  if (is_head_kind(k)) return "a Megatron-core HEAD kind: needs compat head and its option";
+  return k == GroupKind::hcp ? "no hcp sizes given" : "dist_opt_instances = 1";
+}
+
+// Why a rank is in no group of a kind: the embedding policies, or (compat head) a rank
+// outside the span HEAD lays out.
+std::string why_no_group(GroupKind k) {
+  if (k != GroupKind::embd && k != GroupKind::pos_embd)
+    return "outside the ranks the layout covers (rank_offset / local_world_size)";
+  return std::string("the ") + (k == GroupKind::embd ? "embedding" : "position-embedding") +
+         " policy leaves it out";
 }
 
 std::string group_name(GroupKind k, int level, std::int64_t index) {
@@ -230,8 +245,7 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
       if (!layout.has_kind(k))
         throw UnknownKindError("kinds", "kinds: group kind \"" + std::string(kind_name(k)) +
                                             "\" does not exist for this config (" +
-                                            (k == GroupKind::hcp ? "no hcp sizes given"
-                                                                 : "dist_opt_instances = 1") +
+                                            absent_reason(k) +
                                             ")");
       kinds.push_back(k);
     }
@@ -246,7 +260,7 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
     auto& reason = not_created_[static_cast<int>(k)];
     if (!layout_->has_kind(k))
       reason = std::string(kind_name(k)) + " does not exist for this config (" +
-               (k == GroupKind::hcp ? "no hcp sizes given" : "dist_opt_instances = 1") + ")";
+               absent_reason(k) + ")";
     else if (std::find(kinds_.begin(), kinds_.end(), k) == kinds_.end())
       reason = std::string(kind_name(k)) + " was not created (not in InitOptions::kinds)";
     else
@@ -314,9 +328,7 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
                              std::to_string(s.ref->members.size()));
       } else {
         s.no_group_reason = "rank " + std::to_string(world_rank_) + " is in no " +
-                            label_of(k, level) + " group (the " +
-                            (k == GroupKind::embd ? "embedding" : "position-embedding") +
-                            " policy leaves it out)";
+                            label_of(k, level) + " group (" + why_no_group(k) + ")";
       }
       st.time = Clock::now() - t0;
       st.creation_calls = world.creation_calls() - calls0;
@@ -450,6 +462,15 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
     }
   }
   plain(GroupKind::intra_dist_opt);
+  // The HEAD-only kinds (compat head), every level, after the seed's sequence.
+  for (GroupKind k : all_kinds()) {
+    if (!is_head_kind(k) || !want(k)) continue;
+    for (int level = 0; level < L.levels(k); ++level) {
+      const GroupList groups = L.groups(k, level);
+      for (std::size_t i = 0; i < groups.size(); ++i)
+        create(k, level, static_cast<std::int64_t>(i), groups[i]);
+    }
+  }
 
   // Aliases (one instance), then the bookkeeping of every slot.
   for (auto [alias, parent] : {std::pair{GroupKind::intra_dp_cp, GroupKind::dp_cp},
@@ -468,9 +489,7 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
                            " communicator");
       if (!s.ref)
         s.no_group_reason = "rank " + std::to_string(world_rank_) + " is in no " +
-                            label_of(k, level) + " group (the " +
-                            (k == GroupKind::embd ? "embedding" : "position-embedding") +
-                            " policy leaves it out)";
+                            label_of(k, level) + " group (" + why_no_group(k) + ")";
       stats_.push_back(std::move(stats[static_cast<int>(k)][static_cast<std::size_t>(level)]));
     }
   }

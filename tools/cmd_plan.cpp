@@ -55,6 +55,18 @@ std::pair<std::int64_t, std::int64_t> parse_node_range(const std::string& text, 
   return {first, last};
 }
 
+// HEAD builds dp_cp_ag / expt_dp_ag with the default order and rank offset 0, whatever
+// --order and --rank-offset say: say so when they are not the groups they shadow.
+void warn_all_gather_groups(const Layout& layout) {
+  for (auto [ag, base] : {std::pair{GroupKind::dp_cp_ag, GroupKind::dp_cp},
+                          std::pair{GroupKind::expt_dp_ag, GroupKind::expt_dp}}) {
+    if (!layout.has_kind(ag) || layout.groups(ag) == layout.groups(base)) continue;
+    std::cerr << "warning: " << kind_name(ag) << " differs from " << kind_name(base)
+              << ": Megatron-core HEAD builds the all-gather groups with the default order "
+                 "tp-cp-ep-dp-pp and rank offset 0, whatever --order and --rank-offset say\n";
+  }
+}
+
 int run_plan(const PlanOptions& o) {
   // Check every flag and the size of the output before writing anything, so that bad input
   // never leaves a partial document behind.
@@ -63,6 +75,7 @@ int run_plan(const PlanOptions& o) {
     throw ConfigError("format", "format: unknown format \"" + o.format +
                                     "\" (valid: table, json, svg, html)");
   const Layout layout(to_config(o.layout));
+  warn_all_gather_groups(layout);
   PlanSelection sel;
   if (!o.rank.empty()) {
     sel.rank = parse_integer("rank", o.rank, INT64_MIN);

@@ -25,6 +25,18 @@ void add_layout_flags(CLI::App& app, LayoutFlags& f, bool with_world_size) {
       f.dist_opt_instances, "distributed-optimizer instances (1)");
   add("vpp", "--vpp,--virtual-pipeline-model-parallel-size", f.vpp, "virtual pipeline size (none)");
   add("order", "--order", f.order, "axis order, innermost first (tp-cp-ep-dp-pp)", "ORDER");
+  add("compat", "--compat", f.compat,
+      "Megatron-core to reproduce: seed (default, 8c1e094afe) or head (d98e8a64dd)", "seed|head");
+  add("gtp_remat", "--gtp-remat,--gtp-remat-size", f.gtp_remat, "HEAD: gtp_remat size (1)");
+  add("expert_gtp_remat", "--expert-gtp-remat,--expert-gtp-remat-size", f.expert_gtp_remat,
+      "HEAD: expert gtp_remat size (1)");
+  add("rank_offset", "--rank-offset", f.rank_offset, "HEAD: added to every rank (0)");
+  add("local_world_size", "--local-world-size", f.local_world_size,
+      "HEAD: ranks laid out (default: the world size)");
+  f.options["hybrid_context_parallel"] = app.add_flag(
+      "--hybrid-context-parallel", f.hybrid_context_parallel, "HEAD: build hybrid_dp_cp_<n> groups");
+  f.options["all_gather_groups"] = app.add_flag(
+      "--all-gather-groups", f.all_gather_groups, "HEAD: build dp_cp_ag / expt_dp_ag groups");
 }
 
 std::int64_t parse_integer(std::string_view param, std::string_view text, std::int64_t min,
@@ -92,6 +104,19 @@ ParallelConfig to_config(const LayoutFlags& f, std::optional<std::int64_t> world
   c.dist_opt_instances = opt("dist_opt_instances", f.dist_opt_instances, 1);
   if (f.given("vpp")) c.vpp = parse_integer("vpp", f.vpp, lo);
   if (f.given("order")) c.order = f.order;
+  if (f.given("compat")) {
+    if (f.compat == "head")
+      c.compat = Compat::head;
+    else if (f.compat != "seed")
+      throw InvalidValueError("compat", "compat: expected seed or head, got \"" + f.compat + "\"");
+  }
+  c.gtp_remat = opt("gtp_remat", f.gtp_remat, 1);
+  c.expert_gtp_remat = opt("expert_gtp_remat", f.expert_gtp_remat, 1);
+  c.rank_offset = opt("rank_offset", f.rank_offset, 0);
+  if (f.given("local_world_size"))
+    c.local_world_size = parse_integer("local_world_size", f.local_world_size, lo);
+  c.hybrid_context_parallel = f.hybrid_context_parallel;
+  c.all_gather_groups = f.all_gather_groups;
   c.validate();
   return c;
 }

@@ -16,6 +16,10 @@ namespace commgrid::cli {
 /// The raw text of every layout flag; parsed strictly by to_config().
 struct LayoutFlags {
   std::string world_size, tp, pp, cp, ep, etp, hcp, dist_opt_instances, vpp, order;
+  /// Megatron-core HEAD's switch and arguments (--compat head); see docs/megatron-head.md.
+  std::string compat, gtp_remat, expert_gtp_remat, rank_offset, local_world_size;
+  bool hybrid_context_parallel = false;
+  bool all_gather_groups = false;
   /// The registered options by field name, so that an explicitly empty value ("--ep ''")
   /// is an error instead of the default.
   std::map<std::string, CLI::Option*> options;
@@ -26,7 +30,9 @@ struct LayoutFlags {
 };
 
 /// Adds --world-size (when with_world_size), --tp, --pp, --cp, --ep, --etp, --hcp,
-/// --dist-opt-instances, --vpp, --order and Megatron's long names as aliases.
+/// --dist-opt-instances, --vpp, --order, the HEAD options (--compat, --gtp-remat,
+/// --expert-gtp-remat, --hybrid-context-parallel, --all-gather-groups, --rank-offset,
+/// --local-world-size) and Megatron's long names as aliases.
 void add_layout_flags(CLI::App& app, LayoutFlags& flags, bool with_world_size);
 
 /// Parses the flags into a config and validates it (throws ConfigError). world_size, when

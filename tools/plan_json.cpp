@@ -168,6 +168,15 @@ Json config_json(const Layout& layout) {
   j["hcp"] = c.hcp;
   j["vpp"] = c.vpp ? Json(*c.vpp) : Json(nullptr);
   j["order"] = c.order;
+  if (c.compat == Compat::head) {
+    j["compat"] = "head";
+    j["gtp_remat"] = c.gtp_remat;
+    j["expert_gtp_remat"] = c.expert_gtp_remat;
+    j["hybrid_context_parallel"] = c.hybrid_context_parallel;
+    j["all_gather_groups"] = c.all_gather_groups;
+    j["rank_offset"] = c.rank_offset;
+    j["local_world_size"] = c.local_world_size ? Json(*c.local_world_size) : Json(nullptr);
+  }
   return j;
 }
 
@@ -184,6 +193,21 @@ void write_plan_json(std::ostream& stream, const Layout& layout, const PlanSelec
   out.put(",\"groups\":{");
   bool first_kind = true;
   for (GroupKind k : sel.kinds) {
+    if (k == GroupKind::hybrid_dp_cp) {
+      // One key per level, as HEAD names them: hybrid_dp_cp_<n>.
+      for (int l = 0; l < layout.levels(k); ++l) {
+        if (!first_kind) out.put(',');
+        first_kind = false;
+        out.put('"');
+        out.put(layout.level_name(k, l));
+        out.put("\":");
+        if (sel.rank)
+          write_rank_group(out, layout, k, *sel.rank, l, buf);
+        else
+          write_groups(out, layout, k, l, buf);
+      }
+      continue;
+    }
     if (!first_kind) out.put(',');
     first_kind = false;
     out.put('"');

@@ -154,7 +154,7 @@ std::vector<Column> columns(const Layout& layout, const std::vector<GroupKind>& 
   for (GroupKind k : kinds) {
     const int levels = layout.levels(k);
     for (int l = 0; l < levels; ++l)
-      cols.push_back({k, l, std::string(kind_name(k)) + (k == GroupKind::hcp ? std::to_string(l) : "")});
+      cols.push_back({k, l, k == GroupKind::hcp ? std::string(kind_name(k)) + std::to_string(l) : layout.level_name(k, l)});
   }
   return cols;
 }

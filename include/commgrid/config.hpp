@@ -17,6 +17,14 @@ inline constexpr const char* kDefaultOrder = "tp-cp-ep-dp-pp";
 /// The largest world size: ranks must fit the int of MPI, NCCL and Gloo.
 inline constexpr std::int64_t kMaxWorldSize = 2147483647;
 
+/// Which Megatron-core the layout reproduces: the seed's commit (8c1e094afe, the default)
+/// or HEAD (d98e8a64dd), which adds gtp_remat, hybrid cp, all-gather groups, rank offsets
+/// and refuses orders without tp. See docs/megatron-head.md.
+enum class Compat : std::uint8_t { seed, head };
+
+/// "seed" or "head".
+const char* compat_name(Compat c) noexcept;
+
 /// The inputs of Megatron-core's initialize_model_parallel that shape the groups.
 /// Sizes are 64-bit so that out-of-range input is reported, never wrapped.
 struct ParallelConfig {
@@ -30,6 +38,14 @@ struct ParallelConfig {
   std::int64_t dist_opt_instances = 1;        ///< N, distributed-optimizer instances
   std::optional<std::int64_t> vpp;            ///< virtual pipeline size; recorded only
   std::string order = kDefaultOrder;          ///< innermost axis first
+  // HEAD only (compat == head); under seed they must keep their defaults.
+  Compat compat = Compat::seed;               ///< which Megatron-core to reproduce
+  std::int64_t gtp_remat = 1;                 ///< HEAD's gtp_remat_size (dense sixth axis)
+  std::int64_t expert_gtp_remat = 1;          ///< HEAD's expert_gtp_remat_size
+  bool hybrid_context_parallel = false;       ///< build hybrid_dp_cp_<n> groups
+  bool all_gather_groups = false;             ///< build dp_cp_ag / expt_dp_ag
+  std::int64_t rank_offset = 0;               ///< added to every rank of the layout
+  std::optional<std::int64_t> local_world_size;  ///< L, the ranks laid out; default world_size
 
   /// Checks every rule of docs/layout.md ("Errors"): sizes >= 1, a well-formed order,
   /// divisibility, the expert grid, the distributed optimizer, hcp, no overflow. When
@@ -39,9 +55,15 @@ struct ParallelConfig {
 
   /// etp, or tp when etp is not given.
   [[nodiscard]] std::int64_t expert_tp() const noexcept { return etp.value_or(tp); }
-  /// dp = W / (tp*pp*cp). Meaningful only for a valid config.
+  /// L: local_world_size, or world_size when not given (always world_size under seed).
+  [[nodiscard]] std::int64_t layout_world_size() const noexcept {
+    return local_world_size.value_or(world_size);
+  }
+  /// dp = L / (tp*pp*cp*gtp_remat) (gtp_remat is 1 under seed). Meaningful only for a
+  /// valid config.
   [[nodiscard]] std::int64_t dp() const noexcept;
-  /// expert_dp = W / (etp*ep*pp); cp is not part of it. Meaningful only for a valid config.
+  /// expert_dp = L / (etp*ep*pp*expert_gtp_remat); cp is not part of it. Meaningful only
+  /// for a valid config.
   [[nodiscard]] std::int64_t expert_dp() const noexcept;
 
   /// The order resolved to all five axes, innermost first: the given tokens, then the
@@ -49,8 +71,14 @@ struct ParallelConfig {
   /// order string is malformed.
   [[nodiscard]] std::array<Axis, kNumAxes> resolved_order() const;
 
+  /// Under head: the order's tokens as HEAD's dense (or expert) RankGenerator sees them:
+  /// gtp_remat injected after tp (expert: after ep, else tp) unless given, then the omitted
+  /// axes appended in HEAD's sequence tp, pp, dp, ep, cp, gtp_remat. Throws OrderError.
+  [[nodiscard]] std::vector<std::string> head_order(bool expert) const;
+
   /// A canonical one-line text of every field, equal on two ranks exactly when their
   /// configs are equal ("world_size=8 tp=2 ..."); used to compare configs across ranks.
+  /// The HEAD fields are appended only under compat head (seed text is unchanged).
   [[nodiscard]] std::string canonical() const;
 
   bool operator==(const ParallelConfig&) const = default;

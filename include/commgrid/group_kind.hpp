@@ -33,9 +33,27 @@ enum class GroupKind : std::uint8_t {
   intra_expt_dp,
   inter_dist_opt,
   intra_dist_opt,
+  // Megatron-core HEAD only (ParallelConfig::compat == head); a seed Layout has none of them.
+  gtp_remat,
+  expt_gtp_remat,
+  dp_gtp_remat,
+  dp_cp_gtp_remat,
+  expt_dp_gtp_remat,
+  tp_ep_pp_with_egtp_remat,
+  hybrid_dp_cp,  ///< one level per size n = 2, 4, ...; printed as hybrid_dp_cp_<n>
+  dp_cp_ag,
+  expt_dp_ag,
 };
 
-inline constexpr int kNumKinds = 21;
+inline constexpr int kNumKinds = 30;
+
+/// The number of kinds Megatron-core had at the seed's commit (the first in all_kinds()).
+inline constexpr int kNumSeedKinds = 21;
+
+/// Whether the kind exists only under compat head.
+constexpr bool is_head_kind(GroupKind k) noexcept {
+  return static_cast<int>(k) >= kNumSeedKinds;
+}
 
 /// Every kind in reference order.
 const std::array<GroupKind, kNumKinds>& all_kinds() noexcept;

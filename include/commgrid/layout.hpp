@@ -4,6 +4,8 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <optional>
 #include <span>
 #include <vector>
@@ -14,6 +16,10 @@
 #include "commgrid/rank_grid.hpp"
 
 namespace commgrid {
+
+namespace detail {
+struct HeadGroups;
+}
 
 /// Chooses the members of one embedding group from a pipeline group. Called with the pp
 /// group's members in stage order (stage 0 first); returns a non-empty list of distinct
@@ -47,6 +53,9 @@ struct RankCoordinates {
 /// The groups of a validated configuration. Cheap to build (no enumeration); every
 /// per-rank query is O(group size) and needs no memory proportional to the world, except
 /// intra_dist_opt, whose single group of a rank has W/N members.
+/// Under compat head the groups are built whole when the Layout is made (HEAD's sixth axis,
+/// rank offsets and ragged hybrid groups have no closed form here): O(W * kinds) memory,
+/// and dense_grid() / expert_grid() describe the grids with gtp_remat folded into dp.
 class Layout {
  public:
   /// Validates the config (ParallelConfig::validate) and, for custom policies, every
@@ -61,11 +70,15 @@ class Layout {
   [[nodiscard]] const RankGrid& expert_grid() const noexcept { return expert_; }
 
   /// Whether Megatron-core builds the kind for this config: hcp only with hcp sizes,
-  /// inter_dist_opt only with more than one dist-opt instance; every other kind always.
+  /// inter_dist_opt only with more than one dist-opt instance; the HEAD kinds only under
+  /// compat head (hybrid_dp_cp with --hybrid-context-parallel and a dp_cp group of at
+  /// least 4, dp_cp_ag / expt_dp_ag with --all-gather-groups, expt_dp_ag when ep > 1);
+  /// every other kind always.
   [[nodiscard]] bool has_kind(GroupKind k) const noexcept;
   /// Kinds that exist for this config, in reference order.
   [[nodiscard]] std::vector<GroupKind> kinds() const;
-  /// Number of levels of the kind: the hcp sizes for hcp, 1 for every other kind.
+  /// Number of levels of the kind: the hcp sizes for hcp, the group sizes n for
+  /// hybrid_dp_cp, 1 for every other kind.
   [[nodiscard]] int levels(GroupKind k) const noexcept;
 
   /// Every group of the kind (for hcp: of one level), in Megatron's order. Throws
@@ -100,6 +113,12 @@ class Layout {
   /// Throws RankOutOfRangeError unless 0 <= r < world_size.
   void check_rank(Rank r) const;
 
+  /// The name of one level of a kind as reports print it: the kind's name, except
+  /// hybrid_dp_cp, whose levels are "hybrid_dp_cp_<n>".
+  [[nodiscard]] std::string level_name(GroupKind k, int level) const;
+  /// Under compat head: the size n of each hybrid_dp_cp level (empty otherwise).
+  [[nodiscard]] std::vector<std::int64_t> hybrid_sizes() const;
+
  private:
   void check_kind(GroupKind k, int level) const;
   [[nodiscard]] std::vector<Rank> embedding_members(GroupKind k,
@@ -113,6 +132,7 @@ class Layout {
   std::int64_t edp_ = 1;
   RankGrid dense_;
   RankGrid expert_;
+  std::shared_ptr<const detail::HeadGroups> head_;  ///< compat head only: every group
 };
 
 /// The hierarchical split of a parent list P into levels of sizes [h0, h1, ...] (their
