@@ -80,7 +80,7 @@ def check_bad_input(exe):
                  ["bench", "layout", "--repeats", "0"],
                  ["bench", "layout", "--memory", "hot"],
                  ["bench", "collectives", "--sizes", "3B", "--backend", "gloo", "--local", "2"],
-                 ["bench", "init", "--backend", "nccl"],
+                 ["bench", "init", "--backend", "tcp"],  # nccl is a backend now
                  ["bench", "init", "--local", "4"]):
         rc, out, err = run(exe, *args)
         check(rc == 2, f"{' '.join(args)}: exit {rc}, expected 2")
