@@ -17,6 +17,7 @@
 #include "commgrid/group_kind.hpp"
 #include "commgrid/group_list.hpp"
 #include "commgrid/layout.hpp"
+#include "commgrid/process_group_collection.hpp"
 #include "commgrid/process_groups.hpp"
 #include "commgrid/rank_grid.hpp"
 #include "commgrid/topology.hpp"

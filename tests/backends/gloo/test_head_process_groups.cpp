@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "commgrid/process_group_collection.hpp"
 #include "commgrid/process_groups.hpp"
 #include "gloo_test_util.hpp"
 
@@ -80,6 +81,60 @@ TEST_P(GlooHeadProcessGroups, RankOffsetAndAllGatherGroups) {
     EXPECT_EQ(pg.has_group(GroupKind::dp_cp_ag), w.rank() < 4);
     check_every_level(pg, w.rank());
   });
+}
+
+// HEAD's ProcessGroupCollection from a head state: groups where this rank has them, none
+// elsewhere (never an error), the all-gather fields none as in use_mpu_process_groups.
+TEST(GlooProcessGroupCollection, FromHeadStateOnEightRankThreads) {
+  ParallelConfig cfg;
+  cfg.world_size = 8;
+  cfg.compat = Compat::head;
+  cfg.tp = 2;
+  cfg.pp = 2;
+  cfg.cp = 2;
+  cfg.all_gather_groups = true;
+  run_ranks(8, [&](Communicator& w) {
+    ProcessGroups pg;
+    pg.initialize(w, cfg, InitOptions{});
+    const ProcessGroupCollection all = ProcessGroupCollection::from_state(pg);
+    EXPECT_EQ(all.of(GroupKind::tp)->size(), 2);
+    EXPECT_EQ(all.of(GroupKind::cp)->size(), 2);
+    EXPECT_EQ(all.of(GroupKind::gtp_remat)->size(), 1);  // singletons with gtp_remat = 1
+    EXPECT_FALSE(all.of(GroupKind::inter_dist_opt).has_group());  // one instance
+    EXPECT_FALSE(all.of(GroupKind::dp_cp_ag).has_group());
+    EXPECT_TRUE(pg.has_group(GroupKind::dp_cp_ag));  // created, but HEAD's collection skips it
+    // The field is the state's communicator: a collective over it reaches the tp peer.
+    std::int64_t mine = w.rank(), sum = 0;
+    all.of(GroupKind::tp)->allreduce(&mine, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
+    const auto peers = pg.layout().group_of(GroupKind::tp, w.rank())->members;
+    EXPECT_EQ(sum, peers[0] + peers[1]);
+    EXPECT_NE(all.describe().find("tp(2)"), std::string::npos) << all.describe();
+    EXPECT_EQ(all.describe().find("inter_dist_opt"), std::string::npos) << all.describe();
+
+    const ProcessGroupCollection some = ProcessGroupCollection::from_state(pg, {{"tp", "pp"}});
+    EXPECT_TRUE(some.of(GroupKind::pp).has_group());
+    EXPECT_FALSE(some.of(GroupKind::cp).has_group());  // not required: none, not an error
+    EXPECT_THROW((void)ProcessGroupCollection::from_state(pg, {{"tp", "bogus"}}), UnknownKindError);
+
+    const MultiModuleProcessGroupCollection multi({{"encoder", some}, {"llm", all}}, "llm");
+    EXPECT_EQ(multi.language_model_cp_size(), 2);
+    EXPECT_EQ(multi.size(), 2u);
+    EXPECT_THROW((void)multi.module("vision"), ConfigError);
+    const MultiModuleProcessGroupCollection no_lm({{"encoder", some}});
+    EXPECT_FALSE(no_lm.has_language_model());
+    EXPECT_THROW((void)no_lm.language_model_cp_size(), ConfigError);
+  });
+}
+
+TEST(ProcessGroupCollectionPure, NoneByDefaultAndBadModules) {
+  const ProcessGroupCollection c;
+  EXPECT_EQ(c.describe(), "ProcessGroupCollection(empty)");
+  for (GroupKind k : ProcessGroupCollection::kFields) EXPECT_FALSE(c.of(k).has_group());
+  EXPECT_THROW((void)c.of(GroupKind::hybrid_dp_cp), UnknownKindError);
+  EXPECT_THROW(ProcessGroupCollection({{"tp", NoGroup{}}, {"bogus", NoGroup{}}}), UnknownKindError);
+  EXPECT_THROW(MultiModuleProcessGroupCollection({}), ConfigError);
+  EXPECT_THROW(MultiModuleProcessGroupCollection({{"a", c}, {"a", c}}), ConfigError);
+  EXPECT_THROW(MultiModuleProcessGroupCollection({{"a", c}}, "llm"), ConfigError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, GlooHeadProcessGroups,

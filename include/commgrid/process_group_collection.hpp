@@ -1,0 +1,84 @@
+// Megatron-core HEAD's single collection of groups (ProcessGroupCollection, 27 fields) and
+// its multi-module wrapper (MultiModuleProcessGroupCollection).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "commgrid/collections.hpp"
+
+namespace commgrid {
+
+/// HEAD's ProcessGroupCollection: the seed's two collections in one, plus the HEAD kinds.
+/// Unlike the seed's collections, a field never set reads as "none" (HEAD returns None),
+/// so every field is set from construction: to none, or to a group.
+class ProcessGroupCollection : public GroupCollection {
+ public:
+  /// The 27 fields, in Megatron-core HEAD's order.
+  static constexpr std::array<GroupKind, 27> kFields = {
+      GroupKind::tp,         GroupKind::pp,         GroupKind::mp,
+      GroupKind::embd,       GroupKind::pos_embd,   GroupKind::cp,
+      GroupKind::tp_cp,      GroupKind::hcp,        GroupKind::ep,
+      GroupKind::expt_tp,    GroupKind::tp_ep,      GroupKind::tp_ep_pp,
+      GroupKind::tp_ep_pp_with_egtp_remat,          GroupKind::tp_dp_cp,
+      GroupKind::dp,         GroupKind::dp_cp,      GroupKind::dp_cp_gtp_remat,
+      GroupKind::dp_cp_ag,   GroupKind::gtp_remat,  GroupKind::expt_gtp_remat,
+      GroupKind::expt_dp,    GroupKind::expt_dp_gtp_remat, GroupKind::expt_dp_ag,
+      GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt,
+      GroupKind::intra_dist_opt};
+
+  /// Every field none.
+  ProcessGroupCollection();
+  /// From name/value pairs; the others none. Throws UnknownKindError listing every unknown
+  /// name and the valid ones.
+  ProcessGroupCollection(std::initializer_list<std::pair<std::string_view, GroupValue>> pairs);
+  /// HEAD's use_mpu_process_groups(required_pgs): the required fields (all when nullopt)
+  /// get this rank's group or none; dp_cp_ag and expt_dp_ag are always none (HEAD leaves
+  /// them to create_all_gather_groups and a later set()). Throws UnknownKindError listing
+  /// every invalid name before reading anything, StateError when `state` is not initialized.
+  static ProcessGroupCollection from_state(
+      const ProcessGroups& state, const std::optional<std::vector<std::string>>& required = std::nullopt);
+
+  /// The field of a kind (none when never given a group). Throws UnknownKindError for a
+  /// kind that is not one of the 27 fields.
+  [[nodiscard]] const GroupField& of(GroupKind k) const;
+
+  /// HEAD's repr: "ProcessGroupCollection(tp(2), hcp([2, 2]), ...)" listing the fields with
+  /// a group and their sizes, or "ProcessGroupCollection(empty)".
+  [[nodiscard]] std::string describe() const;
+};
+
+/// HEAD's MultiModuleProcessGroupCollection: one collection per module (e.g. "encoder",
+/// "llm") on ranks that take part in several, and which one is the language model.
+class MultiModuleProcessGroupCollection {
+ public:
+  /// Throws ConfigError ("module_pgs") when `modules` is empty or names a module twice, and
+  /// when `language_model` is given but not one of the modules.
+  MultiModuleProcessGroupCollection(
+      std::vector<std::pair<std::string, ProcessGroupCollection>> modules,
+      std::optional<std::string> language_model = std::nullopt);
+
+  [[nodiscard]] bool has_language_model() const noexcept { return language_model_.has_value(); }
+  /// The language model's collection. Throws ConfigError when none is named.
+  [[nodiscard]] const ProcessGroupCollection& language_model_collection() const;
+  /// The size of the language model's cp group. Throws ConfigError when no language model
+  /// is named, NoGroupError when its cp field is none.
+  [[nodiscard]] int language_model_cp_size() const;
+  /// The collection of a module. Throws ConfigError naming the module and the valid ones.
+  [[nodiscard]] const ProcessGroupCollection& module(std::string_view name) const;
+  /// Module names, in the order given.
+  [[nodiscard]] std::vector<std::string> names() const;
+  [[nodiscard]] std::size_t size() const noexcept { return modules_.size(); }
+  /// "MultiModuleProcessGroupCollection(modules=[encoder, llm], language_model_module_name='llm')".
+  [[nodiscard]] std::string describe() const;
+
+ private:
+  std::vector<std::pair<std::string, ProcessGroupCollection>> modules_;
+  std::optional<std::string> language_model_;
+};
+
+}  // namespace commgrid
