@@ -116,6 +116,25 @@ TEST(GlooProcessGroupCollection, FromHeadStateOnEightRankThreads) {
     EXPECT_FALSE(some.of(GroupKind::cp).has_group());  // not required: none, not an error
     EXPECT_THROW((void)ProcessGroupCollection::from_state(pg, {{"tp", "bogus"}}), UnknownKindError);
 
+    EXPECT_FALSE(some.is_set("cp"));
+
+    // HEAD's helpers: from the state, and from a collection.
+    const OptimizerProcessGroups from_state = setup_process_groups_for_optimizer(pg, DdpSettings{});
+    EXPECT_EQ(from_state.dp_cp, pg.group_handle(GroupKind::dp_cp));
+    EXPECT_EQ(from_state.expt_tp_pp, pg.group_handle(GroupKind::tp_ep_pp));
+    EXPECT_EQ(from_state.inter_dist_opt, nullptr);
+    const OptimizerProcessGroups from_pgc =
+        setup_process_groups_for_optimizer(all, DdpSettings{1, true}, cfg.cp);
+    EXPECT_EQ(from_pgc.intra_dp_cp, all.handle(GroupKind::dp_cp));  // one instance: dp_cp
+    EXPECT_EQ(from_pgc.intra_dist_opt, pg.group_handle(GroupKind::intra_dist_opt));
+    EXPECT_THROW((void)setup_process_groups_for_optimizer(some, DdpSettings{}, cfg.cp), ConfigError);
+    const DdpProcessGroups ddp = setup_process_groups_for_ddp(all, cfg.cp, DdpSettings{}, nullptr);
+    EXPECT_EQ(ddp.tp, pg.group_handle(GroupKind::tp));
+    EXPECT_EQ(ddp.intra_expt_dp, ddp.expt_dp);
+    const DdpProcessGroups ddp_state = setup_process_groups_for_ddp(pg, DdpSettings{});
+    EXPECT_EQ(ddp_state.gtp_remat, pg.group_handle(GroupKind::gtp_remat));
+    EXPECT_EQ(ddp_state.intra_dist_opt, nullptr);  // no distributed optimizer
+
     const MultiModuleProcessGroupCollection multi({{"encoder", some}, {"llm", all}}, "llm");
     EXPECT_EQ(multi.language_model_cp_size(), 2);
     EXPECT_EQ(multi.size(), 2u);
@@ -129,6 +148,9 @@ TEST(GlooProcessGroupCollection, FromHeadStateOnEightRankThreads) {
 TEST(ProcessGroupCollectionPure, NoneByDefaultAndBadModules) {
   const ProcessGroupCollection c;
   EXPECT_EQ(c.describe(), "ProcessGroupCollection(empty)");
+  EXPECT_FALSE(c.is_set("tp"));
+  EXPECT_EQ(c.handle(GroupKind::tp), nullptr);
+  EXPECT_THROW((void)*c.of(GroupKind::tp), NoGroupError);
   for (GroupKind k : ProcessGroupCollection::kFields) EXPECT_FALSE(c.of(k).has_group());
   EXPECT_THROW((void)c.of(GroupKind::hybrid_dp_cp), UnknownKindError);
   EXPECT_THROW(ProcessGroupCollection({{"tp", NoGroup{}}, {"bogus", NoGroup{}}}), UnknownKindError);
