@@ -16,6 +16,7 @@
 #include "commgrid/error.hpp"
 #include "commgrid/group_kind.hpp"
 #include "commgrid/group_list.hpp"
+#include "commgrid/hyper_grid.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/process_group_collection.hpp"
 #include "commgrid/process_groups.hpp"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "commgrid/hyper_grid.hpp"
 #include "commgrid/process_group_collection.hpp"
 #include "commgrid/process_groups.hpp"
 #include "gloo_test_util.hpp"
@@ -142,6 +143,35 @@ TEST(GlooProcessGroupCollection, FromHeadStateOnEightRankThreads) {
     const MultiModuleProcessGroupCollection no_lm({{"encoder", some}});
     EXPECT_FALSE(no_lm.has_language_model());
     EXPECT_THROW((void)no_lm.language_model_cp_size(), ConfigError);
+  });
+}
+
+// Two modules on disjoint rank spans of one 16-rank world (an encoder on 0-7 with tp 2,
+// a language model on 8-15 with tp 2 pp 2): every rank creates every module's groups
+// collectively, gets its own module's groups only, and they carry real traffic.
+TEST(GlooHyperGrid, TwoModulesOnSixteenRankThreads) {
+  run_ranks(16, [&](Communicator& w) {
+    HyperGridGroups encoder(HyperGrid({2, 4}, {"tp", "dp"}, 16, 0));
+    HyperGridGroups llm(HyperGrid({2, 2, 2}, {"tp", "dp", "pp"}, 16, 8));
+    for (HyperGridGroups* m : {&encoder, &llm}) {
+      const std::vector<std::vector<std::string>> all_dims = {{"tp"}, {"dp"}, {"tp", "dp"}};
+      for (const auto& dims : all_dims) {
+        Communicator* c = m->create_group(w, dims);
+        const auto want = m->grid().group_of(dims, w.rank());
+        ASSERT_EQ(c != nullptr, want.has_value());
+        if (!c) continue;
+        std::vector<std::int64_t> got(want->size());
+        std::int64_t mine = w.rank();
+        c->allgather(&mine, got.data(), 1, DataType::int64)->wait();
+        std::vector<std::int64_t> sorted(want->begin(), want->end());
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(got, sorted);
+      }
+    }
+    (void)llm.create_group(w, {"pp"});
+    EXPECT_EQ(llm.group({"pp"}) != nullptr, w.rank() >= 8);
+    EXPECT_THROW((void)llm.create_group(w, {"dp", "tp"}), ConfigError);  // created once
+    EXPECT_THROW((void)encoder.group({"pp"}), ConfigError);
   });
 }
 
