@@ -11,6 +11,7 @@
 #include "commgrid/layout.hpp"
 #include "commgrid/topology.hpp"
 #include "layout_flags.hpp"
+#include "plan_job.hpp"
 #include "plan_output.hpp"
 
 namespace commgrid::cli {
@@ -26,7 +27,7 @@ constexpr std::int64_t kDefaultMaxOutputMiB = 1024;
 struct PlanOptions {
   LayoutFlags layout;
   std::string rank, kinds, format = "table";
-  std::string gpus_per_node, output, num_layers, nodes, max_output_mib;
+  std::string gpus_per_node, output, num_layers, nodes, max_output_mib, job;
   bool check_topology = false, strict = false;
 };
 
@@ -74,6 +75,18 @@ int run_plan(const PlanOptions& o) {
   if (o.format != "table" && o.format != "json" && !picture)
     throw ConfigError("format", "format: unknown format \"" + o.format +
                                     "\" (valid: table, json, svg, html)");
+  if (!o.job.empty()) {
+    // A multi-module job: the modules' grids come from the file, not the layout flags.
+    for (const auto& [field, opt] : o.layout.options)
+      if (opt->count() > 0)
+        throw ConfigError("job", "job: --" + field + " does not apply with --job (the job file gives the layout)");
+    if (o.format != "table" && o.format != "json")
+      throw ConfigError("format", "format: --job supports table and json, not " + o.format);
+    const Job job = read_job(o.job);
+    write_job_plan(std::cout, job, o.format == "json");
+    std::cout.flush();
+    return 0;
+  }
   const Layout layout(to_config(o.layout));
   warn_all_gather_groups(layout);
   PlanSelection sel;
@@ -203,6 +216,10 @@ Command add_plan_command(CLI::App& root) {
       ->type_name("INT");
   app->add_option("--nodes", opts->nodes, "draw only nodes A to B (svg, html), e.g. 0-15")
       ->type_name("A-B");
+  app->add_option("--job", opts->job,
+                  "plan a multi-module job from a JSON file (see docs/megatron-head.md) instead "
+                  "of the layout flags")
+      ->type_name("FILE");
   app->add_option("--max-output-mib", opts->max_output_mib,
                   "refuse a table or json larger than this many MiB (1024; 0: no limit)")
       ->type_name("INT");
