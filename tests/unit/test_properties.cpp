@@ -102,6 +102,7 @@ std::int64_t expected_size(const Layout& l, GroupKind k, int level) {
     case GroupKind::intra_expt_dp: return l.expert_dp() / N;
     case GroupKind::inter_dist_opt: return N;
     case GroupKind::intra_dist_opt: return c.world_size / N;
+    default: break;  // the HEAD-only kinds: never in these (seed) layouts
   }
   return -1;
 }
