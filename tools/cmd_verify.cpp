@@ -17,6 +17,7 @@
 #endif
 #if COMMGRID_HAS_GLOO
 #include "verify_gloo.hpp"
+#include "verify_job.hpp"
 #endif
 #if COMMGRID_HAS_NCCL
 #include "verify_nccl.hpp"
@@ -31,7 +32,7 @@ constexpr std::chrono::seconds kVerifyTimeout{120};
 
 struct VerifyFlags {
   LayoutFlags layout;
-  std::string strategy, kinds, timeout, fault_rank, backend, local;
+  std::string strategy, kinds, timeout, fault_rank, backend, local, job;
 };
 
 std::string one_line(std::string s) {
@@ -59,7 +60,7 @@ int run_verify_command(const VerifyFlags& f) {
   const bool store_launcher = std::getenv("COMMGRID_RANK") || std::getenv("RANK") ||
                               std::getenv("COMMGRID_STORE") || std::getenv("MASTER_ADDR");
   const std::string backend = !f.backend.empty() ? f.backend
-                              : (!f.local.empty() || store_launcher) ? "gloo"
+                              : (!f.local.empty() || store_launcher || !f.job.empty()) ? "gloo"
                                                                      : "mpi";
   if (backend != "mpi" && backend != "gloo" && backend != "nccl")
     throw InvalidValueError("backend", "backend: expected mpi, gloo or nccl, got '" + backend + "'");
@@ -71,6 +72,19 @@ int run_verify_command(const VerifyFlags& f) {
 #else
     throw ConfigError("backend", "verify: this build of commgrid has no NCCL backend; install "
                                  "CUDA and NCCL and rebuild with -DCOMMGRID_WITH_NCCL=ON");
+#endif
+  }
+  if (!f.job.empty()) {
+    // A multi-module job (docs/megatron-head.md): Gloo rank-threads, no layout flags.
+    for (const auto& [field, opt] : f.layout.options)
+      if (opt->count() > 0)
+        throw ConfigError("job", "job: --" + field + " does not apply with --job (the job file gives the layout)");
+    if (backend != "gloo")
+      throw ConfigError("job", "job: verify --job runs Gloo rank-threads; use --backend gloo (or --local N)");
+#if COMMGRID_HAS_GLOO
+    std::optional<int> local;
+    if (!f.local.empty()) local = static_cast<int>(parse_integer("local", f.local, 1, 1024));
+    return run_verify_job(f.job, local, timeout);
 #endif
   }
   if (backend == "mpi" && !f.local.empty())
@@ -151,6 +165,9 @@ Command add_verify_command(CLI::App& root) {
                   "gloo with --local or COMMGRID_RANK set, else mpi");
   app->add_option("--local", flags->local,
                   "run N ranks as threads of this process (Gloo, no launcher needed)");
+  app->add_option("--job", flags->job,
+                  "verify a multi-module job file on Gloo rank-threads (see docs/megatron-head.md)")
+      ->type_name("FILE");
   // Hidden (empty group): makes one rank misreport itself, to test verify's failure path.
   app->add_option("--fault-rank", flags->fault_rank)->group("");
   app->footer("Example: mpirun -np 8 commgrid verify --tp 2 --pp 2 --cp 2\n"

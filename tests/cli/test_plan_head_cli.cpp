@@ -142,5 +142,26 @@ TEST(PlanJobCli, BadFilesNameTheField) {
   std::filesystem::remove(job);
 }
 
+// verify --job: two modules on 16 Gloo rank-threads, proven on the wire.
+TEST(PlanJobCli, VerifyJobOnSixteenRankThreads) {
+  const std::string job = write_job("verify", R"({"world_size": 16, "modules": [
+    {"name": "encoder", "dims": [{"name": "tp", "size": 2}, {"name": "dp", "size": 4}]},
+    {"name": "llm", "rank_offset": 8, "dims": [{"name": "tp", "size": 2}, {"name": "dp", "size": 2},
+     {"name": "pp", "size": 2}], "groups": [["tp"], ["dp"], ["pp"], ["tp", "pp"]]}]})");
+  const CliResult r = run_cli(COMMGRID_EXE, {"verify", "--job", job, "--local", "16"});
+  if (r.err.find("no Gloo backend") != std::string::npos) GTEST_SKIP() << "this build has no Gloo backend";
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("llm pp-tp: 2 groups ok"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verified 2 modules on 16 ranks"), std::string::npos) << r.out;
+  const CliResult mismatch = run_cli(COMMGRID_EXE, {"verify", "--job", job, "--local", "8"});
+  EXPECT_EQ(mismatch.code, 2);
+  EXPECT_NE(mismatch.err.find("error: local: --local 8 differs from the job's world_size 16"),
+            std::string::npos) << mismatch.err;
+  const CliResult flags = run_cli(COMMGRID_EXE, {"verify", "--job", job, "--pp", "2"});
+  EXPECT_EQ(flags.code, 2);
+  EXPECT_NE(flags.err.find("--pp does not apply with --job"), std::string::npos) << flags.err;
+  std::filesystem::remove(job);
+}
+
 }  // namespace
 }  // namespace commgrid::test
