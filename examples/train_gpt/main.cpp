@@ -37,6 +37,8 @@ struct Flags {
   std::string vocab = "64", hidden = "32", heads = "4", seq = "32", layers = "4";
   std::string format = "table", fault;
   bool sequence_parallel = false, dist_opt = false;
+  bool moe = false;
+  std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
 };
 
 std::string one_line(std::string s) {
@@ -78,14 +80,23 @@ TrainConfig train_config(const Flags& f, std::optional<int> vpp) {
   c.optimizer.clip_grad = parse_double("clip_grad", f.clip_grad, 0.0);
   c.optimizer.dist_opt = f.dist_opt;
   if (f.fault == "skip-embd-sum") c.fault_skip_embd_sum = true;
+  c.moe = f.moe;
+  c.experts = to_int("experts", f.experts, 1);
+  c.topk = to_int("topk", f.topk, 1);
+  c.moe_every = to_int("moe_every", f.moe_every, 1);
+  c.aux_loss_coeff = parse_double("aux_loss_coeff", f.aux_loss_coeff, 0.0);
+  if (f.fault == "skip-tp-cp-sum") c.fault_skip_tp_cp_sum = true;
   return c;
 }
 
 GroupFault group_fault(const std::string& fault) {
-  if (fault.empty() || fault == "skip-embd-sum") return GroupFault::none;
+  if (fault.empty() || fault == "skip-embd-sum" || fault == "skip-tp-cp-sum")
+    return GroupFault::none;
   if (fault == "swap-tp-dp-cp") return GroupFault::swap_tp_dp_cp;
+  if (fault == "dp-as-expt-dp") return GroupFault::dp_as_expt_dp;
   throw commgrid::InvalidValueError(
-      "fault", "fault: expected swap-tp-dp-cp or skip-embd-sum, got \"" + fault + "\"");
+      "fault", "fault: expected swap-tp-dp-cp, skip-embd-sum, dp-as-expt-dp or skip-tp-cp-sum, got \"" +
+                   fault + "\"");
 }
 
 void print(const std::string& format, const commgrid::ParallelConfig& layout, const TrainConfig& c,
@@ -115,9 +126,18 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
     cfg["seed"] = c.model.seed;
     cfg["lr"] = c.optimizer.lr;
     cfg["clip_grad"] = c.optimizer.clip_grad;
+    cfg["moe"] = c.moe;
+    if (c.moe) {
+      cfg["ep"] = layout.ep;
+      cfg["experts"] = c.experts;
+      cfg["topk"] = c.topk;
+      cfg["moe_every"] = c.moe_every;
+      cfg["aux_loss_coeff"] = c.aux_loss_coeff;
+    }
     j["steps"] = nlohmann::ordered_json::array();
     for (const StepResult& s : steps)
-      j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm}});
+      j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm},
+                            {"aux_loss", s.aux_loss}});
     std::cout << j.dump(2) << "\n" << std::flush;
     return;
   }
@@ -270,6 +290,12 @@ int main(int argc, char** argv) {
                "split activations along the sequence in the tp regions");
   app.add_flag("--dist-opt,--use-distributed-optimizer", f.dist_opt,
                "shard Adam's state over intra_dp_cp (the distributed optimizer)");
+  app.add_flag("--moe", f.moe, "mixture of experts: the MLPs become MoE layers over ep");
+  app.add_option("--experts,--num-experts", f.experts, "experts per MoE layer, a multiple of ep (4)");
+  app.add_option("--topk,--moe-router-topk", f.topk, "experts per token (2)");
+  app.add_option("--moe-every,--moe-layer-freq", f.moe_every, "every k-th layer is MoE (1)");
+  app.add_option("--aux-loss-coeff,--moe-aux-loss-coeff", f.aux_loss_coeff,
+                 "weight of the load-balancing loss (0.01)");
   app.add_option("--format", f.format, "table or json (table)");
   // Hidden (empty group): test-only faults that a comparison with one rank must catch.
   app.add_option("--fault", f.fault)->group("");

@@ -52,20 +52,32 @@ void finalize_model_grads(const std::vector<Param*>& params, const ModelParallel
 }
 
 Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcessGroups& grads,
-                     const ModelParallel& mp, OptimizerConfig config)
-    : params_(std::move(params)), mp_(mp), config_(config), dp_cp_(&*grads.dp_cp()) {
+                     const ModelParallel& mp, OptimizerConfig config, ParamDomain domain,
+                     commgrid::Communicator* expert_norm_group)
+    : params_(std::move(params)),
+      mp_(mp),
+      config_(config),
+      reduce_group_(domain == ParamDomain::dense ? &*grads.dp_cp() : &*grads.expt_dp()),
+      norm_group_(domain == ParamDomain::dense ? &mp.mp() : expert_norm_group),
+      grad_scale_(1.0 / static_cast<double>(grads.dp_cp()->size())) {
+  if (norm_group_ == nullptr)
+    throw commgrid::InternalError("optimizer: expert parameters need the tp_ep_pp group");
   for (const Param* p : params_) {
     // Expert parameters are reduced over the expert data-parallel groups, not dp_cp.
-    if (p->domain != ParamDomain::dense)
-      throw commgrid::InternalError("optimizer: " + p->name +
-                                    " is an expert parameter; this optimizer reduces dense ones");
-    const bool counted = !(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy;
+    if (p->domain != domain)
+      throw commgrid::InternalError(
+          "optimizer: " + p->name + " is " +
+          (p->domain == ParamDomain::expert ? "an expert" : "a dense") + " parameter; this " +
+          (domain == ParamDomain::expert ? "expert" : "dense") + " optimizer reduces the other kind");
+    // Experts are whole on every rank that holds them (expert-tensor parallelism 1).
+    const bool counted = domain == ParamDomain::expert ||
+                         (!(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy);
     norm_weight_.insert(norm_weight_.end(), static_cast<std::size_t>(p->value.size()),
                         counted ? 1.0 : 0.0);
   }
   numel_ = norm_weight_.size();
   if (config_.dist_opt) {
-    intra_ = &*grads.intra_dp_cp();
+    intra_ = domain == ParamDomain::dense ? &*grads.intra_dp_cp() : &*grads.intra_expt_dp();
     inter_ = grads.inter_dist_opt().get();  // none with one instance
     const auto shards = static_cast<std::size_t>(intra_->size());
     padded_ = (numel_ + shards - 1) / shards * shards;
@@ -129,44 +141,52 @@ void Optimizer::adam(std::span<double> value, std::span<const double> grad, std:
 }
 
 double Optimizer::step() {
+  const double norm = std::sqrt(reduce());
+  apply(clip_coefficient(norm));
+  return norm;
+}
+
+double Optimizer::reduce() {
   ++steps_;
-  std::vector<double> flat;
-  pack_grads(flat);
-  const double inv_dp = 1.0 / static_cast<double>(dp_cp_->size());
-  std::vector<double> grad;  // this rank's shard (everything without dist_opt)
-  if (!config_.dist_opt) {
-    if (dp_cp_->size() > 1) dp_cp_->allreduce(std::span<double>(flat), ReduceOp::sum)->wait();
-    grad = std::move(flat);
-  } else {
-    grad.assign(shard_, 0.0);
-    intra_->reduce_scatter(std::span<const double>(flat), std::span<double>(grad), ReduceOp::sum)
-        ->wait();
-    if (inter_ != nullptr) inter_->allreduce(std::span<double>(grad), ReduceOp::sum)->wait();
-  }
-  for (double& g : grad) g *= inv_dp;
-
   double sq = 0;
-  for (std::size_t i = 0; i < grad.size(); ++i)
-    sq += norm_weight_[shard_begin_ + i] * grad[i] * grad[i];
-  // The shards of one instance together hold the whole (tp, pp) part of the model.
-  if (intra_ != nullptr && intra_->size() > 1)
-    intra_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
-  if (mp_.mp().size() > 1) mp_.mp().allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
-  const double norm = std::sqrt(sq);
-  const double clip = clip_coefficient(norm);
+  // Every member of these groups holds the same parameters: all skip, or none.
+  if (numel_ > 0) {
+    std::vector<double> flat;
+    pack_grads(flat);
+    if (!config_.dist_opt) {
+      if (reduce_group_->size() > 1)
+        reduce_group_->allreduce(std::span<double>(flat), ReduceOp::sum)->wait();
+      grad_ = std::move(flat);
+    } else {
+      grad_.assign(shard_, 0.0);
+      intra_->reduce_scatter(std::span<const double>(flat), std::span<double>(grad_), ReduceOp::sum)
+          ->wait();
+      if (inter_ != nullptr) inter_->allreduce(std::span<double>(grad_), ReduceOp::sum)->wait();
+    }
+    for (double& g : grad_) g *= grad_scale_;
+    for (std::size_t i = 0; i < grad_.size(); ++i)
+      sq += norm_weight_[shard_begin_ + i] * grad_[i] * grad_[i];
+    // The shards of one instance together hold the whole (tp, pp) part of the model.
+    if (intra_ != nullptr && intra_->size() > 1)
+      intra_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
+  }
+  if (norm_group_->size() > 1) norm_group_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
+  return sq;
+}
 
+void Optimizer::apply(double clip) {
+  if (numel_ == 0) return;
   if (!config_.dist_opt) {
     std::vector<double> values;
     pack_values(values);
-    adam(values, grad, m_, v_, clip);
+    adam(values, grad_, m_, v_, clip);
     unpack_values(values);
   } else {
-    adam(master_, grad, m_, v_, clip);
+    adam(master_, grad_, m_, v_, clip);
     std::vector<double> values(padded_);
     intra_->allgather(std::span<const double>(master_), std::span<double>(values))->wait();
     unpack_values(values);
   }
-  return norm;
 }
 
 }  // namespace train_gpt

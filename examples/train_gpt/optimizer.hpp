@@ -39,26 +39,43 @@ class Optimizer {
  public:
   /// Reads dp_cp, and with dist_opt intra_dp_cp and inter_dist_opt, from `grads`; the
   /// gradient norm is summed over mp (from `mp`).
+  ///
+  /// With `domain` expert (issue 11) the parameters are experts: gradients summed over
+  /// expt_dp (dist_opt: reduce-scattered over intra_expt_dp, summed across inter_dist_opt)
+  /// and divided by the dp_cp size (each rank's gradient is dp_cp times its tokens'
+  /// share, as for dense ones), and their squared norm summed over `expert_norm_group`
+  /// (tp_ep_pp) instead of mp.
   Optimizer(std::vector<Param*> params, const commgrid::GradCommProcessGroups& grads,
-            const ModelParallel& mp, OptimizerConfig config);
+            const ModelParallel& mp, OptimizerConfig config,
+            ParamDomain domain = ParamDomain::dense,
+            commgrid::Communicator* expert_norm_group = nullptr);
   /// Averages the gradients over dp_cp (all-reduce, or reduce-scatter over intra_dp_cp
   /// and all-reduce over inter_dist_opt), computes the global gradient norm, clips, takes
   /// one Adam step (and with dist_opt all-gathers the parameters over intra_dp_cp).
   /// Returns the gradient norm before clipping; collective over every group it uses.
   double step();
+  /// The first half of step, for a model with dense and expert parameters: reduces the
+  /// gradients and returns this domain's share of the squared global gradient norm.
+  double reduce();
+  /// The second half: Adam with the gradients of reduce() times `clip`.
+  void apply(double clip);
+  /// min(1, clip_grad / norm) (1 without clipping).
+  double clip_coefficient(double norm) const;
 
  private:
   void pack_grads(std::vector<double>& flat) const;
   void pack_values(std::vector<double>& flat) const;
   void unpack_values(const std::vector<double>& flat);
-  double clip_coefficient(double norm) const;
   void adam(std::span<double> value, std::span<const double> grad, std::span<double> m,
             std::span<double> v, double clip) const;
 
   std::vector<Param*> params_;
   const ModelParallel& mp_;
   OptimizerConfig config_;
-  commgrid::Communicator* dp_cp_;
+  commgrid::Communicator* reduce_group_;  ///< dp_cp, or expt_dp for experts
+  commgrid::Communicator* norm_group_;    ///< mp, or tp_ep_pp for experts
+  double grad_scale_;                     ///< 1 / dp_cp size
+  std::vector<double> grad_;              ///< reduce()'s result for apply()
   commgrid::Communicator* intra_ = nullptr;
   commgrid::Communicator* inter_ = nullptr;
   std::size_t numel_ = 0;   ///< elements of every parameter

@@ -16,6 +16,8 @@ enum class GroupFault : std::uint8_t {
   none,
   /// The model's tp field gets the dp_cp group and the gradients' dp_cp field the tp group.
   swap_tp_dp_cp,
+  /// The gradients' expt_dp field gets the dense dp group (MoE).
+  dp_as_expt_dp,
 };
 
 /// The two collections of one rank.

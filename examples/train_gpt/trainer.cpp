@@ -1,9 +1,12 @@
 #include "trainer.hpp"
 
+#include <cmath>
+#include <memory>
 #include <string>
 
 #include "data.hpp"
 #include "model.hpp"
+#include "moe.hpp"
 #include "parallel.hpp"
 #include "schedule.hpp"
 
@@ -48,6 +51,24 @@ void check_sizes(const TrainConfig& c, std::int64_t tp, std::int64_t pp, std::in
                                 s(pp) + " (interleaved schedule with vpp " + s(c.vpp) + ")");
 }
 
+// The MoE checks (sizes from the layout or from the groups).
+void check_moe(const TrainConfig& c, std::int64_t tp, std::int64_t ep, std::int64_t etp) {
+  if (!c.moe) return;
+  auto s = [](auto v) { return std::to_string(v); };
+  if (c.experts < 1 || c.experts % ep != 0)
+    throw DivisibilityError("experts", "experts " + s(c.experts) + " is not a positive multiple of ep " + s(ep));
+  if (c.topk < 1 || c.topk > c.experts)
+    throw IncompatibleError("topk", "topk " + s(c.topk) + " is not in 1..experts (" + s(c.experts) + ")");
+  if (c.moe_every < 1)
+    throw IncompatibleError("moe_every", "moe_every " + s(c.moe_every) + " is not positive");
+  if (tp > 1 && !c.sequence_parallel)
+    throw IncompatibleError("sequence_parallel", "MoE with tp " + s(tp) +
+                                                     " > 1 requires sequence parallelism (--sequence-parallel)");
+  if (etp != 1)
+    throw IncompatibleError("etp", "MoE with etp " + s(etp) +
+                                       ": only expert-tensor parallelism 1 is implemented (--etp 1)");
+}
+
 }  // namespace
 
 void check_train_config(const TrainConfig& c, const commgrid::ParallelConfig& layout) {
@@ -60,6 +81,7 @@ void check_train_config(const TrainConfig& c, const commgrid::ParallelConfig& la
                             "dist_opt_instances " + std::to_string(layout.dist_opt_instances) +
                                 " needs the distributed optimizer (--dist-opt)");
   check_sizes(c, layout.tp, layout.pp, layout.cp, layout.dp());
+  check_moe(c, layout.tp, layout.ep, layout.expert_tp());
 }
 
 std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_groups,
@@ -69,10 +91,40 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
   commgrid::Communicator& dp_cp = *grad_groups.dp_cp();
   check_sizes(config, model_groups.tp()->size(), model_groups.pp()->size(),
               model_groups.cp()->size(), dp.size());
+  if (config.moe)
+    check_moe(config, model_groups.tp()->size(), model_groups.ep()->size(),
+              model_groups.expt_tp()->size());
   const ModelParallel mp(model_groups, config.sequence_parallel);
-  GptModel model(config.model, mp, config.vpp);
+  // Each MoE layer adds its share of the auxiliary loss here during forward.
+  const auto aux_sum = std::make_shared<double>(0.0);
+  MlpFactory make_mlp;
+  if (config.moe) {
+    MoeConfig moe;
+    moe.experts = config.experts;
+    moe.topk = config.topk;
+    moe.aux_loss_coeff = config.aux_loss_coeff;
+    moe.samples = config.global_batch / (dp.size() * config.micro_batches);
+    moe.global_batch = config.global_batch;
+    moe.dp_cp_size = dp_cp.size();
+    moe.sequence_parallel = config.sequence_parallel && mp.tp_size() > 1;
+    moe.skip_tp_cp_sum = config.fault_skip_tp_cp_sum;
+    const ExpertGroups expert_groups{&*model_groups.ep(), &*model_groups.tp_cp()};
+    make_mlp = [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux_sum,
+                &config](int layer, const std::string& name) -> std::unique_ptr<Mlp> {
+      if (layer % config.moe_every != 0) return dense(layer, name);
+      return std::make_unique<MoeMlp>(name, config.model, moe, expert_groups, aux_sum);
+    };
+  }
+  GptModel model(config.model, mp, config.vpp, make_mlp);
   const std::vector<Param*> params = model.params();
-  Optimizer optimizer(params, grad_groups, mp, config.optimizer);
+  std::vector<Param*> dense_params, expert_params;
+  for (Param* p : params) (p->domain == ParamDomain::expert ? expert_params : dense_params).push_back(p);
+  Optimizer optimizer(dense_params, grad_groups, mp, config.optimizer);
+  std::unique_ptr<Optimizer> expert_optimizer;
+  if (config.moe)
+    expert_optimizer = std::make_unique<Optimizer>(expert_params, grad_groups, mp, config.optimizer,
+                                                   ParamDomain::expert,
+                                                   &*model_groups.tp_ep_pp());
   const DataLoader data(config.model, config.global_batch, config.micro_batches, dp.rank(),
                         dp.size(), mp.positions_of(mp.cp_rank(), config.model.seq));
   const double total_tokens = static_cast<double>(config.global_batch) * config.model.seq;
@@ -84,16 +136,35 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
   std::vector<StepResult> results;
   for (int step = 0; step < config.steps; ++step) {
     model.zero_grad();
+    *aux_sum = 0.0;
     double loss =
         run_pipeline(model, mp, data, step, config.micro_batches, config.vpp, 1.0 / local_tokens);
     finalize_model_grads(params, mp, config.fault_skip_embd_sum);
-    const double norm = optimizer.step();
+    double norm = 0;
+    if (expert_optimizer) {
+      // One global norm over both domains: dense squares summed over mp, expert squares
+      // over tp_ep_pp; both sets clipped by the same coefficient.
+      norm = std::sqrt(optimizer.reduce() + expert_optimizer->reduce());
+      const double clip = optimizer.clip_coefficient(norm);
+      optimizer.apply(clip);
+      expert_optimizer->apply(clip);
+    } else {
+      norm = optimizer.step();
+    }
     // The loss lives on the last stage: summed over its data-parallel ranks, then sent to
     // every stage.
     if (last_stage && dp_cp.size() > 1)
       dp_cp.allreduce(std::span<double>(&loss, 1), ReduceOp::sum)->wait();
     if (mp.pp_size() > 1) mp.pp().broadcast(std::span<double>(&loss, 1), mp.pp_size() - 1)->wait();
-    results.push_back({step + 1, loss / total_tokens, norm});
+    // Every rank holds a share of the aux loss (its tokens, its layers): summed over
+    // dp_cp and mp (tp x pp), that is over every rank.
+    double aux = *aux_sum;
+    if (config.moe) {
+      if (dp_cp.size() > 1) dp_cp.allreduce(std::span<double>(&aux, 1), ReduceOp::sum)->wait();
+      if (mp.mp().size() > 1) mp.mp().allreduce(std::span<double>(&aux, 1), ReduceOp::sum)->wait();
+      aux /= config.global_batch;
+    }
+    results.push_back({step + 1, loss / total_tokens + aux, norm, aux});
   }
   return results;
 }

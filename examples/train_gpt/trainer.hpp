@@ -22,13 +22,25 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   /// Test-only fault: leave out the tied embedding's gradient sum over embd.
   bool fault_skip_embd_sum = false;
+  /// Mixture of experts (issue 11): the MLP of every moe_every-th layer (layer % moe_every
+  /// == 0) is an MoE layer with `experts` experts over ep, top-`topk` softmax routing and
+  /// a load-balancing loss weighted by aux_loss_coeff. Needs sequence parallelism when
+  /// tp > 1 and (for now) expert-tensor parallelism 1.
+  bool moe = false;
+  int experts = 4;
+  int topk = 2;
+  int moe_every = 1;
+  double aux_loss_coeff = 1e-2;
+  /// Test-only fault: leave out the router's token-count sum over tp_cp.
+  bool fault_skip_tp_cp_sum = false;
 };
 
 /// One step's results, the same on every rank.
 struct StepResult {
   int step = 0;          ///< 1-based
-  double loss = 0;       ///< mean cross-entropy over the step's global batch
+  double loss = 0;       ///< mean cross-entropy over the step's global batch, plus aux_loss
   double grad_norm = 0;  ///< global gradient norm before clipping
+  double aux_loss = 0;   ///< MoE: the load-balancing loss (mean over the global batch's sequences)
 };
 
 /// Checks the run's sizes against the layout's, before any communication: layers by
