@@ -161,6 +161,22 @@ class GlooBackedStore final : public Store {
 using MemoryStore = GlooBackedStore<CheckableHashStore>;
 using FileStore = GlooBackedStore<CheckableFileStore>;
 
+// The claim record of a job: its id and a keyed hash of its token, so that a second job
+// (another id, or the same id with another token) is told apart without the token.
+std::string claim_text(const StoreOptions& o) {
+  return o.job_id + "\n" + token_proof(o.token, "commgrid store claim " + o.job_id) + "\n";
+}
+
+[[noreturn]] void conflict(const std::string& where, const std::string& found,
+                           const StoreOptions& o) {
+  const std::string other = found.substr(0, found.find('\n'));
+  if (other == o.job_id)
+    throw JobConflictError("store " + where + " is in use by another job with the id '" +
+                           other + "' and a different token: give each job its own store");
+  throw JobConflictError("store " + where + " is in use by job '" + other + "' (this is job '" +
+                         o.job_id + "'): give each job its own store");
+}
+
 // Gloo's RedisStore with AUTH on its connection (Gloo's constructor sends none).
 class AuthRedisStore : public ::gloo::rendezvous::RedisStore {
  public:
@@ -185,6 +201,23 @@ class AuthRedisStore : public ::gloo::rendezvous::RedisStore {
     // The reply names no password; it is still cut at the first space-free word to be safe.
     if (!ok) throw AuthenticationError("redis AUTH refused: " + why);
   }
+
+  // SET key value NX: true when this call set it. Gloo's set leaks its reply when the key
+  // exists (it throws before freeing it), so a claim that may lose a race is done here.
+  bool set_if_absent(const std::string& key, const std::string& value) {
+    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "SET %b %b NX", key.data(),
+                                                        key.size(), value.data(),
+                                                        value.size()));
+    if (reply == nullptr)
+      throw BackendError(std::string("redis SET: ") +
+                         (redis_->errstr[0] != '\0' ? redis_->errstr : "no reply"));
+    const bool set = reply->type == REDIS_REPLY_STATUS;
+    const bool exists = reply->type == REDIS_REPLY_NIL;
+    const std::string error = reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len) : "";
+    freeReplyObject(reply);
+    if (!set && !exists) throw BackendError("redis SET: " + (error.empty() ? "unexpected reply" : error));
+    return set;
+  }
 };
 
 class RedisStore final : public Store {
@@ -197,6 +230,15 @@ class RedisStore final : public Store {
     return "redis://" + host_ + ":" + std::to_string(port_) + "/" + prefix_;
   }
   std::string local_address() const override { return local_; }
+
+  /// Claims the prefix for the job, or throws JobConflictError naming the job holding it.
+  void claim(const StoreOptions& o) {
+    const std::string mine = claim_text(o);
+    if (store_.set_if_absent(full("commgrid-job"), mine)) return;
+    const std::vector<char> got = get("commgrid-job");
+    const std::string found(got.begin(), got.end());
+    if (found != mine) conflict(uri(), found, o);
+  }
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& value) override {
@@ -274,39 +316,6 @@ std::string shown_uri(std::string_view uri) {
                                  "memory)");
 }
 
-// The claim record of a job: its id and a keyed hash of its token, so that a second job
-// (another id, or the same id with another token) is told apart without the token.
-std::string claim_text(const StoreOptions& o) {
-  return o.job_id + "\n" + token_proof(o.token, "commgrid store claim " + o.job_id) + "\n";
-}
-
-[[noreturn]] void conflict(const std::string& where, const std::string& found,
-                           const StoreOptions& o) {
-  const std::string other = found.substr(0, found.find('\n'));
-  if (other == o.job_id)
-    throw JobConflictError("store " + where + " is in use by another job with the id '" +
-                           other + "' and a different token: give each job its own store");
-  throw JobConflictError("store " + where + " is in use by job '" + other + "' (this is job '" +
-                         o.job_id + "'): give each job its own store");
-}
-
-// Claims a Redis prefix (or any store whose set refuses an existing key) for the job.
-void claim_store(Store& store, const StoreOptions& o) {
-  const std::string key = "commgrid-job";
-  const std::string mine = claim_text(o);
-  if (!store.has(key)) {
-    try {
-      store.set(key, std::span<const char>(mine.data(), mine.size()));
-      return;
-    } catch (const BackendError&) {
-      // Another rank (or job) set it first: compare below.
-    }
-  }
-  const std::vector<char> got = store.get(key);
-  const std::string found(got.begin(), got.end());
-  if (found != mine) conflict(store.uri(), found, o);
-}
-
 // Claims a file store folder: the record is written to a private file and linked into
 // place, which fails if a claim exists (rename would replace it).
 void claim_folder(const std::string& folder, const StoreOptions& o) {
@@ -365,14 +374,14 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
       throw TimeoutError("gloo store connect on " + where + ": " + why);
     throw BackendError("gloo store connect on " + where + ": " + why);
   }
-  std::shared_ptr<Store> out;
+  std::shared_ptr<RedisStore> out;
   gloo_backend::guard("store connect",
                       "redis://" + host + ":" + std::to_string(port),
                       [&] {
                         out = std::make_shared<RedisStore>(host, port, prefix, password, local,
                                                            options.timeout);
                       });
-  claim_store(*out, options);
+  gloo_backend::guard("store claim", out->uri(), [&] { out->claim(options); });
   return out;
 }
 
