@@ -38,6 +38,7 @@ struct Flags {
   std::string format = "table", fault;
   bool sequence_parallel = false, dist_opt = false;
   bool moe = false;
+  std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
 };
 
@@ -86,6 +87,10 @@ TrainConfig train_config(const Flags& f, std::optional<int> vpp) {
   c.moe_every = to_int("moe_every", f.moe_every, 1);
   c.aux_loss_coeff = parse_double("aux_loss_coeff", f.aux_loss_coeff, 0.0);
   if (f.fault == "skip-tp-cp-sum") c.fault_skip_tp_cp_sum = true;
+  if (f.dispatcher != "alltoall" && f.dispatcher != "allgather")
+    throw commgrid::InvalidValueError(
+        "dispatcher", "dispatcher: expected alltoall or allgather, got \"" + f.dispatcher + "\"");
+  c.allgather_dispatcher = f.dispatcher == "allgather";
   return c;
 }
 
@@ -133,6 +138,7 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
       cfg["topk"] = c.topk;
       cfg["moe_every"] = c.moe_every;
       cfg["aux_loss_coeff"] = c.aux_loss_coeff;
+      cfg["dispatcher"] = c.allgather_dispatcher ? "allgather" : "alltoall";
     }
     j["steps"] = nlohmann::ordered_json::array();
     for (const StepResult& s : steps)
@@ -294,6 +300,8 @@ int main(int argc, char** argv) {
   app.add_option("--experts,--num-experts", f.experts, "experts per MoE layer, a multiple of ep (4)");
   app.add_option("--topk,--moe-router-topk", f.topk, "experts per token (2)");
   app.add_option("--moe-every,--moe-layer-freq", f.moe_every, "every k-th layer is MoE (1)");
+  app.add_option("--dispatcher,--moe-token-dispatcher-type", f.dispatcher,
+                 "alltoall (over ep) or allgather (over tp_ep) (alltoall)");
   app.add_option("--aux-loss-coeff,--moe-aux-loss-coeff", f.aux_loss_coeff,
                  "weight of the load-balancing loss (0.01)");
   app.add_option("--format", f.format, "table or json (table)");

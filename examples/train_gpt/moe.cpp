@@ -19,9 +19,14 @@ struct MoeCache final : Mlp::Cache {
   std::vector<double> gate;
   std::vector<std::size_t> send_rows, recv_rows;  ///< per ep rank
   std::vector<std::int64_t> recv_count;            ///< per (ep rank, local expert)
+  /// Consecutive row blocks of `recv`: (local expert, rows).
+  std::vector<std::pair<int, Eigen::Index>> segments;
   Mat recv;       ///< tokens received for this rank's experts
   Mat pre, act;   ///< the experts' fc1 output before / after GeLU
   Mat returned;   ///< the experts' outputs for this rank's picks, in send order
+  /// The all-gather dispatcher: token indices are rows of the tokens gathered over tp_ep,
+  /// the picks those of this rank's experts, and nothing is exchanged over ep.
+  bool gathered = false;
 };
 
 }  // namespace
@@ -83,6 +88,56 @@ Mat MoeMlp::exchange(const Mat& rows, const std::vector<std::size_t>& send_rows,
   return out;
 }
 
+Mat MoeMlp::gather_tp_ep(const Mat& local) const {
+  if (groups_.tp_ep->size() == 1) return local;
+  Mat full(local.rows() * groups_.tp_ep->size(), local.cols());
+  groups_.tp_ep->allgather(elements(local), elements(full))->wait();
+  return full;
+}
+
+Mat MoeMlp::scatter_tp_ep(const Mat& full) const {
+  if (groups_.tp_ep->size() == 1) return full;
+  Mat part(full.rows() / groups_.tp_ep->size(), full.cols());
+  groups_.tp_ep->reduce_scatter(elements(full), elements(part), ReduceOp::sum)->wait();
+  return part;
+}
+
+Mat MoeMlp::run_experts(const Mat& x, const std::vector<std::pair<int, Eigen::Index>>& segments,
+                        Mat& pre, Mat& act) const {
+  pre.resize(x.rows(), w1_.empty() ? 0 : w1_[0].value.cols());
+  act.resize(pre.rows(), pre.cols());
+  Mat out(x.rows(), hidden_);
+  Eigen::Index at = 0;
+  for (const auto& [le, rows] : segments) {
+    if (rows == 0) continue;
+    const auto u = static_cast<std::size_t>(le);
+    pre.middleRows(at, rows) = x.middleRows(at, rows) * w1_[u].value;
+    act.middleRows(at, rows) = pre.middleRows(at, rows).unaryExpr([](double v) { return gelu(v); });
+    out.middleRows(at, rows) = act.middleRows(at, rows) * w2_[u].value;
+    at += rows;
+  }
+  return out;
+}
+
+Mat MoeMlp::experts_backward(const Mat& dout, const Mat& x,
+                             const std::vector<std::pair<int, Eigen::Index>>& segments,
+                             const Mat& pre, const Mat& act) {
+  Mat dx(dout.rows(), hidden_);
+  Eigen::Index at = 0;
+  for (const auto& [le, rows] : segments) {
+    if (rows == 0) continue;
+    const auto u = static_cast<std::size_t>(le);
+    const auto d = dout.middleRows(at, rows);
+    w2_[u].grad.noalias() += act.middleRows(at, rows).transpose() * d;
+    const Mat dpre = (d * w2_[u].value.transpose()).array() *
+                     pre.middleRows(at, rows).unaryExpr([](double v) { return gelu_grad(v); }).array();
+    w1_[u].grad.noalias() += x.middleRows(at, rows).transpose() * dpre;
+    dx.middleRows(at, rows) = dpre * w1_[u].value.transpose();
+    at += rows;
+  }
+  return dx;
+}
+
 Mat MoeMlp::forward(const Mat& x, std::unique_ptr<Cache>& cache) const {
   auto c = std::make_unique<MoeCache>();
   const int n = static_cast<int>(x.rows()), e_count = moe_.experts, k = moe_.topk;
@@ -120,6 +175,42 @@ Mat MoeMlp::forward(const Mat& x, std::unique_ptr<Cache>& cache) const {
     for (int e = 0; e < e_count; ++e)
       aux += c->counts[static_cast<std::size_t>((t % b) * e_count + e)] * c->probs(t, e);
   *aux_sum_ += aux_scale * aux;
+  if (moe_.allgather_dispatcher) {
+    // Every rank of tp_ep sees every token of the group and its picks, runs its own
+    // experts on those that picked them, and the weighted outputs are reduce-scattered
+    // back to the tokens' ranks.
+    c->gathered = true;
+    const Mat xg = gather_tp_ep(x);
+    Mat local_picks(n, 2 * k);
+    for (int t = 0; t < n; ++t)
+      for (int j = 0; j < k; ++j) {
+        const int e = picks[static_cast<std::size_t>(t)][static_cast<std::size_t>(j)];
+        local_picks(t, 2 * j) = e;
+        local_picks(t, 2 * j + 1) = c->probs(t, e);
+      }
+    const Mat all_picks = gather_tp_ep(local_picks);
+    for (int le = 0; le < local_experts_; ++le) {
+      Eigen::Index rows = 0;
+      for (Eigen::Index r = 0; r < all_picks.rows(); ++r)
+        for (int j = 0; j < k; ++j)
+          if (static_cast<int>(all_picks(r, 2 * j)) == first_expert_ + le) {
+            c->token.push_back(static_cast<int>(r));
+            c->expert.push_back(first_expert_ + le);
+            c->gate.push_back(all_picks(r, 2 * j + 1));
+            ++rows;
+          }
+      c->segments.emplace_back(le, rows);
+    }
+    c->recv.resize(static_cast<Eigen::Index>(c->token.size()), hidden_);
+    for (std::size_t i = 0; i < c->token.size(); ++i)
+      c->recv.row(static_cast<Eigen::Index>(i)) = xg.row(c->token[i]);
+    c->returned = run_experts(c->recv, c->segments, c->pre, c->act);
+    Mat yg = Mat::Zero(xg.rows(), hidden_);
+    for (std::size_t i = 0; i < c->token.size(); ++i)
+      yg.row(c->token[i]) += c->gate[i] * c->returned.row(static_cast<Eigen::Index>(i));
+    cache = std::move(c);
+    return scatter_tp_ep(yg);
+  }
   // Dispatch: picks ordered by expert (so by owning ep rank), then token.
   std::vector<std::int64_t> per_expert(static_cast<std::size_t>(e_count), 0);
   c->send_rows.assign(static_cast<std::size_t>(ep), 0);
@@ -151,23 +242,11 @@ Mat MoeMlp::forward(const Mat& x, std::unique_ptr<Cache>& cache) const {
       c->recv_rows[static_cast<std::size_t>(p)] +=
           static_cast<std::size_t>(c->recv_count[static_cast<std::size_t>(p * local_experts_ + le)]);
   c->recv = ep > 1 ? exchange(send, c->send_rows, c->recv_rows) : send;
-  // The experts, on the segments (peer, local expert) of the received rows.
-  const Eigen::Index r_total = c->recv.rows();
-  c->pre.resize(r_total, w1_.empty() ? 0 : w1_[0].value.cols());
-  c->act.resize(c->pre.rows(), c->pre.cols());
-  Mat out(r_total, hidden_);
-  Eigen::Index at = 0;
   for (int p = 0; p < ep; ++p)
-    for (int le = 0; le < local_experts_; ++le) {
-      const auto rows = static_cast<Eigen::Index>(c->recv_count[static_cast<std::size_t>(p * local_experts_ + le)]);
-      if (rows == 0) continue;
-      const auto u = static_cast<std::size_t>(le);
-      c->pre.middleRows(at, rows) = c->recv.middleRows(at, rows) * w1_[u].value;
-      c->act.middleRows(at, rows) =
-          c->pre.middleRows(at, rows).unaryExpr([](double v) { return gelu(v); });
-      out.middleRows(at, rows) = c->act.middleRows(at, rows) * w2_[u].value;
-      at += rows;
-    }
+    for (int le = 0; le < local_experts_; ++le)
+      c->segments.emplace_back(le, static_cast<Eigen::Index>(c->recv_count[static_cast<std::size_t>(
+                                       p * local_experts_ + le)]));
+  const Mat out = run_experts(c->recv, c->segments, c->pre, c->act);
   c->returned = ep > 1 ? exchange(out, c->recv_rows, c->send_rows) : out;
   // Combine: each token's outputs weighted by their router probabilities.
   Mat y = Mat::Zero(n, hidden_);
@@ -182,36 +261,29 @@ Mat MoeMlp::forward(const Mat& x, std::unique_ptr<Cache>& cache) const {
 Mat MoeMlp::backward(const Mat& dy, const Cache& cache) {
   const auto& c = static_cast<const MoeCache&>(cache);
   const int n = static_cast<int>(dy.rows()), e_count = moe_.experts, k = moe_.topk;
-  const int ep = groups_.ep->size();
+  // Over ep with the all-to-all dispatcher; with the all-gather one the gradients of the
+  // gathered tokens, reduce-scattered at the end.
+  const bool over_ep = !c.gathered && groups_.ep->size() > 1;
+  const Mat dyg = c.gathered ? gather_tp_ep(dy) : dy;
   const auto m = static_cast<Eigen::Index>(c.token.size());
   Mat dsend(m, hidden_);
-  Mat dprobs = Mat::Zero(n, e_count);
+  Mat dprobs = Mat::Zero(dyg.rows(), e_count);
   for (Eigen::Index i = 0; i < m; ++i) {
     const auto u = static_cast<std::size_t>(i);
-    dsend.row(i) = c.gate[u] * dy.row(c.token[u]);
-    dprobs(c.token[u], c.expert[u]) += dy.row(c.token[u]).dot(c.returned.row(i));
+    dsend.row(i) = c.gate[u] * dyg.row(c.token[u]);
+    dprobs(c.token[u], c.expert[u]) += dyg.row(c.token[u]).dot(c.returned.row(i));
   }
-  const Mat dout = ep > 1 ? exchange(dsend, c.send_rows, c.recv_rows) : dsend;
-  Mat drecv(dout.rows(), hidden_);
-  Eigen::Index at = 0;
-  for (int p = 0; p < ep; ++p)
-    for (int le = 0; le < local_experts_; ++le) {
-      const auto rows = static_cast<Eigen::Index>(c.recv_count[static_cast<std::size_t>(p * local_experts_ + le)]);
-      if (rows == 0) continue;
-      const auto u = static_cast<std::size_t>(le);
-      const auto d = dout.middleRows(at, rows);
-      w2_[u].grad.noalias() += c.act.middleRows(at, rows).transpose() * d;
-      const Mat dpre = (d * w2_[u].value.transpose()).array() *
-                       c.pre.middleRows(at, rows).unaryExpr([](double v) { return gelu_grad(v); }).array();
-      w1_[u].grad.noalias() += c.recv.middleRows(at, rows).transpose() * dpre;
-      drecv.middleRows(at, rows) = dpre * w1_[u].value.transpose();
-      at += rows;
-    }
-  const Mat dback = ep > 1 ? exchange(drecv, c.recv_rows, c.send_rows) : drecv;
-  Mat dx = Mat::Zero(n, hidden_);
+  const Mat dout = over_ep ? exchange(dsend, c.send_rows, c.recv_rows) : dsend;
+  const Mat drecv = experts_backward(dout, c.recv, c.segments, c.pre, c.act);
+  const Mat dback = over_ep ? exchange(drecv, c.recv_rows, c.send_rows) : drecv;
+  Mat dx = Mat::Zero(dyg.rows(), hidden_);
   for (Eigen::Index i = 0; i < m; ++i) {
     const auto u = static_cast<std::size_t>(i);
     dx.row(c.token[u]) += c.gate[u] * dback.row(i);
+  }
+  if (c.gathered) {
+    dx = scatter_tp_ep(dx);
+    dprobs = scatter_tp_ep(dprobs);
   }
   // The aux loss's gradient (counts held constant). Its share of the global batch mean is
   // 1 / global_batch; every local gradient is averaged over dp_cp afterwards.

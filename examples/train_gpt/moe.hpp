@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlp.hpp"
@@ -26,6 +27,9 @@ struct MoeConfig {
   int dp_cp_size = 1;
   /// The router's gradient is partial over tp with sequence parallelism.
   bool sequence_parallel = false;
+  /// `--dispatcher allgather`: tokens and picks all-gathered over tp_ep, outputs
+  /// reduce-scattered back, instead of the all-to-all over ep.
+  bool allgather_dispatcher = false;
   /// Test-only fault: leave out the sum of the router's token counts over tp_cp.
   bool skip_tp_cp_sum = false;
 };
@@ -34,6 +38,7 @@ struct MoeConfig {
 struct ExpertGroups {
   commgrid::Communicator* ep = nullptr;     ///< the all-to-all dispatcher's group
   commgrid::Communicator* tp_cp = nullptr;  ///< the router's token-count sum
+  commgrid::Communicator* tp_ep = nullptr;  ///< the all-gather dispatcher's group
 };
 
 /// Router, dispatch, experts, combine. Input and output are this rank's rows [n, h].
@@ -51,6 +56,17 @@ class MoeMlp final : public Mlp {
   /// Sends `rows` (blocks per ep rank, counts in rows) over ep; returns the received rows.
   Mat exchange(const Mat& rows, const std::vector<std::size_t>& send_rows,
                const std::vector<std::size_t>& recv_rows) const;
+
+  /// All-gather over tp_ep (rows of rank r at block r), and its reduce-scatter (sum).
+  Mat gather_tp_ep(const Mat& local) const;
+  Mat scatter_tp_ep(const Mat& full) const;
+  /// The experts on consecutive row blocks of x, block i for local expert segments[i].first.
+  Mat run_experts(const Mat& x, const std::vector<std::pair<int, Eigen::Index>>& segments, Mat& pre,
+                  Mat& act) const;
+  /// Their backward: accumulates the experts' gradients, returns x's.
+  Mat experts_backward(const Mat& dout, const Mat& x,
+                       const std::vector<std::pair<int, Eigen::Index>>& segments, const Mat& pre,
+                       const Mat& act);
 
   MoeConfig moe_;
   ExpertGroups groups_;

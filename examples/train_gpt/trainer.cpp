@@ -108,7 +108,9 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
     moe.dp_cp_size = dp_cp.size();
     moe.sequence_parallel = config.sequence_parallel && mp.tp_size() > 1;
     moe.skip_tp_cp_sum = config.fault_skip_tp_cp_sum;
-    const ExpertGroups expert_groups{&*model_groups.ep(), &*model_groups.tp_cp()};
+    moe.allgather_dispatcher = config.allgather_dispatcher;
+    const ExpertGroups expert_groups{&*model_groups.ep(), &*model_groups.tp_cp(),
+                                     &*model_groups.tp_ep()};
     make_mlp = [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux_sum,
                 &config](int layer, const std::string& name) -> std::unique_ptr<Mlp> {
       if (layer % config.moe_every != 0) return dense(layer, name);

@@ -31,6 +31,8 @@ struct TrainConfig {
   int topk = 2;
   int moe_every = 1;
   double aux_loss_coeff = 1e-2;
+  /// The all-gather dispatcher over tp_ep instead of the all-to-all over ep.
+  bool allgather_dispatcher = false;
   /// Test-only fault: leave out the router's token-count sum over tp_cp.
   bool fault_skip_tp_cp_sum = false;
 };

@@ -22,7 +22,7 @@ struct MoeCase {
   int world = 1;
   int tp = 1, pp = 1, cp = 1, ep = 1, micro_batches = 1, instances = 1;
   std::string order;
-  bool sp = false, dist_opt = false;
+  bool sp = false, dist_opt = false, allgather = false;
 };
 
 void PrintTo(const MoeCase& l, std::ostream* os) { *os << l.name; }
@@ -46,6 +46,7 @@ TrainConfig moe_config(const MoeCase& l) {
   c.micro_batches = l.micro_batches;
   c.sequence_parallel = l.sp;
   c.optimizer.dist_opt = l.dist_opt;
+  c.allgather_dispatcher = l.allgather;
   c.moe = true;
   c.experts = 4;
   c.topk = 2;
@@ -178,6 +179,17 @@ std::vector<MoeCase> moe_layouts() {
     l.pp = 2;
     l.micro_batches = 2;
     l.dist_opt = true;
+  });
+  add(M("ep4_allgather", 4), [](MoeCase& l) {
+    l.ep = 4;
+    l.allgather = true;
+  });
+  add(M("tp2_sp_etp1_ep2_cp2_allgather", 8), [](MoeCase& l) {
+    l.tp = 2;
+    l.sp = true;
+    l.ep = 2;
+    l.cp = 2;
+    l.allgather = true;
   });
   return v;
 }
