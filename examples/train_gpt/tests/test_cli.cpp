@@ -178,3 +178,47 @@ TEST(TrainGptCli, LaunchDistOptTwoInstancesMatchesOneRank) {
 }
 
 }  // namespace
+
+// MoE (issue 11) under mpirun: ep 2 over 4 processes with the all-to-all dispatcher, cp 2
+// (token counts over tp_cp) and dist-opt, equal to one rank's MoE run, aux loss included.
+const std::vector<std::string> kMoeModel = {"--moe", "--vocab", "32", "--hidden", "16",
+                                            "--heads", "2", "--seq", "16", "--layers", "2",
+                                            "--aux-loss-coeff", "0.1", "--format", "json"};
+
+std::vector<std::string> with_moe(std::vector<std::string> args) {
+  args.insert(args.end(), kMoeModel.begin(), kMoeModel.end());
+  return args;
+}
+
+TEST(TrainGptCli, MpirunMoeMatchesOneRank) {
+  if (kMpiexec.empty()) GTEST_SKIP() << "this build has no MPI backend";
+  const CliResult ref_run = run_cli(kTrainGpt, with_moe({"--local", "1"}));
+  ASSERT_EQ(ref_run.code, 0) << describe(ref_run);
+  const json ref = parse_json(ref_run);
+  const CliResult r = run_shell(mpirun(4, with_moe({"--ep", "2", "--cp", "2", "--dist-opt"})));
+  ASSERT_EQ(r.code, 0) << describe(r);
+  const json got = parse_json(r);
+  ASSERT_EQ(got["steps"].size(), 10u) << r.out;
+  ASSERT_EQ(ref["steps"].size(), 10u);
+  for (std::size_t i = 0; i < 10; ++i)
+    for (const char* key : {"loss", "grad_norm", "aux_loss"}) {
+      const double a = got["steps"][i][key].get<double>();
+      const double b = ref["steps"][i][key].get<double>();
+      EXPECT_LE(std::abs(a - b), 1e-9 * std::abs(b))
+          << "step " << i + 1 << " " << key << ": " << a << ", one rank " << b;
+    }
+  EXPECT_GT(ref["steps"][0]["aux_loss"].get<double>(), 0.0);
+}
+
+TEST(TrainGptCli, MoeInvalidCombinationsExit2) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--local", "4", "--tp", "2", "--ep", "2", "--etp", "1", "--moe"},  // tp without SP
+           {"--local", "4", "--tp", "2", "--ep", "2", "--sequence-parallel", "--moe"},  // etp 2
+           {"--local", "4", "--ep", "4", "--experts", "6", "--moe"},
+           {"--local", "1", "--moe", "--topk", "5"},
+           {"--local", "1", "--moe", "--dispatcher", "ring"}}) {
+    const CliResult r = run_cli(kTrainGpt, args);
+    EXPECT_EQ(r.code, 2) << describe(r);
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << describe(r);
+  }
+}
