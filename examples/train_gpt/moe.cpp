@@ -27,6 +27,11 @@ struct MoeCache final : Mlp::Cache {
   /// The all-gather dispatcher: token indices are rows of the tokens gathered over tp_ep,
   /// the picks those of this rank's experts, and nothing is exchanged over ep.
   bool gathered = false;
+  /// Expert-tensor parallelism (all-to-all dispatcher): the received rows of every
+  /// expt_tp rank, their segments and row counts; pre/act/recv then hold these.
+  std::vector<std::pair<int, Eigen::Index>> etp_segments;
+  std::vector<std::size_t> etp_rows;
+  std::size_t etp_offset = 0;  ///< where this rank's rows start in the gathered ones
 };
 
 }  // namespace
@@ -41,6 +46,9 @@ MoeMlp::MoeMlp(const std::string& name, const ModelConfig& config, const MoeConf
       first_expert_(groups.ep->rank() * (moe.experts / groups.ep->size())),
       seq_(config.seq) {
   const int h = config.hidden, f = config.ffn(), e = moe.experts;
+  // Expert-tensor parallelism: fc1 column-parallel, fc2 row-parallel over expt_tp.
+  const int etp = groups.expt_tp->size();
+  const int fl = f / etp, c0 = groups.expt_tp->rank() * fl;
   router_ = make_param(name + ".router.weight", h, e, 0, 0, h, e, Init::normal(config.init_std),
                        config.seed);
   // Replicated over tp; with sequence parallelism each tp rank routes only its slice.
@@ -48,9 +56,9 @@ MoeMlp::MoeMlp(const std::string& name, const ModelConfig& config, const MoeConf
   router_.sequence_parallel = moe.sequence_parallel;
   for (int le = 0; le < local_experts_; ++le) {
     const std::string expert = name + ".experts." + std::to_string(first_expert_ + le);
-    w1_.push_back(make_param(expert + ".fc1.weight", h, f, 0, 0, h, f,
+    w1_.push_back(make_param(expert + ".fc1.weight", h, f, 0, c0, h, fl,
                              Init::normal(config.init_std), config.seed));
-    w2_.push_back(make_param(expert + ".fc2.weight", f, h, 0, 0, f, h,
+    w2_.push_back(make_param(expert + ".fc2.weight", f, h, c0, 0, fl, h,
                              Init::normal(config.init_std / std::sqrt(2.0 * config.layers)),
                              config.seed));
     w1_.back().domain = w2_.back().domain = ParamDomain::expert;
@@ -100,6 +108,41 @@ Mat MoeMlp::scatter_tp_ep(const Mat& full) const {
   Mat part(full.rows() / groups_.tp_ep->size(), full.cols());
   groups_.tp_ep->reduce_scatter(elements(full), elements(part), ReduceOp::sum)->wait();
   return part;
+}
+
+void MoeMlp::gather_etp(Mat& recv, const std::vector<std::pair<int, Eigen::Index>>& segments,
+                        Cache& cache) const {
+  auto& c = static_cast<MoeCache&>(cache);
+  commgrid::Communicator& etp = *groups_.expt_tp;
+  const auto n_seg = segments.size();
+  std::vector<std::int64_t> mine, all(n_seg * static_cast<std::size_t>(etp.size()));
+  for (const auto& sg : segments) mine.push_back(static_cast<std::int64_t>(sg.second));
+  etp.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all))->wait();
+  std::size_t total = 0;
+  for (int q = 0; q < etp.size(); ++q) {
+    std::size_t rows = 0;
+    for (std::size_t i = 0; i < n_seg; ++i) {
+      const auto r = all[static_cast<std::size_t>(q) * n_seg + i];
+      c.etp_segments.emplace_back(segments[i].first, static_cast<Eigen::Index>(r));
+      rows += static_cast<std::size_t>(r);
+    }
+    if (q == etp.rank()) c.etp_offset = total;
+    c.etp_rows.push_back(rows);
+    total += rows;
+  }
+  std::vector<std::size_t> counts;
+  for (std::size_t r : c.etp_rows) counts.push_back(r * static_cast<std::size_t>(hidden_));
+  Mat gathered(static_cast<Eigen::Index>(total), hidden_);
+  etp.allgatherv(elements(recv), elements(gathered), counts)->wait();
+  recv = std::move(gathered);
+}
+
+Mat MoeMlp::sum_etp_own_rows(Mat partial, const Cache& cache) const {
+  const auto& c = static_cast<const MoeCache&>(cache);
+  groups_.expt_tp->allreduce(elements(partial), ReduceOp::sum)->wait();
+  return partial.middleRows(static_cast<Eigen::Index>(c.etp_offset),
+                            static_cast<Eigen::Index>(c.etp_rows[static_cast<std::size_t>(
+                                groups_.expt_tp->rank())]));
 }
 
 Mat MoeMlp::run_experts(const Mat& x, const std::vector<std::pair<int, Eigen::Index>>& segments,
@@ -246,7 +289,17 @@ Mat MoeMlp::forward(const Mat& x, std::unique_ptr<Cache>& cache) const {
     for (int le = 0; le < local_experts_; ++le)
       c->segments.emplace_back(le, static_cast<Eigen::Index>(c->recv_count[static_cast<std::size_t>(
                                        p * local_experts_ + le)]));
-  const Mat out = run_experts(c->recv, c->segments, c->pre, c->act);
+  Mat out;
+  if (groups_.expt_tp->size() > 1) {
+    // Every expt_tp rank's received tokens, all-gathered; each computes its column /
+    // row shard of the experts on all of them; the partial outputs are summed and each
+    // keeps its own rows (a reduce-scatter with uneven blocks).
+    gather_etp(c->recv, c->segments, *c);
+    Mat partial = run_experts(c->recv, c->etp_segments, c->pre, c->act);
+    out = sum_etp_own_rows(partial, *c);
+  } else {
+    out = run_experts(c->recv, c->segments, c->pre, c->act);
+  }
   c->returned = ep > 1 ? exchange(out, c->recv_rows, c->send_rows) : out;
   // Combine: each token's outputs weighted by their router probabilities.
   Mat y = Mat::Zero(n, hidden_);
@@ -274,7 +327,16 @@ Mat MoeMlp::backward(const Mat& dy, const Cache& cache) {
     dprobs(c.token[u], c.expert[u]) += dyg.row(c.token[u]).dot(c.returned.row(i));
   }
   const Mat dout = over_ep ? exchange(dsend, c.send_rows, c.recv_rows) : dsend;
-  const Mat drecv = experts_backward(dout, c.recv, c.segments, c.pre, c.act);
+  Mat drecv;
+  if (!c.etp_rows.empty()) {
+    std::vector<std::size_t> counts;
+    for (std::size_t r : c.etp_rows) counts.push_back(r * static_cast<std::size_t>(hidden_));
+    Mat dall(static_cast<Eigen::Index>(c.recv.rows()), hidden_);
+    groups_.expt_tp->allgatherv(elements(dout), elements(dall), counts)->wait();
+    drecv = sum_etp_own_rows(experts_backward(dall, c.recv, c.etp_segments, c.pre, c.act), c);
+  } else {
+    drecv = experts_backward(dout, c.recv, c.segments, c.pre, c.act);
+  }
   const Mat dback = over_ep ? exchange(drecv, c.recv_rows, c.send_rows) : drecv;
   Mat dx = Mat::Zero(dyg.rows(), hidden_);
   for (Eigen::Index i = 0; i < m; ++i) {

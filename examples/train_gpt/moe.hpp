@@ -1,7 +1,7 @@
 // A mixture-of-experts MLP (issue 11): a softmax top-k router, E experts spread over ep
-// (each expert a GeLU MLP held whole: expert-tensor parallelism 1), tokens dispatched to
-// their experts' ranks with alltoallv over ep and back, no token dropping, and Switch's
-// load-balancing auxiliary loss with token counts summed over tp_cp.
+// (each expert a GeLU MLP, column/row-parallel over expt_tp), tokens dispatched to their
+// experts' ranks with alltoallv over ep and back (or all-gathered over tp_ep), no token
+// dropping, and Switch's load-balancing auxiliary loss with token counts summed over tp_cp.
 #pragma once
 
 #include <memory>
@@ -39,6 +39,7 @@ struct ExpertGroups {
   commgrid::Communicator* ep = nullptr;     ///< the all-to-all dispatcher's group
   commgrid::Communicator* tp_cp = nullptr;  ///< the router's token-count sum
   commgrid::Communicator* tp_ep = nullptr;  ///< the all-gather dispatcher's group
+  commgrid::Communicator* expt_tp = nullptr;  ///< each expert's column/row parallel group
 };
 
 /// Router, dispatch, experts, combine. Input and output are this rank's rows [n, h].
@@ -60,6 +61,12 @@ class MoeMlp final : public Mlp {
   /// All-gather over tp_ep (rows of rank r at block r), and its reduce-scatter (sum).
   Mat gather_tp_ep(const Mat& local) const;
   Mat scatter_tp_ep(const Mat& full) const;
+  /// expt_tp > 1: replaces recv by every expt_tp rank's received rows (allgatherv) and
+  /// records their segments in the cache.
+  void gather_etp(Mat& recv, const std::vector<std::pair<int, Eigen::Index>>& segments,
+                  Cache& cache) const;
+  /// Sums partial results over expt_tp and keeps this rank's rows.
+  Mat sum_etp_own_rows(Mat partial, const Cache& cache) const;
   /// The experts on consecutive row blocks of x, block i for local expert segments[i].first.
   Mat run_experts(const Mat& x, const std::vector<std::pair<int, Eigen::Index>>& segments, Mat& pre,
                   Mat& act) const;

@@ -69,7 +69,7 @@ Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcess
           "optimizer: " + p->name + " is " +
           (p->domain == ParamDomain::expert ? "an expert" : "a dense") + " parameter; this " +
           (domain == ParamDomain::expert ? "expert" : "dense") + " optimizer reduces the other kind");
-    // Experts are whole on every rank that holds them (expert-tensor parallelism 1).
+    // Expert shards (over expt_tp) are distinct: each counts once in tp_ep_pp.
     const bool counted = domain == ParamDomain::expert ||
                          (!(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy);
     norm_weight_.insert(norm_weight_.end(), static_cast<std::size_t>(p->value.size()),

@@ -64,9 +64,8 @@ void check_moe(const TrainConfig& c, std::int64_t tp, std::int64_t ep, std::int6
   if (tp > 1 && !c.sequence_parallel)
     throw IncompatibleError("sequence_parallel", "MoE with tp " + s(tp) +
                                                      " > 1 requires sequence parallelism (--sequence-parallel)");
-  if (etp != 1)
-    throw IncompatibleError("etp", "MoE with etp " + s(etp) +
-                                       ": only expert-tensor parallelism 1 is implemented (--etp 1)");
+  if (c.model.ffn() % etp != 0)
+    throw DivisibilityError("etp", "MoE: ffn " + s(c.model.ffn()) + " is not divisible by etp " + s(etp));
 }
 
 }  // namespace
@@ -110,7 +109,7 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
     moe.skip_tp_cp_sum = config.fault_skip_tp_cp_sum;
     moe.allgather_dispatcher = config.allgather_dispatcher;
     const ExpertGroups expert_groups{&*model_groups.ep(), &*model_groups.tp_cp(),
-                                     &*model_groups.tp_ep()};
+                                     &*model_groups.tp_ep(), &*model_groups.expt_tp()};
     make_mlp = [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux_sum,
                 &config](int layer, const std::string& name) -> std::unique_ptr<Mlp> {
       if (layer % config.moe_every != 0) return dense(layer, name);

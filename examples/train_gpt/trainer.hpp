@@ -25,7 +25,7 @@ struct TrainConfig {
   /// Mixture of experts (issue 11): the MLP of every moe_every-th layer (layer % moe_every
   /// == 0) is an MoE layer with `experts` experts over ep, top-`topk` softmax routing and
   /// a load-balancing loss weighted by aux_loss_coeff. Needs sequence parallelism when
-  /// tp > 1 and (for now) expert-tensor parallelism 1.
+  /// tp > 1, and the ffn width divisible by etp.
   bool moe = false;
   int experts = 4;
   int topk = 2;

@@ -213,7 +213,6 @@ TEST(TrainGptCli, MpirunMoeMatchesOneRank) {
 TEST(TrainGptCli, MoeInvalidCombinationsExit2) {
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"--local", "4", "--tp", "2", "--ep", "2", "--etp", "1", "--moe"},  // tp without SP
-           {"--local", "4", "--tp", "2", "--ep", "2", "--sequence-parallel", "--moe"},  // etp 2
            {"--local", "4", "--ep", "4", "--experts", "6", "--moe"},
            {"--local", "1", "--moe", "--topk", "5"},
            {"--local", "1", "--moe", "--dispatcher", "ring"}}) {

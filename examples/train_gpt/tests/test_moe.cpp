@@ -20,7 +20,7 @@ namespace {
 struct MoeCase {
   std::string name;
   int world = 1;
-  int tp = 1, pp = 1, cp = 1, ep = 1, micro_batches = 1, instances = 1;
+  int tp = 1, pp = 1, cp = 1, ep = 1, etp = 1, micro_batches = 1, instances = 1;
   std::string order;
   bool sp = false, dist_opt = false, allgather = false;
 };
@@ -61,7 +61,7 @@ commgrid::ParallelConfig moe_layout(const MoeCase& l) {
   c.pp = l.pp;
   c.cp = l.cp;
   c.ep = l.ep;
-  c.etp = 1;
+  c.etp = l.etp;
   c.dist_opt_instances = l.instances;
   if (!l.order.empty()) c.order = l.order;
   return c;
@@ -179,6 +179,25 @@ std::vector<MoeCase> moe_layouts() {
     l.pp = 2;
     l.micro_batches = 2;
     l.dist_opt = true;
+  });
+  add(M("tp1_etp2_ep2", 4), [](MoeCase& l) {
+    l.etp = 2;
+    l.ep = 2;
+  });
+  add(M("tp2_sp_etp2_ep2", 4), [](MoeCase& l) {
+    l.tp = 2;
+    l.sp = true;
+    l.etp = 2;
+    l.ep = 2;
+  });
+  add(M("tp2_sp_etp2_ep2_pp2_allgather", 8), [](MoeCase& l) {
+    l.tp = 2;
+    l.sp = true;
+    l.etp = 2;
+    l.ep = 2;
+    l.pp = 2;
+    l.micro_batches = 2;
+    l.allgather = true;
   });
   add(M("ep4_allgather", 4), [](MoeCase& l) {
     l.ep = 4;
