@@ -221,12 +221,6 @@ struct BenchCollectivesFlags {
 /// What a runtime benchmark does once its world exists; returns the text rank 0 prints.
 using WorldJob = std::function<std::string(Communicator& world, DirectCollectives* direct)>;
 
-std::string fold(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
 #if COMMGRID_HAS_MPI
 /// MPI called directly on the same communicator that commgrid's world wraps.
 class MpiDirect final : public DirectCollectives {
@@ -321,7 +315,7 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
   try {
     prepare(world->size());
   } catch (const ConfigError& e) {
-    if (rank == 0) std::cerr << "error: " << fold(e.what()) << "\n";
+    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
     return 2;
   }
   std::string text;
@@ -329,11 +323,11 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
     MpiDirect direct(world->native(), rt.direct == "nonblocking");
     text = job(*world, &direct);
   } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
-    if (rank == 0) std::cerr << "error: " << fold(e.what()) << "\n";
+    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
     return 2;
   } catch (const Error& e) {
     // Possibly this rank's alone: end the job rather than leave the others waiting.
-    std::cerr << "error: rank " << rank << ": " << fold(e.what()) << std::endl;
+    std::cerr << "error: rank " << rank << ": " << one_line(e.what()) << std::endl;
     mpi::MpiEnvironment::abort(1);
   }
   if (rank == 0) std::cout << text << std::flush;
@@ -440,7 +434,7 @@ class GlooDirect final : public DirectCollectives {
     try {
       f();
     } catch (const std::exception& e) {
-      throw BackendError(std::string("bench: direct gloo ") + op + ": " + fold(e.what()));
+      throw BackendError(std::string("bench: direct gloo ") + op + ": " + one_line(e.what()));
     }
   }
   ::gloo::rendezvous::Store& store_;
@@ -597,8 +591,8 @@ void add_runtime_flags(CLI::App& app, RuntimeFlags& rt) {
   app.add_option("--backend", rt.backend,
                  "mpi (default; run under mpirun), gloo, or nccl (init only; one GPU per rank)");
   app.add_option("--local", rt.local,
-                 "with --backend gloo or nccl: N ranks as threads in this process");
-  app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)");
+                 "with --backend gloo or nccl: N ranks as threads in this process")->type_name("INT");
+  app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)")->type_name("SECONDS");
   app.add_option("--format", rt.format, "table (default) or json");
 }
 
@@ -616,8 +610,8 @@ Command add_bench_command(CLI::App& root) {
                      "multiples of 128; \"none\" skips)");
   layout->add_option("--query-worlds", lo->query_worlds,
                      "worlds of the one-rank queries (default 2^10 ... 2^30; \"none\" skips)");
-  layout->add_option("--repeats", lo->repeats, "timed repetitions; the fastest counts (5)");
-  layout->add_option("--queries", lo->queries, "queries per kind and world (100000)");
+  layout->add_option("--repeats", lo->repeats, "timed repetitions; the fastest counts (5)")->type_name("INT");
+  layout->add_option("--queries", lo->queries, "queries per kind and world (100000)")->type_name("INT");
   layout->add_option("--memory", lo->memory,
                      "warm (default: pages reused, measures the code) or cold (fresh pages "
                      "for lists and baselines alike)");
@@ -628,7 +622,7 @@ Command add_bench_command(CLI::App& root) {
       "init", "time ProcessGroups::initialize with each creation strategy on real ranks");
   add_layout_flags(*init, fi->layout, /*with_world_size=*/true);
   init->add_option("--strategies", fi->strategies, "split,member,per-group (default: all three)");
-  init->add_option("--repeats", fi->repeats, "repetitions; the fastest counts (5)");
+  init->add_option("--repeats", fi->repeats, "repetitions; the fastest counts (5)")->type_name("INT");
   add_runtime_flags(*init, fi->rt);
   init->footer("Example: mpirun --oversubscribe -np 16 commgrid bench init --tp 2 --pp 2\n"
                "         commgrid bench init --backend gloo --local 16 --tp 2 --pp 2\n"
@@ -639,7 +633,7 @@ Command add_bench_command(CLI::App& root) {
       "collectives", "allreduce, allgather, pingpong, batched exchange and alltoallv through commgrid vs the backend called directly");
   coll->add_option("--sizes", fc->sizes, "bytes per rank, e.g. 1KiB,64MiB (default)");
   coll->add_option("--iterations", fc->iterations,
-                   "calls of each kind per size (1000; fewer for large sizes, at least 5)");
+                   "calls of each kind per size (1000; fewer for large sizes, at least 5)")->type_name("INT");
   add_runtime_flags(*coll, fc->rt);
   coll->add_option("--direct", fc->rt.direct,
                    "MPI reference: blocking (MPI_Allreduce, default) or nonblocking "

@@ -591,18 +591,18 @@ Command add_launch_command(CLI::App& root) {
       "temporary folder; with --nnodes or --master-port: the TCP store rank 0 serves); "
       "prefix their output with [rank i]; stop all if one fails");
   app->add_option("-n,--nproc,--nproc-per-node", args->nproc,
-                  "Number of processes (ranks) on this node, 1-1024")->required();
-  app->add_option("--nnodes", args->nnodes, "Number of nodes (launches) of the job (default 1)");
+                  "Number of processes (ranks) on this node, 1-1024")->required()->type_name("INT");
+  app->add_option("--nnodes", args->nnodes, "Number of nodes (launches) of the job (default 1)")->type_name("INT");
   app->add_option("--node-rank", args->node_rank,
                   "This node's index, 0 ... nnodes-1: its ranks are node_rank*n ... "
-                  "node_rank*n+n-1 (required with --nnodes > 1)");
+                  "node_rank*n+n-1 (required with --nnodes > 1)")->type_name("INT");
   app->add_option("--master-addr", args->master_addr,
                   "Address of node 0, where rank 0 serves the TCP store (default 127.0.0.1)");
   app->add_option("--master-port", args->master_port,
-                  "Port of the TCP store on node 0 (required with --nnodes > 1)");
+                  "Port of the TCP store on node 0 (required with --nnodes > 1)")->type_name("INT");
   app->add_option("--timeout", args->timeout,
                   "Seconds: bound of every rendezvous and collective of the ranks (exported as "
-                  "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)");
+                  "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)")->type_name("SECONDS");
   app->add_option("--grace", args->grace,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)");
   app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();

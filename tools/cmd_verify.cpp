@@ -35,12 +35,6 @@ struct VerifyFlags {
   std::string strategy, kinds, timeout, fault_rank, backend, local, job;
 };
 
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
-
 int run_verify_command(const VerifyFlags& f) {
   // Everything that does not need the world size is checked before MPI starts.
   VerifyOptions opts;
@@ -158,13 +152,13 @@ Command add_verify_command(CLI::App& root) {
                       std::string(strategy_name(kDefaultStrategy)) + ")");
   app->add_option("--kinds", flags->kinds, "only these kinds, e.g. tp,dp,pp (default: all)");
   app->add_option("--timeout", flags->timeout,
-                  "seconds any rank waits for the others in one call (default 120)");
+                  "seconds any rank waits for the others in one call (default 120)")->type_name("SECONDS");
   app->add_option("--backend", flags->backend,
                   "mpi (under mpirun), gloo (--local N, or under commgrid launch) or nccl "
                   "(GPUs, one per rank: --local N, commgrid launch or mpirun); default: "
                   "gloo with --local or COMMGRID_RANK set, else mpi");
   app->add_option("--local", flags->local,
-                  "run N ranks as threads of this process (Gloo, no launcher needed)");
+                  "run N ranks as threads of this process (Gloo, no launcher needed)")->type_name("INT");
   app->add_option("--job", flags->job,
                   "verify a multi-module job file on Gloo rank-threads (see docs/megatron-head.md)")
       ->type_name("FILE");

@@ -16,6 +16,15 @@ struct Command {
   std::function<int()> run;
 };
 
+/// The text with its line breaks turned into spaces and trailing spaces dropped, so that an
+/// error stays exactly one line on stderr.
+inline std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
 /// Registration functions, one per subcommand file (cmd_<name>.cpp).
 Command add_plan_command(CLI::App& root);
 Command add_verify_command(CLI::App& root);

@@ -11,14 +11,6 @@
 
 namespace {
 
-// One line: a message that spans lines is folded so stderr carries exactly one.
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
-}
-
 // Empty values are errors like any other bad value: `--timeout ''` never means "default".
 // Positional arguments (a launched program's arguments) may be empty.
 void reject_empty_values(const CLI::App& app) {
@@ -36,7 +28,7 @@ void reject_empty_values(const CLI::App& app) {
 // Each error is one line written with one write(2), so that a rank stopped right after it
 // (by launch, or by its own exit) never leaves half a line.
 void print_error(const std::string& text) {
-  std::string line = "error: " + one_line(text) + "\n";
+  std::string line = "error: " + commgrid::cli::one_line(text) + "\n";
   std::cout.flush();
   std::cerr << line << std::flush;
 }

@@ -1,4 +1,5 @@
 #include "verify_gloo.hpp"
+#include "command.hpp"
 
 #include <iostream>
 #include <mutex>
@@ -10,12 +11,6 @@
 
 namespace commgrid::cli {
 namespace {
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
 
 bool is_config_error(const std::exception_ptr& e) {
   try {

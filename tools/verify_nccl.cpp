@@ -1,4 +1,5 @@
 #include "verify_nccl.hpp"
+#include "command.hpp"
 
 #include <iostream>
 #include <memory>
@@ -16,12 +17,6 @@
 
 namespace commgrid::cli {
 namespace {
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
 
 // One rank of a launched job over `boot`: rank 0 prints. Errors end this rank with 1 (a
 // config mismatch, raised on every rank alike, with 2); `abort_job` ends the other ranks
