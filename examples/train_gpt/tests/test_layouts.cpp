@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "rank_threads.hpp"
 #include "setup.hpp"
 
 namespace train_gpt {
@@ -73,18 +74,7 @@ std::vector<StepResult> run(const LayoutCase& l, GroupFault fault = GroupFault::
   const commgrid::ParallelConfig layout = layout_of(l);
   TrainConfig config = train_config(l);
   config.fault_skip_embd_sum = skip_embd_sum;
-  std::mutex mutex;
-  std::vector<std::vector<StepResult>> per_rank(static_cast<std::size_t>(l.world));
-  commgrid::GlooOptions gloo;
-  gloo.timeout = std::chrono::seconds(120);
-  commgrid::run_local_ranks(
-      l.world,
-      [&](commgrid::Communicator& world) {
-        auto r = run_rank(world, layout, config, fault);
-        std::lock_guard lock(mutex);
-        per_rank[static_cast<std::size_t>(world.rank())] = std::move(r);
-      },
-      gloo);
+  const auto per_rank = test::run_on_rank_threads(layout, config, fault);
   // Every rank reports the same numbers (with a wrong group they need not).
   const bool faulty = fault != GroupFault::none || skip_embd_sum;
   for (const auto& r : per_rank) {
@@ -110,7 +100,7 @@ const std::vector<StepResult>& reference() {
   return r;
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+using test::rel;
 
 // The largest relative difference from one rank over every step's loss, and (with_norm)
 // gradient norm.

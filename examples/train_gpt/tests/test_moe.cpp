@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "rank_threads.hpp"
 #include "setup.hpp"
 
 namespace train_gpt {
@@ -72,19 +73,7 @@ std::vector<StepResult> run_moe(const MoeCase& l, GroupFault fault = GroupFault:
   const commgrid::ParallelConfig layout = moe_layout(l);
   TrainConfig config = moe_config(l);
   config.fault_skip_tp_cp_sum = skip_tp_cp_sum;
-  std::mutex mutex;
-  std::vector<std::vector<StepResult>> per_rank(static_cast<std::size_t>(l.world));
-  commgrid::GlooOptions gloo;
-  gloo.timeout = std::chrono::seconds(120);
-  commgrid::run_local_ranks(
-      l.world,
-      [&](commgrid::Communicator& world) {
-        auto r = run_rank(world, layout, config, fault);
-        std::lock_guard lock(mutex);
-        per_rank[static_cast<std::size_t>(world.rank())] = std::move(r);
-      },
-      gloo);
-  return per_rank[0];
+  return test::run_on_rank_threads(layout, config, fault)[0];
 }
 
 MoeCase M(std::string name, int world) {
@@ -99,7 +88,7 @@ const std::vector<StepResult>& moe_reference() {
   return r;
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-300); }
+using test::rel;
 
 double worst_difference(const std::vector<StepResult>& got) {
   const auto& ref = moe_reference();
