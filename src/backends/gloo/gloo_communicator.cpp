@@ -32,6 +32,7 @@
 
 #include "commgrid/gloo.hpp"
 #include "gloo_errors.hpp"
+#include "pair_gate.hpp"
 #include "reduce_util.hpp"
 
 namespace commgrid {
@@ -107,14 +108,33 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
         deadline_(std::chrono::steady_clock::now() + timeout) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
-    store_.set(full(key), without_padding(data));
+    PairGatePause pause;  // the store's own connections are not Gloo pairs
+    std::vector<char> value = without_padding(data);
+    if (is_address_key(key)) value.push_back(gate_mark());
+    store_.set(full(key), value);
   }
   std::vector<char> get(const std::string& key) override {
+    PairGatePause pause;
     wait({key}, timeout_);
-    return store_.get(full(key));
+    std::vector<char> value = store_.get(full(key));
+    if (!is_address_key(key)) return value;
+    // Both ends of a pair must agree on the gate: a gated rank's first bytes are its proof.
+    const char theirs = value.empty() ? '?' : value.back();
+    if (theirs != gate_mark()) {
+      auto says = [](char mark) {
+        return mark == 'g' ? std::string("gates") : mark == 'n' ? std::string("does not gate") : std::string("gives no gate state for");
+      };
+      throw IncompatibleError("gloo", "gloo " + op_ + " on " + group_ + ": rank " + key + " " + says(theirs) +
+                                          " its Gloo connections, this rank " + says(gate_mark()) +
+                                          " them: link every rank's program with commgrid the same way "
+                                          "(see docs/security.md)");
+    }
+    value.pop_back();
+    return value;
   }
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const Ms& timeout) override {
+    PairGatePause pause;
     std::vector<std::string> full_keys;
     for (const auto& k : keys) full_keys.push_back(full(k));
     // Gloo waits for its peers' keys one after another; one deadline for the whole
@@ -147,6 +167,11 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
 
  private:
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+  // Gloo publishes a rank's pair addresses under its bare rank number.
+  static bool is_address_key(const std::string& key) {
+    return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+  }
+  static char gate_mark() { return pair_gate_available() ? 'g' : 'n'; }
   commgrid::Store& store_;
   std::string prefix_, op_, group_;
   const std::vector<int>& global_ranks_;
@@ -227,7 +252,16 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   try {
-    guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+    PairGateScope gate(shared.token, prefix, rank, deadline);
+    try {
+      guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+    } catch (const Error&) {
+      // A pair whose listener the gate closed to strangers fails: name them.
+      const std::vector<std::string> refused = gate.refused();
+      if (refused.empty()) throw;
+      throw AuthenticationError("gloo " + op + " on " + group + ": " + refused.front() +
+                                (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
+    }
   } catch (const AbortedError& e) {
     // Every member has arrived when Gloo connects, so a refused or reset connection means
     // the peer failed, or a stranger connected to its listener first (the peer then reports

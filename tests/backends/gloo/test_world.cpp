@@ -229,7 +229,9 @@ TEST(GlooWorld, PublishedAddressesCarryNoUninitialisedBytes) {
   run_with_store(store, 3);
   constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(std::int64_t);
   int records = 0;
-  for (const auto& v : store->values()) {
+  for (auto v : store->values()) {
+    // An address value ends with one byte saying whether the rank gates its connections.
+    if (v.size() % kRecord == 1) v.pop_back();
     if (v.empty() || v.size() % kRecord != 0) continue;
     for (size_t at = 0; at < v.size(); at += kRecord) {
       sa_family_t family = 0;

@@ -1,0 +1,81 @@
+// The connection gate: no stranger's byte reaches Gloo's parser.
+//
+// Debian's Gloo (0.0~git20220518) gives every pending pair a listening socket of its own and
+// takes whoever connects first as the peer; its event loop then parses that socket's bytes
+// as Gloo messages, and a crafted header makes it throw on its loop thread, which aborts the
+// process. Gloo offers no hook between accept() and its parser, so the gate stands in
+// front of the three calls Gloo makes through the C library:
+//
+// - listen(): a socket that starts listening on a thread inside a PairGateScope (that is,
+//   while Gloo connects a group's pairs) is a Gloo pair listener; it is recorded with the
+//   proofs both ends must send: HMAC-SHA256(token, end, group key prefix, listening port),
+//   64 hex characters, where `end` is "listener" or "connector" (neither passes for the other).
+// - accept(): on a recorded listener (Gloo's loop thread), every connection is accepted and
+//   sent the listener's proof, then read until one sends the connector's whole proof; the
+//   others are closed and reported as unauthenticated peers. Only the proven socket is
+//   handed to Gloo. A connection silent for 2 s is refused; after a refusal the gate waits
+//   at most 1 s more for the genuine peer, then fails the accept (the pair fails and
+//   commgrid names the refused peer). Within the scope's deadline in every case.
+// - connect(): inside a scope, Gloo's connecting side completes the TCP connection, checks
+//   the listener's proof and sends its own before Gloo sees the socket; a wrong proof is
+//   refused and named the same way.
+//
+// The definitions of listen/connect/accept live in this library and take the C library's
+// place for the whole process (symbol interposition), so they pass every other call
+// straight through. That only works where this library is part of the program's global
+// symbol scope (linked into the program, or a shared library it loads at start); in a
+// plugin opened with dlopen the C library's calls win, pair_gate_available() says so, and
+// the gate is off. Both ends must agree: the gate state travels with a pair's address.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace commgrid::gloo_backend {
+
+/// True when this process's accept, connect and listen are the gate's (see above).
+bool pair_gate_available();
+
+/// Gates the Gloo pairs this thread creates and connects while the scope is alive.
+class PairGateScope {
+ public:
+  /// `token` may be empty (the proof is then 64 zeros: it keeps garbage out, it proves
+  /// nothing); `prefix` names the group creation; `rank` is this rank's rank in the group
+  /// (Gloo creates the pairs, and so the listeners, in peer order, skipping itself); the
+  /// gate gives up at `deadline`.
+  PairGateScope(const std::string& token, const std::string& prefix, int rank,
+                std::chrono::steady_clock::time_point deadline);
+  ~PairGateScope();
+  PairGateScope(const PairGateScope&) = delete;
+  PairGateScope& operator=(const PairGateScope&) = delete;
+
+  /// Whether the gate is on for this scope (pair_gate_available()).
+  bool active() const { return static_cast<bool>(state_); }
+  /// One line per connection the gate refused: "unauthenticated peer at ADDR (on the
+  /// listener for peer P of this group): why", in the order they were refused.
+  std::vector<std::string> refused() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  State* outer_ = nullptr;
+};
+
+/// For tests: `hook(port)` runs on the creating thread each time a Gloo pair listener is
+/// recorded (before any peer can know its address); nullptr removes it.
+void set_pair_gate_listen_hook(void (*hook)(int port));
+
+/// Suspends this thread's scope: the store's own connections made during a rendezvous are
+/// not Gloo pairs.
+class PairGatePause {
+ public:
+  PairGatePause();
+  ~PairGatePause();
+  PairGatePause(const PairGatePause&) = delete;
+  PairGatePause& operator=(const PairGatePause&) = delete;
+};
+
+}  // namespace commgrid::gloo_backend

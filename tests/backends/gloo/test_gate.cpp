@@ -1,0 +1,139 @@
+// The connection gate (src/backends/gloo/pair_gate.hpp): a stranger that connects to a Gloo
+// pair listener before the genuine peer never has a byte parsed by Gloo. Without the gate,
+// the header sent here makes Gloo's event loop throw on its own thread (SIGABRT).
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gloo_test_util.hpp"
+#include "pair_gate.hpp"
+
+namespace commgrid::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::mutex g_mutex;
+std::vector<int> g_stranger_fds;
+std::atomic<int> g_strangers{0};
+
+// Connects to a pair listener the moment it exists (so it is first in the queue) and sends
+// a Gloo message header for an unbound-buffer slot nobody posted, plus 16 payload bytes.
+void stranger_sends_a_crafted_header(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return;
+  }
+  // Gloo's preamble: nbytes, opcode (1: to an unbound buffer), slot, offset, length, roffset.
+  const std::uint64_t message[8] = {64, 1, 0x7e57ab1e, 0, 16, 0, 0xdeadbeef, 0xfeedface};
+  (void)!::send(fd, message, sizeof(message), MSG_NOSIGNAL);
+  std::lock_guard lock(g_mutex);
+  g_stranger_fds.push_back(fd);  // kept open: the stranger stays connected
+  ++g_strangers;
+}
+
+struct Outcome {
+  bool ok = false;
+  std::string error;
+};
+
+std::vector<Outcome> make_worlds(int n, GlooOptions o) {
+  auto store = make_memory_store();
+  std::vector<Outcome> out(static_cast<size_t>(n));
+  std::vector<std::jthread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        auto world = make_gloo_world(store, r, n, o);
+        world->barrier()->wait();
+        out[static_cast<size_t>(r)].ok = true;
+      } catch (const AuthenticationError& e) {
+        out[static_cast<size_t>(r)].error = e.what();
+      } catch (const std::exception& e) {
+        out[static_cast<size_t>(r)].error = std::string("not an AuthenticationError: ") + e.what();
+      }
+    });
+  ranks.clear();
+  return out;
+}
+
+TEST(GlooGate, IsOnInAProgramLinkedWithCommgrid) {
+  // The gate replaces accept/connect/listen for the process; this test program links the
+  // backend statically, as the CLI and users' programs do.
+  EXPECT_TRUE(gloo_backend::pair_gate_available());
+}
+
+TEST(GlooGate, AStrangerFirstOnEveryListenerIsRefusedAndNeverReachesGloo) {
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  GlooOptions o = test_options(5s);
+  o.token = "the-job-token";
+  gloo_backend::set_pair_gate_listen_hook(&stranger_sends_a_crafted_header);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<Outcome> out = make_worlds(3, o);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  gloo_backend::set_pair_gate_listen_hook(nullptr);
+  for (int fd : g_stranger_fds) ::close(fd);
+  g_stranger_fds.clear();
+
+  EXPECT_EQ(g_strangers.load(), 6) << "every rank's two listeners were attacked";
+  // Every pair has a side whose listener a stranger took first, so the world cannot form,
+  // but each rank ends within the timeout (plus 2 s) with an error naming a refused peer
+  // or, where a peer failed first, with the peer's failure; the process is still alive.
+  int refused = 0;
+  for (const Outcome& r : out) {
+    std::cout << "rank error: " << r.error << "\n";
+    EXPECT_FALSE(r.ok);
+    if (r.error.find("unauthenticated peer at 127.0.0.1:") != std::string::npos) ++refused;
+    EXPECT_EQ(r.error.find("the-job-token"), std::string::npos) << "token shown: " << r.error;
+  }
+  EXPECT_GT(refused, 0) << out[0].error << "\n" << out[1].error << "\n" << out[2].error;
+  EXPECT_LT(took, 7s);
+
+  // Without strangers the same job forms and works.
+  for (const Outcome& r : make_worlds(3, o)) EXPECT_TRUE(r.ok) << r.error;
+}
+
+TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {
+  // Two ranks that were given different tokens: whichever side listens, both name the
+  // other as an unauthenticated peer, from the gate's proofs, before Gloo sees a byte.
+  auto store = make_memory_store();
+  std::vector<std::string> errors(2);
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        GlooOptions o = test_options(5s);
+        o.token = r == 0 ? "token-a" : "token-b";
+        try {
+          make_gloo_world(store, r, 2, o);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = e.what();
+        }
+      });
+  }
+  // The connector checks the listener's proof first: it refuses it ("did not prove"); the
+  // listener then sees its connector close without a proof.
+  int wrong_proof = 0;
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("unauthenticated peer at 127.0.0.1:"), std::string::npos) << e;
+    if (e.find("did not prove the job's token") != std::string::npos) ++wrong_proof;
+  }
+  EXPECT_EQ(wrong_proof, 1) << errors[0] << "\n" << errors[1];
+}
+
+}  // namespace
+}  // namespace commgrid::test
