@@ -1,5 +1,7 @@
 #include "commgrid/process_groups.hpp"
 
+#include "commgrid/creation_order.hpp"
+
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -339,11 +341,6 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
 
 void ProcessGroups::create_per_group(Communicator& world, const InitOptions& options) {
   const Layout& L = *layout_;
-  const ParallelConfig& c = L.config();
-  const std::int64_t N = c.dist_opt_instances;
-  auto want = [&](GroupKind k) {
-    return std::find(kinds_.begin(), kinds_.end(), k) != kinds_.end();
-  };
   // Per (kind, level): this rank's group from the closed form, and the cost so far.
   std::array<std::vector<KindCreation>, kNumKinds> stats;
   for (GroupKind k : kinds_) {
@@ -358,7 +355,7 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
       stats[static_cast<int>(k)].push_back(std::move(st));
     }
   }
-  // Every rank creates every group, members or not, in Megatron's sequence (spec §11).
+  // Every rank creates every group, members or not.
   auto create = [&](GroupKind k, int level, std::int64_t index, std::span<const Rank> members) {
     KindCreation& st = stats[static_cast<int>(k)][static_cast<std::size_t>(level)];
     const auto t0 = Clock::now();
@@ -380,105 +377,16 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
     st.time += Clock::now() - t0;
     st.creation_calls += world.creation_calls() - calls0;
   };
-  auto plain = [&](GroupKind k) {
-    if (!want(k)) return;
-    const GroupList groups = L.groups(k);
-    for (std::size_t i = 0; i < groups.size(); ++i) create(k, 0, static_cast<std::int64_t>(i), groups[i]);
-  };
+  // Megatron's sequence for the config's compat (creation_order.hpp): the seed's, or HEAD's.
+  for_each_creation(L, kinds_, create);
 
-  plain(GroupKind::dp);
-  if (want(GroupKind::dp_cp) || want(GroupKind::intra_dp_cp)) {
-    const GroupList parents = L.groups(GroupKind::dp_cp);
-    const std::array<std::int64_t, 2> split = {c.cp * L.dp() / N, N};
-    for (std::size_t i = 0; i < parents.size(); ++i) {
-      const auto q = static_cast<std::int64_t>(i);
-      if (want(GroupKind::dp_cp)) create(GroupKind::dp_cp, 0, q, parents[i]);
-      if (!want(GroupKind::intra_dp_cp)) continue;
-      if (N == 1) {  // the alias of dp_cp; created here only when dp_cp was not asked for
-        if (!want(GroupKind::dp_cp)) create(GroupKind::intra_dp_cp, 0, q, parents[i]);
-        continue;
-      }
-      GroupList chunks;
-      hierarchical_split(parents[i], split, 0, chunks);
-      for (std::size_t j = 0; j < chunks.size(); ++j)
-        create(GroupKind::intra_dp_cp, 0, q * N + static_cast<std::int64_t>(j), chunks[j]);
-    }
-  }
-  if (want(GroupKind::cp) || want(GroupKind::hcp)) {
-    const GroupList parents = L.groups(GroupKind::cp);
-    for (std::size_t i = 0; i < parents.size(); ++i) {
-      const auto q = static_cast<std::int64_t>(i);
-      if (want(GroupKind::cp)) create(GroupKind::cp, 0, q, parents[i]);
-      if (!want(GroupKind::hcp)) continue;
-      for (int level = 0; level < L.levels(GroupKind::hcp); ++level) {
-        GroupList sub;
-        hierarchical_split(parents[i], c.hcp, level, sub);
-        const std::int64_t per = c.cp / c.hcp[static_cast<std::size_t>(level)];
-        for (std::size_t j = 0; j < sub.size(); ++j)
-          create(GroupKind::hcp, level, q * per + static_cast<std::int64_t>(j), sub[j]);
-      }
-    }
-  }
-  plain(GroupKind::mp);
-  plain(GroupKind::tp);
-  if (want(GroupKind::pp) || want(GroupKind::embd) || want(GroupKind::pos_embd)) {
-    const GroupList pp = L.groups(GroupKind::pp);
-    const GroupList embd = want(GroupKind::embd) ? L.groups(GroupKind::embd) : GroupList();
-    const GroupList pos = want(GroupKind::pos_embd) ? L.groups(GroupKind::pos_embd) : GroupList();
-    for (std::size_t i = 0; i < pp.size(); ++i) {
-      const auto q = static_cast<std::int64_t>(i);
-      if (want(GroupKind::pp)) create(GroupKind::pp, 0, q, pp[i]);
-      if (want(GroupKind::embd)) create(GroupKind::embd, 0, q, embd[i]);
-      if (want(GroupKind::pos_embd)) create(GroupKind::pos_embd, 0, q, pos[i]);
-    }
-  }
-  for (GroupKind k : {GroupKind::tp_dp_cp, GroupKind::tp_dp, GroupKind::tp_cp, GroupKind::ep,
-                      GroupKind::expt_tp, GroupKind::tp_ep, GroupKind::tp_ep_pp})
-    plain(k);
-  if (want(GroupKind::expt_dp) || want(GroupKind::intra_expt_dp) || want(GroupKind::inter_dist_opt)) {
-    const GroupList parents = L.groups(GroupKind::expt_dp);
-    const std::int64_t s0 = L.expert_dp() / N;
-    const std::array<std::int64_t, 2> split = {s0, N};
-    for (std::size_t i = 0; i < parents.size(); ++i) {
-      const auto q = static_cast<std::int64_t>(i);
-      if (want(GroupKind::expt_dp)) create(GroupKind::expt_dp, 0, q, parents[i]);
-      if (N == 1) {
-        if (want(GroupKind::intra_expt_dp) && !want(GroupKind::expt_dp))
-          create(GroupKind::intra_expt_dp, 0, q, parents[i]);
-        continue;
-      }
-      if (want(GroupKind::intra_expt_dp)) {
-        GroupList sub;
-        hierarchical_split(parents[i], split, 0, sub);
-        for (std::size_t j = 0; j < sub.size(); ++j)
-          create(GroupKind::intra_expt_dp, 0, q * N + static_cast<std::int64_t>(j), sub[j]);
-      }
-      if (want(GroupKind::inter_dist_opt)) {
-        GroupList sub;
-        hierarchical_split(parents[i], split, 1, sub);
-        for (std::size_t j = 0; j < sub.size(); ++j)
-          create(GroupKind::inter_dist_opt, 0, q * s0 + static_cast<std::int64_t>(j), sub[j]);
-      }
-    }
-  }
-  plain(GroupKind::intra_dist_opt);
-  // The HEAD-only kinds (compat head), every level, after the seed's sequence.
-  for (GroupKind k : all_kinds()) {
-    if (!is_head_kind(k) || !want(k)) continue;
-    for (int level = 0; level < L.levels(k); ++level) {
-      const GroupList groups = L.groups(k, level);
-      for (std::size_t i = 0; i < groups.size(); ++i)
-        create(k, level, static_cast<std::int64_t>(i), groups[i]);
-    }
-  }
-
-  // Aliases (one instance), then the bookkeeping of every slot.
-  for (auto [alias, parent] : {std::pair{GroupKind::intra_dp_cp, GroupKind::dp_cp},
-                               std::pair{GroupKind::intra_expt_dp, GroupKind::expt_dp}}) {
-    if (N == 1 && want(alias) && want(parent)) {
-      slots_[static_cast<int>(alias)][0].comm = slots_[static_cast<int>(parent)][0].comm;
-      stats[static_cast<int>(alias)][0].alias = true;
-    }
+  // Kinds Megatron points at another kind's groups (intra_dp_cp with one instance, the gtp
+  // variants with gtp sizes of 1, ...) reuse that kind's communicators.
+  for (const CreationAlias& a : creation_aliases(L, kinds_)) {
+    auto& alias = slots_[static_cast<int>(a.kind)];
+    const auto& parent = slots_[static_cast<int>(a.parent)];
+    for (std::size_t level = 0; level < alias.size(); ++level) alias[level].comm = parent[level].comm;
+    for (KindCreation& st : stats[static_cast<int>(a.kind)]) st.alias = true;
   }
   for (GroupKind k : kinds_) {
     for (int level = 0; level < L.levels(k); ++level) {

@@ -13,6 +13,7 @@
 
 #include "commgrid/communicator.hpp"
 #include "commgrid/config.hpp"
+#include "commgrid/creation_order.hpp"
 #include "commgrid/error.hpp"
 #include "commgrid/group_kind.hpp"
 #include "commgrid/layout.hpp"
@@ -47,7 +48,10 @@ class ConfigMismatchError : public ConfigError {
 enum class CreationStrategy : std::uint8_t {
   split,      ///< one split per kind and level: color = group index, key = global rank
   member,     ///< each rank creates only its own groups, with their members only
-  per_group,  ///< Megatron's way: every rank takes part in creating every group
+  /// Megatron's way: every rank takes part in creating every group, in Megatron-core's own
+  /// creation order (for_each_creation: the seed's, or HEAD's under compat head), and the
+  /// kinds Megatron aliases (creation_aliases) reuse their parent's communicators.
+  per_group,
 };
 
 /// The strategy used when InitOptions does not name one; chosen by measurement (see
