@@ -258,9 +258,18 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
     } catch (const Error&) {
       // A pair whose listener the gate closed to strangers fails: name them.
       const std::vector<std::string> refused = gate.refused();
-      if (refused.empty()) throw;
-      throw AuthenticationError("gloo " + op + " on " + group + ": " + refused.front() +
-                                (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
+      if (!refused.empty())
+        throw AuthenticationError("gloo " + op + " on " + group + ": " + refused.front() +
+                                  (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
+      // Peers still unconnected at the deadline (the gate ended this rank's wait for them).
+      const std::vector<int> late = gate.late_peers();
+      if (late.empty()) throw;
+      std::vector<int> late_global;
+      for (int p : late) late_global.push_back(global_ranks[static_cast<size_t>(p)]);
+      throw TimeoutError("gloo " + op + " on " + group + ": timed out after " + seconds_text(timeout) +
+                         " waiting for " + (late.size() == 1 ? "rank " : "ranks ") + join_ints(late) +
+                         " (global " + join_ints(late_global) + ") of " + std::to_string(size) +
+                         " to connect");
     }
   } catch (const AbortedError& e) {
     // Every member has arrived when Gloo connects, so a refused or reset connection means

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -33,6 +35,9 @@ struct PairGateScope::State {
   mutable std::mutex m;  // guards the members below (the loop thread writes `refused`)
   std::vector<std::string> refused;
   std::vector<int> listeners;  // listening descriptors recorded in this scope
+  bool poked = false;          // the deadline passed: the watcher woke the waiting listeners
+  std::vector<int> late;       // peers whose listener was still waiting then
+  std::vector<int> pokes;      // the watcher's connections, closed with the scope
 };
 
 namespace {
@@ -56,6 +61,7 @@ thread_local int t_paused = 0;
 struct Listener {
   dev_t dev = 0;
   ino_t ino = 0;
+  sockaddr_storage self{};
   int peer = 0;
   std::string mine, theirs;  // the listener's proof and its peer's
   std::shared_ptr<State> scope;
@@ -120,6 +126,7 @@ bool record_listener(int fd, State& scope) {
   Listener l;
   l.dev = st.st_dev;
   l.ino = st.st_ino;
+  l.self = self;
   try {
     l.mine = proof_for(scope, port, End::listener);
     l.theirs = proof_for(scope, port, End::connector);
@@ -162,6 +169,93 @@ std::optional<Listener> take_listener(int fd) {
   if (::fstat(fd, &st) != 0 || st.st_dev != l.dev || st.st_ino != l.ino) return std::nullopt;
   return l;
 }
+
+// Gloo bounds each pair's wait for its connector on its own, one pair after another, so a
+// rank whose peers connect late, one by one, could wait many timeouts. At a scope's deadline
+// the watcher connects to every listener of it that Gloo still waits on: Gloo's loop then
+// calls accept(), which fails at once (the deadline has passed), and the rank's creation
+// ends now. Connecting sides are bounded by gated_connect itself.
+class Watcher {
+ public:
+  static Watcher& instance() {
+    static Watcher w;
+    return w;
+  }
+  void wake() {
+    { std::lock_guard lock(m_); }
+    cv_.notify_all();
+  }
+  ~Watcher() {
+    // A child forked after the watcher started has no such thread to join.
+    if (::getpid() != pid_) {
+      thread_.detach();
+      return;
+    }
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  Watcher() : thread_([this] { run(); }) {}
+
+  void run() {
+    std::unique_lock lock(m_);
+    while (!stop_) {
+      std::optional<Clock::time_point> next = poke_due();
+      if (next)
+        cv_.wait_until(lock, *next);
+      else
+        cv_.wait(lock);
+    }
+  }
+
+  // Pokes the scopes whose deadline passed; returns the next deadline still ahead.
+  std::optional<Clock::time_point> poke_due() {
+    std::optional<Clock::time_point> next;
+    const auto now = Clock::now();
+    std::lock_guard lock(g_mutex);
+    for (auto& [raw, weak] : g_scopes) {
+      std::shared_ptr<State> scope = weak.lock();
+      if (!scope || scope->poked) continue;
+      if (scope->deadline > now) {
+        if (!next || scope->deadline < *next) next = scope->deadline;
+        continue;
+      }
+      std::lock_guard slock(scope->m);
+      scope->poked = true;
+      for (const auto& [fd, l] : g_listeners) {
+        struct stat st {};
+        if (l.scope != scope || ::fstat(fd, &st) != 0 || st.st_dev != l.dev || st.st_ino != l.ino)
+          continue;  // another scope's, or closed by Gloo (that pair connected out)
+        sockaddr_storage to = l.self;
+        if (to.ss_family == AF_INET) {
+          auto& in = reinterpret_cast<sockaddr_in&>(to);
+          if (in.sin_addr.s_addr == htonl(INADDR_ANY)) in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        } else if (to.ss_family == AF_INET6) {
+          auto& in6 = reinterpret_cast<sockaddr_in6&>(to);
+          if (IN6_IS_ADDR_UNSPECIFIED(&in6.sin6_addr)) in6.sin6_addr = in6addr_loopback;
+        }
+        const int poke = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (poke < 0) continue;
+        const socklen_t len = to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+        (void)real_connect(poke, reinterpret_cast<const sockaddr*>(&to), len);
+        scope->pokes.push_back(poke);
+        scope->late.push_back(l.peer);
+      }
+    }
+    return next;
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  pid_t pid_ = ::getpid();
+  std::thread thread_;
+};
 
 struct Candidate {
   int fd = -1;
@@ -362,6 +456,7 @@ PairGateScope::PairGateScope(const std::string& token, const std::string& prefix
     std::lock_guard lock(g_mutex);
     g_scopes[state_.get()] = state_;
   }
+  Watcher::instance().wake();
   outer_ = t_scope;
   t_scope = state_.get();
 }
@@ -374,6 +469,14 @@ PairGateScope::~PairGateScope() {
   // Listeners Gloo closed itself (the connecting side of each pair) leave entries behind.
   std::erase_if(g_listeners, [&](const auto& e) { return e.second.scope == state_; });
   g_count.store(g_listeners.size());
+  std::lock_guard slock(state_->m);
+  for (int fd : state_->pokes) ::close(fd);
+}
+
+std::vector<int> PairGateScope::late_peers() const {
+  if (!state_) return {};
+  std::lock_guard lock(state_->m);
+  return state_->late;
 }
 
 std::vector<std::string> PairGateScope::refused() const {

@@ -56,6 +56,10 @@ class PairGateScope {
   /// One line per connection the gate refused: "unauthenticated peer at ADDR (on the
   /// listener for peer P of this group): why", in the order they were refused.
   std::vector<std::string> refused() const;
+  /// The peers (ranks in the group) whose connection this rank's listeners still awaited
+  /// at the deadline. The gate ends those waits then (Gloo bounds each pair's wait on its
+  /// own, one after another: peers connecting late one by one would add up).
+  std::vector<int> late_peers() const;
 
   struct State;
 

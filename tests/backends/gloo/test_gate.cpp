@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -133,6 +134,43 @@ TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {
     if (e.find("did not prove the job's token") != std::string::npos) ++wrong_proof;
   }
   EXPECT_EQ(wrong_proof, 1) << errors[0] << "\n" << errors[1];
+}
+
+TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
+  // Gloo bounds each pair's wait for its connector on its own, one pair after another; the
+  // gate ends every wait still open at the creation's deadline. Rank 1 here is played by
+  // the test: it arrives and publishes an address (the highest port, so rank 0 is the
+  // listening side of their pair) but never connects.
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  auto store = make_memory_store();
+  GlooOptions o = test_options(2s);
+  auto put = [&](const std::string& key, const std::vector<char>& value) {
+    store->set(o.prefix + "/" + key, std::span<const char>(value.data(), value.size()));
+  };
+  put("size/1", {'2'});
+  put("arrived/1", {'1'});
+  put("rank_1", {'h', 'o', 's', 't'});
+  std::vector<char> address(sizeof(sockaddr_storage) + sizeof(std::int64_t), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(65535);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::memcpy(address.data(), &a, sizeof(a));
+  address.push_back('g');  // it gates its connections, like rank 0
+  put("1", address);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    make_gloo_world(store, 0, 2, o);
+  } catch (const TimeoutError& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = std::string("not a TimeoutError: ") + e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(error.find("timed out after 2 s waiting for rank 1 (global 1) of 2 to connect"), std::string::npos)
+      << error;
+  EXPECT_LT(took, 3s);
 }
 
 }  // namespace
