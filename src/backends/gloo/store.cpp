@@ -131,10 +131,43 @@ class CheckableFileStore : public ::gloo::rendezvous::FileStore {
  public:
   using FileStore::FileStore;
   bool has(const std::string& key) { return check({key}); }
-  // Gloo writes with the process umask; a key (a rank's address) is the job's business only.
+  // A key (a rank's address) is the job's business only. Gloo's own set writes with the
+  // process umask (readable by others until a chmod), so the file is written here: private
+  // (0600) from its creation under a temporary name in the same folder, then linked into
+  // place, which also refuses a key that exists (Gloo checks and renames, which races).
+  // The content is what Gloo's get reads: the value's bytes, nothing else.
   void set(const std::string& key, const std::vector<char>& data) override {
-    FileStore::set(key, data);
-    ::chmod(objectPath(key).c_str(), 0600);
+    static std::atomic<unsigned long> serial{0};
+    const std::string path = objectPath(key);
+    const std::string tmp = tmpPath(key) + "." + std::to_string(::getpid()) + "." +
+                            std::to_string(serial.fetch_add(1));
+    auto fail = [&](const std::string& what, int err) -> BackendError {
+      return BackendError("file store " + basePath_ + ": " + what + " for key '" + key +
+                          "': " + std::strerror(err));
+    };
+    const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd < 0) throw fail("cannot create " + tmp, errno);
+    size_t done = 0;
+    int err = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (::close(fd) != 0 && err == 0) err = errno;
+    const int linked = err == 0 ? ::link(tmp.c_str(), path.c_str()) : -1;
+    const int link_err = errno;
+    ::unlink(tmp.c_str());
+    if (err != 0) throw fail("cannot write " + tmp, err);
+    if (linked != 0) {
+      if (link_err == EEXIST)
+        throw BackendError("file store " + basePath_ + ": key '" + key + "' is already set");
+      throw fail("cannot link " + tmp + " to " + path, link_err);
+    }
   }
 };
 
