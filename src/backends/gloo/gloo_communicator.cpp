@@ -1075,48 +1075,96 @@ std::string default_hostname(const commgrid::Store& store) { return store.local_
 
 // Every rank records the world size it was given before Gloo exchanges addresses (whose
 // layout depends on the size), so that a mismatch is named instead of failing inside Gloo.
+// Rank 0 alone reads every rank's size and then publishes its verdict; every other rank
+// reads only rank 0's size and that verdict: O(size) store reads in all, not O(size^2).
 void check_world_size(commgrid::Store& store, const std::string& prefix, int rank, int size,
                       Ms timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = Clock::now() + timeout;
   auto key = [&](int r) { return prefix + "/size/" + std::to_string(r); };
+  const std::string verdict_key = prefix + "/size/verdict";
   const std::string mine = std::to_string(size);
-  guard("create world", "world", [&] { store.set(key(rank), std::span<const char>(mine.data(), mine.size())); });
-  std::vector<int> pending;
-  for (int r = 0; r < size; ++r)
-    if (r != rank) pending.push_back(r);
-  auto pause = Ms(1);
-  while (!pending.empty()) {
-    if (store.aborted()) (void)store.wait_for({}, Ms(0));  // throws AbortedError
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (!store.has(key(*it))) {
-        ++it;
+  auto read = [&](const std::string& k) {
+    const std::vector<char> v = store.get(k);
+    return std::string(v.begin(), v.end());
+  };
+  auto left = [&] {
+    return std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
+  };
+  auto mismatch = [](int r, const std::string& theirs, const std::string& zeros) {
+    return IncompatibleError("world_size", "gloo create world: rank " + std::to_string(r) +
+                                               " says world size " + theirs + ", rank 0 says " +
+                                               zeros);
+  };
+  auto timed_out = [&](const std::string& waiting_for) {
+    return TimeoutError("gloo create world on world: timed out after " + seconds_text(timeout) +
+                        " waiting for " + waiting_for + " (store " + store.uri() + ", keys " +
+                        prefix + "/*)");
+  };
+  auto missing_ranks = [&](const std::vector<int>& missing) {
+    // World ranks are global ranks: both lists are the same, written as everywhere else.
+    return std::string(missing.size() == 1 ? "rank " : "ranks ") + join_ints(missing) +
+           " (global " + join_ints(missing) + ") of " + std::to_string(size) + " to arrive";
+  };
+  guard("create world", "world",
+        [&] { store.set(key(rank), std::span<const char>(mine.data(), mine.size())); });
+  if (rank == 0) {
+    // The verdict ("o" ok, "i" or "t" and the error) lets every rank report the same error.
+    auto publish = [&](char kind, const std::string& text) {
+      const std::string v = kind + text;
+      guard("create world", "world",
+            [&] { store.set(verdict_key, std::span<const char>(v.data(), v.size())); });
+    };
+    // Ranks are checked in order: each round polls only the first missing one, so the reads
+    // are one per rank plus one per pause, not one per rank per pause.
+    int next = 1;
+    auto pause = Ms(1);
+    while (next < size) {
+      if (store.aborted()) (void)store.wait_for({}, Ms(0));  // throws AbortedError
+      if (store.has(key(next))) {
+        if (const std::string theirs = read(key(next)); theirs != mine) {
+          const IncompatibleError e = mismatch(next, theirs, mine);
+          publish('i', e.what());
+          throw e;
+        }
+        ++next;
+        pause = Ms(1);
         continue;
       }
-      const std::vector<char> v = store.get(key(*it));
-      const std::string theirs(v.begin(), v.end());
-      if (theirs != mine) {
-        // Name rank 0's view first when it is involved: it is the one launchers agree on.
-        const bool zero_first = *it == 0;
-        throw IncompatibleError(
-            "world_size", "gloo create world: rank " + std::to_string(zero_first ? rank : *it) +
-                              " says world size " + (zero_first ? mine : theirs) + ", rank " +
-                              std::to_string(zero_first ? 0 : rank) + " says " +
-                              (zero_first ? theirs : mine));
+      if (Clock::now() >= deadline) {
+        // Name every rank still missing, or a later rank that did arrive with another size.
+        std::vector<int> missing;
+        for (int r = next; r < size; ++r) {
+          if (!store.has(key(r))) {
+            missing.push_back(r);
+          } else if (const std::string theirs = read(key(r)); theirs != mine) {
+            const IncompatibleError e = mismatch(r, theirs, mine);
+            publish('i', e.what());
+            throw e;
+          }
+        }
+        const TimeoutError e = timed_out(missing_ranks(missing));
+        publish('t', e.what());
+        throw e;
       }
-      it = pending.erase(it);
+      std::this_thread::sleep_for(std::min(pause, left() + Ms(1)));
+      pause = std::min(pause * 2, Ms(20));
     }
-    if (pending.empty()) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      std::vector<int> global(pending);
-      throw TimeoutError("gloo create world on world: timed out after " + seconds_text(timeout) +
-                         " waiting for " + (pending.size() == 1 ? "rank " : "ranks ") +
-                         join_ints(pending) + " (global " + join_ints(global) + ") of " +
-                         std::to_string(size) + " to arrive (store " + store.uri() + ", keys " +
-                         prefix + "/*)");
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, Ms(20));
+    if (size > 1) publish('o', "");
+    return;
   }
+  const std::string zero_key = key(0);
+  if (!store.wait_for(std::span<const std::string>(&zero_key, 1), left()).empty())
+    throw timed_out(missing_ranks({0}));
+  if (const std::string zeros = read(zero_key); zeros != mine) throw mismatch(rank, mine, zeros);
+  // Rank 0 publishes its verdict when its own deadline passes, which may be a little after
+  // this rank's when it arrived later; a grace of up to a second (within the bound of the
+  // timeout plus 2 s) lets this rank report rank 0's finding rather than a bare timeout.
+  const Ms grace = std::min(timeout, Ms(1000));
+  if (!store.wait_for(std::span<const std::string>(&verdict_key, 1), left() + grace).empty())
+    throw timed_out("rank 0 to see every rank arrive (rank 0's error names those missing)");
+  const std::string verdict = read(verdict_key);
+  if (verdict.starts_with("i")) throw IncompatibleError("world_size", verdict.substr(1));
+  if (verdict.starts_with("t")) throw TimeoutError(verdict.substr(1));
 }
 
 }  // namespace
