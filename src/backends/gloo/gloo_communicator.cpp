@@ -26,12 +26,15 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <type_traits>
 
 #include "commgrid/gloo.hpp"
+#include "deadline.hpp"
 #include "gloo_errors.hpp"
+#include "gloo_testing.hpp"
 #include "pair_gate.hpp"
 #include "reduce_util.hpp"
 
@@ -399,13 +402,14 @@ struct PendingP2P {
 
 class GlooCommunicator;
 
-// The Work of isend, irecv and batch_isend_irecv: waits for every operation against one
-// deadline (the timeout from when they were posted).
+// The Work of isend, irecv and batch_isend_irecv (and of the rooted collectives): waits for
+// every operation against one deadline, `timeout` from when they were posted.
 class GlooP2PWork final : public Work {
  public:
   GlooP2PWork(GlooCommunicator& comm, std::string op, std::vector<PendingP2P> ops,
-              Clock::time_point deadline)
-      : comm_(comm), op_(std::move(op)), ops_(std::move(ops)), deadline_(deadline) {}
+              Clock::time_point deadline, Ms timeout)
+      : comm_(comm), op_(std::move(op)), ops_(std::move(ops)), deadline_(deadline),
+        timeout_(timeout) {}
   ~GlooP2PWork() override {
     if (waited_) return;
     try {
@@ -422,6 +426,7 @@ class GlooP2PWork final : public Work {
   std::string op_;
   mutable std::vector<PendingP2P> ops_;
   Clock::time_point deadline_;
+  Ms timeout_;
   bool waited_ = false;
 };
 
@@ -484,6 +489,23 @@ class GlooCommunicator final : public Communicator {
       if (who.empty()) throw;
       throw AbortedError(std::string(e.what()) + "; the peer that closed the connection is " + who);
     }
+  }
+
+  /// call() for one Gloo collective. Gloo applies the timeout to each of its internal waits;
+  /// a deadline for the whole operation (timeout() from now) keeps a collective whose peers
+  /// progress slowly, step after step, within the timeout too.
+  template <typename F>
+  void call_collective(std::string_view op, F&& fn) {
+    call(op, [&] { with_deadline(ctx_, op, name(), timeout(), std::forward<F>(fn)); });
+  }
+
+  /// This group's Gloo context (for the deadline of a pending Work).
+  const std::shared_ptr<::gloo::Context>& context() const noexcept { return ctx_; }
+
+  /// For tests that play a slow peer with Gloo's own algorithms: this group's Gloo context
+  /// and the tag of its next collective (taken, as a collective would take it).
+  std::pair<std::shared_ptr<::gloo::Context>, std::uint32_t> take_collective_for_testing() {
+    return {ctx_, next_tag()};
   }
   COMMGRID_USING_TYPED_OVERLOADS;
   int rank() const noexcept override { return ctx_->rank; }
@@ -552,7 +574,7 @@ class GlooCommunicator final : public Communicator {
       ::gloo::BarrierOptions opts(ctx_);
       opts.setTag(next_tag());
       opts.setTimeout(timeout());
-      call("barrier", [&] { ::gloo::barrier(opts); });
+      call_collective("barrier", [&] { ::gloo::barrier(opts); });
     }
     return std::make_unique<Work>();
   }
@@ -567,7 +589,7 @@ class GlooCommunicator final : public Communicator {
       opts.setRoot(root);
       opts.setTag(next_tag());
       opts.setTimeout(timeout());
-      call("broadcast", [&] { ::gloo::broadcast(opts); });
+      call_collective("broadcast", [&] { ::gloo::broadcast(opts); });
     }
     return std::make_unique<Work>();
   }
@@ -644,7 +666,7 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(recv_total > 0 ? static_cast<std::uint8_t*>(recv) : &dummy_out, out);
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    call("alltoallv", [&] { ::gloo::alltoallv(opts); });
+    call_collective("alltoallv", [&] { ::gloo::alltoallv(opts); });
     return std::make_unique<Work>();
   }
 
@@ -670,7 +692,7 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(static_cast<std::uint8_t*>(recv), elements);
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    call("allgatherv", [&] { ::gloo::allgatherv(opts); });
+    call_collective("allgatherv", [&] { ::gloo::allgatherv(opts); });
     return std::make_unique<Work>();
   }
 
@@ -859,12 +881,12 @@ class GlooCommunicator final : public Communicator {
     ops.reserve(batch.size());
     for (const P2POp& o : batch)
       ops.push_back(post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
-    return std::make_unique<GlooP2PWork>(*this, where, std::move(ops), deadline);
+    return std::make_unique<GlooP2PWork>(*this, where, std::move(ops), deadline, timeout());
   }
 
   // Waits for internally posted operations (rooted collectives) at once.
   void finish(std::vector<PendingP2P> ops, std::string_view op) {
-    GlooP2PWork work(*this, std::string(op), std::move(ops), Clock::now() + timeout());
+    GlooP2PWork work(*this, std::string(op), std::move(ops), Clock::now() + timeout(), timeout());
     work.wait();
   }
 
@@ -975,7 +997,7 @@ class GlooCommunicator final : public Communicator {
     opts.setReduceFunction(reduce_function<T>(op));
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    call("allreduce", [&] { ::gloo::allreduce(opts); });
+    call_collective("allreduce", [&] { ::gloo::allreduce(opts); });
   }
 
   void allgather_bytes(std::string_view op, const void* send, void* recv, size_t block) {
@@ -989,7 +1011,7 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(static_cast<std::uint8_t*>(recv), block * static_cast<size_t>(size()));
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    call(op, [&] { ::gloo::allgather(opts); });
+    call_collective(op, [&] { ::gloo::allgather(opts); });
   }
 
   void alltoall_bytes(std::string_view op, const void* send, void* recv, size_t block) {
@@ -1004,7 +1026,7 @@ class GlooCommunicator final : public Communicator {
     opts.setOutput(static_cast<std::uint8_t*>(recv), total);
     opts.setTag(next_tag());
     opts.setTimeout(timeout());
-    call(op, [&] { ::gloo::alltoall(opts); });
+    call_collective(op, [&] { ::gloo::alltoall(opts); });
   }
 
   std::shared_ptr<Shared> shared_;
@@ -1020,6 +1042,15 @@ class GlooCommunicator final : public Communicator {
 
 void GlooP2PWork::wait() {
   waited_ = true;
+  // While the deadline is ahead, the watchdog bounds the waits together and, when it passes,
+  // closes the group's connections at once (Gloo's own timeout closes them one event-loop
+  // turn apart, about 5 ms a peer: seconds in a large group). A wait that starts after the
+  // deadline only collects what has completed, as a zero timeout does.
+  std::optional<DeadlineGuard> deadline;
+  if (Clock::now() < deadline_ &&
+      std::any_of(ops_.begin(), ops_.end(), [](const PendingP2P& p) { return !p.done && p.ub; }))
+    deadline.emplace(comm_.context(), op_, comm_.name(), timeout_, deadline_);
+  auto ran_out = [&] { return deadline && (deadline->release() || deadline->passed()); };
   for (PendingP2P& op : ops_) {
     if (op.done) continue;
     const char* what = op.kind == P2POp::Kind::send ? "send to" : "receive from";
@@ -1036,16 +1067,24 @@ void GlooP2PWork::wait() {
       continue;
     }
     const auto left = std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline_ - Clock::now()));
-    comm_.call(op_, [&] {
-      int peer = -1;
-      const bool ok = op.kind == P2POp::Kind::send ? op.ub->waitSend(&peer, left)
-                                                   : op.ub->waitRecv(&peer, left);
-      if (!ok)
-        throw AbortedError("gloo " + op_ + " on " + comm_.name() + ": aborted (" +
-                           comm_.peer_text(op.peer, op.tag) + ")");
-    }, comm_.peer_text(op.peer, op.tag));
+    try {
+      comm_.call(op_, [&] {
+        int peer = -1;
+        const bool ok = op.kind == P2POp::Kind::send ? op.ub->waitSend(&peer, left)
+                                                     : op.ub->waitRecv(&peer, left);
+        if (!ok)
+          throw AbortedError("gloo " + op_ + " on " + comm_.name() + ": aborted (" +
+                             comm_.peer_text(op.peer, op.tag) + ")");
+      }, comm_.peer_text(op.peer, op.tag));
+    } catch (const Error&) {
+      if (ran_out())
+        throw TimeoutError(deadline->timeout_text() + " (" + comm_.peer_text(op.peer, op.tag) + ")");
+      throw;
+    }
     op.done = true;
   }
+  // Everything completed, but just as the deadline passed: the connections are closed.
+  if (deadline && deadline->release()) throw TimeoutError(deadline->timeout_text());
 }
 
 bool GlooP2PWork::done() const {
@@ -1168,6 +1207,16 @@ void check_world_size(commgrid::Store& store, const std::string& prefix, int ran
 }
 
 }  // namespace
+
+CollectiveForTesting take_collective_for_testing(Communicator& comm) {
+  auto* gloo = dynamic_cast<GlooCommunicator*>(&comm);
+  if (gloo == nullptr)
+    throw ConfigError("comm", "take_collective_for_testing: " + comm.name() + " is a " +
+                                  std::string(comm.backend()) + " communicator, not gloo");
+  auto [context, tag] = gloo->take_collective_for_testing();
+  return {std::move(context), tag};
+}
+
 }  // namespace gloo_backend
 
 std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank, int size,
