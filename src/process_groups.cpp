@@ -283,7 +283,11 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
 }
 
 void ProcessGroups::create_split_or_member(Communicator& world, const InitOptions& options) {
-  const bool n1 = layout_->config().dist_opt_instances == 1;
+  // Kinds Megatron does not create but points at a parent's groups (creation_aliases; the
+  // parent comes first in reference order) reuse the parent's communicator, as there.
+  std::array<std::optional<GroupKind>, kNumKinds> parent_of;
+  for (const CreationAlias& a : creation_aliases(*layout_, kinds_))
+    parent_of[static_cast<int>(a.kind)] = a.parent;
   for (GroupKind k : kinds_) {
     auto& levels = slots_[static_cast<int>(k)];
     levels.resize(static_cast<std::size_t>(layout_->levels(k)));
@@ -296,12 +300,9 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
       const std::int64_t calls0 = world.creation_calls();
       Slot& s = levels[static_cast<std::size_t>(level)];
       s.ref = layout_->group_of(k, world_rank_, level);
-      // With one dist-opt instance the partial groups are their parents, and Megatron
-      // reuses the parent's communicator; so do we.
-      const GroupKind parent = k == GroupKind::intra_dp_cp ? GroupKind::dp_cp : GroupKind::expt_dp;
-      if (n1 && (k == GroupKind::intra_dp_cp || k == GroupKind::intra_expt_dp) &&
-          !slots_[static_cast<int>(parent)].empty()) {
-        s.comm = slots_[static_cast<int>(parent)][0].comm;
+      const std::optional<GroupKind> parent = parent_of[static_cast<int>(k)];
+      if (parent && !slots_[static_cast<int>(*parent)].empty()) {
+        s.comm = slots_[static_cast<int>(*parent)][static_cast<std::size_t>(level)].comm;
         st.alias = true;
       } else {
         const std::string name = s.ref ? group_name(k, level, s.ref->index) : std::string();

@@ -44,13 +44,13 @@ class ConfigMismatchError : public ConfigError {
 };
 
 /// How the groups are created. Every strategy gives the same groups; they differ in the
-/// backend calls each rank makes.
+/// backend calls each rank makes. With every strategy the kinds Megatron does not create
+/// but points at another kind's groups (creation_aliases) reuse that kind's communicator.
 enum class CreationStrategy : std::uint8_t {
   split,      ///< one split per kind and level: color = group index, key = global rank
   member,     ///< each rank creates only its own groups, with their members only
   /// Megatron's way: every rank takes part in creating every group, in Megatron-core's own
-  /// creation order (for_each_creation: the seed's, or HEAD's under compat head), and the
-  /// kinds Megatron aliases (creation_aliases) reuse their parent's communicators.
+  /// creation order (for_each_creation: the seed's, or HEAD's under compat head).
   per_group,
 };
 

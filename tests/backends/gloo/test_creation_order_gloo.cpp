@@ -206,9 +206,39 @@ TEST(GlooHeadCreationOrder, AllGatherGroupsAndRankOffsetOnEightRankThreads) {
                          st.kind == GroupKind::expt_dp_gtp_remat ||
                          st.kind == GroupKind::intra_dp_cp || st.kind == GroupKind::intra_expt_dp;
       EXPECT_EQ(st.alias, alias) << st.label;
-      if (alias) EXPECT_EQ(st.creation_calls, 0) << st.label;
+      if (alias) {
+        EXPECT_EQ(st.creation_calls, 0) << st.label;
+      }
     }
   });
+}
+
+// The other strategies alias the same kinds (creation_aliases), making no call for them.
+TEST(GlooHeadCreationOrder, SplitAndMemberAliasLikeHead) {
+  ParallelConfig cfg;
+  cfg.world_size = 8;
+  cfg.compat = Compat::head;
+  cfg.tp = 2;
+  cfg.pp = 2;
+  for (CreationStrategy strategy : {CreationStrategy::split, CreationStrategy::member}) {
+    run_ranks(8, [&](Communicator& w) {
+      ProcessGroups pg;
+      InitOptions o;
+      o.strategy = strategy;
+      pg.initialize(w, cfg, o);
+      EXPECT_EQ(pg.group_handle(GroupKind::dp_gtp_remat), pg.group_handle(GroupKind::dp));
+      EXPECT_EQ(pg.group_handle(GroupKind::dp_cp_gtp_remat), pg.group_handle(GroupKind::dp_cp));
+      EXPECT_EQ(pg.group_handle(GroupKind::expt_dp_gtp_remat), pg.group_handle(GroupKind::expt_dp));
+      EXPECT_NE(pg.group_handle(GroupKind::tp_ep_pp_with_egtp_remat),  // HEAD creates it anew
+                pg.group_handle(GroupKind::tp_ep_pp));
+      for (const KindCreation& st : pg.creation_stats()) {
+        if (st.alias) {
+          EXPECT_EQ(st.creation_calls, 0) << st.label;
+        }
+      }
+      expect_groups_on_the_wire(pg, w.rank());
+    });
+  }
 }
 
 }  // namespace
