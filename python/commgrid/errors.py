@@ -13,6 +13,11 @@ class ConfigError(Error, ValueError):
 
     parameter = ""
 
+    def __init__(self, message="", parameter=None):
+        super().__init__(message)
+        if parameter is not None:
+            self.parameter = parameter
+
 
 class InvalidValueError(ConfigError):
     """A size or count is out of range (``tp must be >= 1, got 0``)."""

@@ -17,10 +17,23 @@ _ALIASES = {
     "virtual_pipeline_model_parallel_size": "vpp",
     "get_embedding_ranks": "embedding_ranks",
     "get_position_embedding_ranks": "position_embedding_ranks",
+    # Megatron-core HEAD's (compat="head" only)
+    "gtp_remat_size": "gtp_remat",
+    "expert_gtp_remat_size": "expert_gtp_remat",
 }
 
 _SHORT = ("tp", "pp", "cp", "ep", "etp", "hcp", "dist_opt_instances", "vpp", "order",
-          "embedding_ranks", "position_embedding_ranks")
+          "embedding_ranks", "position_embedding_ranks",
+          "compat", "gtp_remat", "expert_gtp_remat", "hybrid_context_parallel",
+          "all_gather_groups", "rank_offset", "local_world_size")
+
+# The keys of ``config`` that __repr__ shows, and the HEAD ones it adds under compat head.
+_REPR_SEED = ("world_size", "tp", "pp", "cp", "ep", "etp", "hcp", "dist_opt_instances", "vpp",
+              "order")
+_REPR_HEAD = ("compat", "gtp_remat", "expert_gtp_remat", "hybrid_context_parallel",
+              "all_gather_groups", "rank_offset", "local_world_size")
+
+_HYBRID = "hybrid_dp_cp"
 
 
 def normalize_kwargs(kwargs):
@@ -41,8 +54,12 @@ class Layout(_commgrid.Layout):
     """Every group of a validated configuration, exactly as Megatron-core builds them.
 
     ``Layout(world_size, tp=1, pp=1, cp=1, ep=1, etp=None, hcp=None,
-    dist_opt_instances=1, vpp=None, order="tp-cp-ep-dp-pp")``; Megatron's long names
-    (``tensor_model_parallel_size=`` ...) are accepted too, and ``embedding_ranks`` /
+    dist_opt_instances=1, vpp=None, order="tp-cp-ep-dp-pp", compat="seed")``; with
+    ``compat="head"`` the layout is Megatron-core HEAD's and takes HEAD's arguments
+    ``gtp_remat=1, expert_gtp_remat=1, hybrid_context_parallel=False,
+    all_gather_groups=False, rank_offset=0, local_world_size=None`` (refused under seed).
+    Megatron's long names (``tensor_model_parallel_size=``, ``gtp_remat_size=`` ...) are
+    accepted too, and ``embedding_ranks`` /
     ``position_embedding_ranks`` (Megatron's ``get_embedding_ranks`` ...) take a callable
     from a pipeline group's ranks to the embedding group's ranks. Invalid configurations
     raise a :class:`commgrid.ConfigError` subclass (a ``ValueError``) with the core's message.
@@ -53,38 +70,58 @@ class Layout(_commgrid.Layout):
         kw = normalize_kwargs(kwargs)
         if kw.get("hcp") is not None:
             kw["hcp"] = list(kw["hcp"])
+        if "compat" in kw and not isinstance(kw["compat"], str):
+            raise InvalidValueError(f'compat: expected "seed" or "head", got {kw["compat"]!r}',
+                                    parameter="compat")
+        for flag in ("hybrid_context_parallel", "all_gather_groups"):
+            if flag in kw and not isinstance(kw[flag], bool):
+                raise InvalidValueError(f"{flag}: expected True or False, got {kw[flag]!r}",
+                                        parameter=flag)
         super().__init__(world_size, **kw)
+
+    def _per_level(self, kind):
+        """Whether ``kind`` without a level means one result per level (hcp, hybrid_dp_cp)."""
+        return kind in ("hcp", _HYBRID) and self.has_kind(kind)
+
+    def _resolve(self, kind, level):
+        """(kind, level) for a kind name, accepting HEAD's level names hybrid_dp_cp_<n>."""
+        if kind.startswith(_HYBRID + "_") and self.has_kind(_HYBRID):
+            names = [self.level_name(_HYBRID, lv) for lv in range(self.levels(_HYBRID))]
+            if kind in names:
+                if level not in (None, names.index(kind)):
+                    raise InvalidValueError(f"{kind} is level {names.index(kind)}, not {level}",
+                                            parameter="level")
+                return _HYBRID, names.index(kind)
+        return kind, 0 if level is None else level
 
     def groups(self, kind, level=None, *, as_array=False):
         """Every group of the kind in Megatron's order, as a list of lists of ints (with
-        ``as_array=True``: as :meth:`array` returns them). For ``hcp`` without a level: one
-        such list (array) per level."""
-        if as_array:
-            if level is None and kind == "hcp" and self.has_kind(kind):
-                return [self.groups_array(kind, lv) for lv in range(self.levels(kind))]
-            return self.groups_array(kind, 0 if level is None else level)
-        if level is None and kind == "hcp" and self.has_kind(kind):
-            return [self.groups_list(kind, lv) for lv in range(self.levels(kind))]
-        return self.groups_list(kind, 0 if level is None else level)
+        ``as_array=True``: as :meth:`array` returns them). For ``hcp`` and ``hybrid_dp_cp``
+        without a level: one such list (array) per level; ``hybrid_dp_cp_<n>`` names one
+        hybrid level as HEAD does."""
+        get = self.groups_array if as_array else self.groups_list
+        if level is None and self._per_level(kind):
+            return [get(kind, lv) for lv in range(self.levels(kind))]
+        return get(*self._resolve(kind, level))
 
-    def array(self, kind, level=0):
+    def array(self, kind, level=None):
         """Every group of the kind as a 2-D ``numpy.int64`` array (groups x group size) over
         the core's own buffer, without a copy. Raises ``InvalidValueError`` when the kind's
-        groups differ in size (only with custom embedding policies)."""
-        return self.groups_array(kind, level)
+        groups differ in size (custom embedding policies, a ragged hybrid_dp_cp level)."""
+        return self.groups_array(*self._resolve(kind, level))
 
     def group_of(self, kind, rank, level=None):
         """The members of ``rank``'s group of the kind (in the kind's member order), or
         ``None`` when the rank is in none. For ``hcp`` without a level: one per level."""
-        if level is None and kind == "hcp" and self.has_kind(kind):
+        if level is None and self._per_level(kind):
             return [self.group_members(kind, rank, lv) for lv in range(self.levels(kind))]
-        return self.group_members(kind, rank, 0 if level is None else level)
+        kind, level = self._resolve(kind, level)
+        return self.group_members(kind, rank, level)
 
     def __repr__(self):
         c = self.config
-        fields = ", ".join(f"{k}={c[k]!r}" for k in
-                           ("world_size", "tp", "pp", "cp", "ep", "etp", "hcp",
-                            "dist_opt_instances", "vpp", "order"))
+        keys = _REPR_SEED + (_REPR_HEAD if c.get("compat") == "head" else ())
+        fields = ", ".join(f"{k}={c[k]!r}" for k in keys)
         return f"commgrid.Layout({fields})"
 
 

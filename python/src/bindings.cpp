@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "commgrid/config.hpp"
+#include "commgrid/creation_order.hpp"
 #include "commgrid/error.hpp"
 #include "commgrid/group_kind.hpp"
 #include "commgrid/group_list.hpp"
+#include "commgrid/hyper_grid.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/rank_grid.hpp"
 
@@ -123,7 +125,23 @@ py::dict config_dict(const Layout& layout) {
   d["hcp"] = c.hcp;
   d["vpp"] = c.vpp ? py::object(py::int_(*c.vpp)) : py::object(py::none());
   d["order"] = c.order;
+  if (c.compat == Compat::head) {  // as plan's JSON: the HEAD keys under head only
+    d["compat"] = "head";
+    d["gtp_remat"] = c.gtp_remat;
+    d["expert_gtp_remat"] = c.expert_gtp_remat;
+    d["hybrid_context_parallel"] = c.hybrid_context_parallel;
+    d["all_gather_groups"] = c.all_gather_groups;
+    d["rank_offset"] = c.rank_offset;
+    d["local_world_size"] =
+        c.local_world_size ? py::object(py::int_(*c.local_world_size)) : py::object(py::none());
+  }
   return d;
+}
+
+Compat parse_compat(const std::string& name) {
+  if (name == "seed") return Compat::seed;
+  if (name == "head") return Compat::head;
+  throw InvalidValueError("compat", "compat: expected \"seed\" or \"head\", got \"" + name + "\"");
 }
 
 py::object rank_group(const Layout& layout, GroupKind k, Rank r, int level) {
@@ -200,6 +218,36 @@ PYBIND11_MODULE(_commgrid, m) {
   }, py::arg("sizes"), py::arg("order"), py::arg("masked"),
         "Every group of the masked axes of a grid (Megatron's generate_masked_orthogonal_rank_groups).");
 
+  m.def("head_order", [](const std::string& order, bool expert) {
+    ParallelConfig c;
+    c.compat = Compat::head;
+    c.order = order;
+    return c.head_order(expert);
+  }, py::arg("order"), py::arg("expert") = false,
+        "Megatron-core HEAD's order tokens (validated): gtp_remat injected after tp (expert: "
+        "after ep) unless given, then the omitted axes in HEAD's sequence.");
+
+  m.def("named_grid_groups", [](const std::vector<std::int64_t>& shape,
+                                const std::vector<std::string>& names,
+                                const std::vector<std::string>& masked, std::int64_t rank_offset) {
+    std::int64_t size = 1;
+    for (std::int64_t v : shape) {
+      if (v < 1) throw InvalidValueError("shape", "grid sizes must be >= 1, got " + std::to_string(v));
+      if (size > kMaxWorldSize / v)
+        throw OverflowError("world_size", "the product of the grid sizes exceeds " +
+                                              std::to_string(kMaxWorldSize));
+      size *= v;
+    }
+    if (rank_offset < 0 || rank_offset > kMaxWorldSize - size)
+      throw InvalidValueError("rank_offset", "rank_offset must be in [0, " +
+                                                 std::to_string(kMaxWorldSize - size) + "], got " +
+                                                 std::to_string(rank_offset));
+    const HyperGrid grid(shape, names, rank_offset + size, rank_offset);
+    return groups_array(grid.groups(masked), "the grid");
+  }, py::arg("shape"), py::arg("names"), py::arg("masked"), py::arg("rank_offset") = 0,
+        "Every group of the masked dims of an N-dimensional grid (innermost dim first), each "
+        "rank plus rank_offset: HEAD's RankGenerator.get_ranks.");
+
   py::class_<GroupRef>(m, "GroupRef", "One rank's group of one kind.")
       .def_readonly("index", &GroupRef::index, "index of the group in the kind's order")
       .def_readonly("position", &GroupRef::position, "index of the rank in members")
@@ -218,7 +266,10 @@ PYBIND11_MODULE(_commgrid, m) {
                        std::optional<std::vector<std::int64_t>> hcp,
                        std::int64_t dist_opt_instances, std::optional<std::int64_t> vpp,
                        std::string order, py::object embedding_ranks,
-                       py::object position_embedding_ranks) {
+                       py::object position_embedding_ranks, const std::string& compat,
+                       std::int64_t gtp_remat, std::int64_t expert_gtp_remat,
+                       bool hybrid_context_parallel, bool all_gather_groups,
+                       std::int64_t rank_offset, std::optional<std::int64_t> local_world_size) {
              ParallelConfig c;
              c.world_size = world_size;
              c.tp = tp;
@@ -230,6 +281,13 @@ PYBIND11_MODULE(_commgrid, m) {
              c.dist_opt_instances = dist_opt_instances;
              c.vpp = vpp;
              c.order = std::move(order);
+             c.compat = parse_compat(compat);
+             c.gtp_remat = gtp_remat;
+             c.expert_gtp_remat = expert_gtp_remat;
+             c.hybrid_context_parallel = hybrid_context_parallel;
+             c.all_gather_groups = all_gather_groups;
+             c.rank_offset = rank_offset;
+             c.local_world_size = local_world_size;
              EmbeddingPolicies policies{wrap_policy(embedding_ranks),
                                         wrap_policy(position_embedding_ranks)};
              return std::make_unique<Layout>(std::move(c), std::move(policies));
@@ -238,7 +296,10 @@ PYBIND11_MODULE(_commgrid, m) {
            py::arg("ep") = 1, py::arg("etp") = py::none(), py::arg("hcp") = py::none(),
            py::arg("dist_opt_instances") = 1, py::arg("vpp") = py::none(),
            py::arg("order") = std::string(kDefaultOrder), py::arg("embedding_ranks") = py::none(),
-           py::arg("position_embedding_ranks") = py::none())
+           py::arg("position_embedding_ranks") = py::none(), py::arg("compat") = "seed",
+           py::arg("gtp_remat") = 1, py::arg("expert_gtp_remat") = 1,
+           py::arg("hybrid_context_parallel") = false, py::arg("all_gather_groups") = false,
+           py::arg("rank_offset") = 0, py::arg("local_world_size") = py::none())
       .def_property_readonly("world_size", &Layout::world_size)
       .def_property_readonly("dp", &Layout::dp)
       .def_property_readonly("expert_dp", &Layout::expert_dp)
@@ -252,6 +313,24 @@ PYBIND11_MODULE(_commgrid, m) {
            py::arg("kind"))
       .def("levels", [](const Layout& l, const std::string& k) { return l.levels(parse_kind(k)); },
            py::arg("kind"))
+      .def("level_name", [](const Layout& l, const std::string& k, int level) {
+        return l.level_name(parse_kind(k), level);
+      }, py::arg("kind"), py::arg("level") = 0,
+           "The name of one level as reports print it (hybrid_dp_cp_<n>; else the kind).")
+      .def("hybrid_sizes", &Layout::hybrid_sizes,
+           "Under compat head: the size n of each hybrid_dp_cp level (empty otherwise).")
+      .def("creation_order", [](const Layout& l, std::optional<std::vector<std::string>> kinds) {
+        std::vector<GroupKind> ks;
+        for (const std::string& k : kinds.value_or(std::vector<std::string>{})) ks.push_back(parse_kind(k));
+        py::list out;
+        for_each_creation(l, ks, [&](GroupKind k, int level, std::int64_t index,
+                                     std::span<const Rank> members) {
+          out.append(py::make_tuple(std::string(kind_name(k)), level, index, members_list(members)));
+        });
+        return out;
+      }, py::arg("kinds") = py::none(),
+           "The per-group strategy's creation calls in Megatron-core's order (the seed's, or "
+           "HEAD's under compat head): (kind, level, index, members) tuples.")
       .def("num_groups", [](const Layout& l, const std::string& k, int level) {
         return l.num_groups(parse_kind(k), level);
       }, py::arg("kind"), py::arg("level") = 0)
@@ -278,6 +357,12 @@ PYBIND11_MODULE(_commgrid, m) {
         py::dict groups;
         for (GroupKind k : l.kinds()) {
           const int levels = l.levels(k);
+          if (k == GroupKind::hybrid_dp_cp) {  // one key per level, as HEAD names them
+            for (int lv = 0; lv < levels; ++lv)
+              groups[py::str(l.level_name(k, lv))] =
+                  rank ? rank_group(l, k, *rank, lv) : py::object(groups_list(l.groups(k, lv)));
+            continue;
+          }
           py::object value;
           if (k == GroupKind::hcp) {
             py::list per_level;
