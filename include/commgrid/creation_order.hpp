@@ -38,7 +38,7 @@ using CreationVisitor =
 
 /// Visits every group of `kinds` (kinds of the layout, in any order; empty: every kind the
 /// layout has) in Megatron-core's creation order:
-/// - compat seed: the seed's sequence (docs/runtime.md; layout-semantics §11): dp; dp_cp,
+/// - compat seed: the seed's sequence (the layout spec, §11): dp; dp_cp,
 ///   each followed by its intra_dp_cp chunks; cp, each followed by its hcp levels; mp; tp;
 ///   pp, each followed by its embd and pos_embd group; tp_dp_cp; tp_dp; tp_cp; ep; expt_tp;
 ///   tp_ep; tp_ep_pp; expt_dp, each followed by its intra_expt_dp and inter_dist_opt groups;
