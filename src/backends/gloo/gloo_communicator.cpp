@@ -105,10 +105,10 @@ std::vector<char> without_padding(std::vector<char> data) {
 class RendezvousStore final : public ::gloo::rendezvous::Store {
  public:
   RendezvousStore(commgrid::Store& store, std::string prefix, std::string op, std::string group,
-                  const std::vector<int>& global_ranks, Ms timeout)
+                  const std::vector<int>& global_ranks, Ms timeout,
+                  std::chrono::steady_clock::time_point deadline)
       : store_(store), prefix_(std::move(prefix)), op_(std::move(op)), group_(std::move(group)),
-        global_ranks_(global_ranks), timeout_(timeout),
-        deadline_(std::chrono::steady_clock::now() + timeout) {}
+        global_ranks_(global_ranks), timeout_(timeout), deadline_(deadline) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
     PairGatePause pause;  // the store's own connections are not Gloo pairs
@@ -244,16 +244,18 @@ void prove_peers(::gloo::Context& ctx, const std::string& token, const std::stri
   for (auto& b : sends) guard(op, group, [&] { b->waitSend(left()); });
 }
 
+// Connects a group's pairs, proves them and ends with a barrier, all by `deadline` (the
+// creation's: the world's covers its size check too); `timeout` is what errors name.
 std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix,
                                                int rank, const std::vector<int>& global_ranks,
                                                const std::string& op, const std::string& group,
-                                               Ms timeout) {
+                                               Ms timeout,
+                                               std::chrono::steady_clock::time_point deadline) {
   const int size = static_cast<int>(global_ranks.size());
   auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
-  RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout);
+  RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout, deadline);
   guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   try {
     PairGateScope gate(shared.token, prefix, rank, deadline);
     try {
@@ -294,8 +296,8 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   // group) would make that peer fail. A barrier makes creation complete on all members.
   if (size > 1) {
     ::gloo::BarrierOptions opts(ctx);
-    opts.setTimeout(timeout);
-    guard(op, group, [&] { ::gloo::barrier(opts); });
+    opts.setTimeout(std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));
+    guard(op, group, [&] { with_deadline(ctx, op, group, timeout, deadline, [&] { ::gloo::barrier(opts); }); });
   }
   return ctx;
 }
@@ -985,7 +987,7 @@ class GlooCommunicator final : public Communicator {
     for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
     // A new group starts with this communicator's timeout, for its rendezvous too.
     auto ctx = connect_group(*shared_, prefix, static_cast<int>(it - members.begin()), global,
-                             op, name, timeout());
+                             op, name, timeout(), Clock::now() + timeout());
     return std::make_unique<GlooCommunicator>(std::move(name), shared_, std::move(ctx),
                                               std::move(global), prefix, timeout());
   }
@@ -1117,8 +1119,7 @@ std::string default_hostname(const commgrid::Store& store) { return store.local_
 // Rank 0 alone reads every rank's size and then publishes its verdict; every other rank
 // reads only rank 0's size and that verdict: O(size) store reads in all, not O(size^2).
 void check_world_size(commgrid::Store& store, const std::string& prefix, int rank, int size,
-                      Ms timeout) {
-  const auto deadline = Clock::now() + timeout;
+                      Ms timeout, Clock::time_point deadline) {
   auto key = [&](int r) { return prefix + "/size/" + std::to_string(r); };
   const std::string verdict_key = prefix + "/size/verdict";
   const std::string mine = std::to_string(size);
@@ -1249,9 +1250,11 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
     ::signal(SIGPIPE, SIG_IGN);
-  check_world_size(*shared->store, options.prefix, rank, size, options.timeout);
+  // One deadline for the whole creation: the size check, the connections and the barrier.
+  const auto deadline = Clock::now() + options.timeout;
+  check_world_size(*shared->store, options.prefix, rank, size, options.timeout, deadline);
   auto ctx = connect_group(*shared, options.prefix, rank, global, "create world", "world",
-                           options.timeout);
+                           options.timeout, deadline);
   return std::make_unique<GlooCommunicator>("world", shared, std::move(ctx), std::move(global),
                                             options.prefix, options.timeout);
 }

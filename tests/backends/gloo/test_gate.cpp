@@ -173,5 +173,30 @@ TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   EXPECT_LT(took, 3s);
 }
 
+TEST(GlooCreationDeadline, TheWorldsSizeCheckAndConnectionsShareOneDeadline) {
+  // Rank 1 (played by the test) says its world size late, at 1.5 s of a 2 s timeout, and
+  // then never connects. Rank 0 must end at the 2 s deadline, not 2 s after the size check.
+  auto store = make_memory_store();
+  GlooOptions o = test_options(2s);
+  std::jthread late([&] {
+    std::this_thread::sleep_for(1500ms);
+    store->set(o.prefix + "/size/1", std::span<const char>("2", 1));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    make_gloo_world(store, 0, 2, o);
+  } catch (const TimeoutError& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = std::string("not a TimeoutError: ") + e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(error.find("timed out after 2 s"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+  EXPECT_LT(took, 2500ms);
+  EXPECT_GE(took, 1900ms);
+}
+
 }  // namespace
 }  // namespace commgrid::test
