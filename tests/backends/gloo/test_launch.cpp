@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "cli_runner.hpp"
+#include "free_port.hpp"
 
 namespace {
 
 using Result = commgrid::test::CliResult;
 using commgrid::test::run_shell;
+using commgrid::test::free_port;
 
 // Runs commgrid with args; coreutils timeout turns a hang into exit 124.
 Result launch(const std::vector<std::string>& args, int limit_s = 60) {
@@ -126,18 +128,6 @@ TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
 
 // ---- starting from other launchers, across nodes ------------------------------------
 
-// A loopback TCP port that was free a moment ago.
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 const std::string kCli = commgrid::test::shell_quote(COMMGRID_CLI);
 

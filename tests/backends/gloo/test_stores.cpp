@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "free_port.hpp"
 #include "gloo_test_util.hpp"
 
 namespace commgrid::test {
@@ -81,18 +82,6 @@ TEST(GlooFileStore, AMissingRankIsNamed) {
 }
 
 /// A redis-server on a free loopback port, started for the test and stopped after.
-// A loopback TCP port that was free a moment ago (bound, read, closed).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 class RedisServer {
  public:

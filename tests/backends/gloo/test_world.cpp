@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "commgrid/world.hpp"
+#include "free_port.hpp"
 #include "gloo_test_util.hpp"
 
 namespace commgrid::test {
@@ -282,17 +283,6 @@ TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
 
 // ---- the TCP store -------------------------------------------------------------------
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 StoreOptions job(const std::string& id, const std::string& token, bool serve,
                  std::chrono::milliseconds timeout = 5s) {
