@@ -136,6 +136,23 @@ TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {
   EXPECT_EQ(wrong_proof, 1) << errors[0] << "\n" << errors[1];
 }
 
+// Rank 0 of a 2-rank world whose rank 1 the test plays: the TimeoutError's text (or what
+// else was thrown) and how long creating the world took.
+std::pair<std::string, std::chrono::steady_clock::duration> rank_zero_times_out(
+    const std::shared_ptr<Store>& store, const GlooOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    make_gloo_world(store, 0, 2, o);
+    error = "the world formed";
+  } catch (const TimeoutError& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = std::string("not a TimeoutError: ") + e.what();
+  }
+  return {error, std::chrono::steady_clock::now() - t0};
+}
+
 TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   // Gloo bounds each pair's wait for its connector on its own, one pair after another; the
   // gate ends every wait still open at the creation's deadline. Rank 1 here is played by
@@ -158,16 +175,7 @@ TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   std::memcpy(address.data(), &a, sizeof(a));
   address.push_back('g');  // it gates its connections, like rank 0
   put("1", address);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string error;
-  try {
-    make_gloo_world(store, 0, 2, o);
-  } catch (const TimeoutError& e) {
-    error = e.what();
-  } catch (const std::exception& e) {
-    error = std::string("not a TimeoutError: ") + e.what();
-  }
-  const auto took = std::chrono::steady_clock::now() - t0;
+  const auto [error, took] = rank_zero_times_out(store, o);
   EXPECT_NE(error.find("timed out after 2 s waiting for rank 1 (global 1) of 2 to connect"), std::string::npos)
       << error;
   EXPECT_LT(took, 3s);
@@ -182,16 +190,7 @@ TEST(GlooCreationDeadline, TheWorldsSizeCheckAndConnectionsShareOneDeadline) {
     std::this_thread::sleep_for(1500ms);
     store->set(o.prefix + "/size/1", std::span<const char>("2", 1));
   });
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string error;
-  try {
-    make_gloo_world(store, 0, 2, o);
-  } catch (const TimeoutError& e) {
-    error = e.what();
-  } catch (const std::exception& e) {
-    error = std::string("not a TimeoutError: ") + e.what();
-  }
-  const auto took = std::chrono::steady_clock::now() - t0;
+  const auto [error, took] = rank_zero_times_out(store, o);
   EXPECT_NE(error.find("timed out after 2 s"), std::string::npos) << error;
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
   EXPECT_LT(took, 2500ms);
