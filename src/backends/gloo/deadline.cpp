@@ -78,7 +78,9 @@ std::string seconds(std::chrono::milliseconds t) {
 class Watchdog {
  public:
   // Never destroyed: an operation may still run while static objects are destroyed at
-  // exit, and the detached thread must never see its mutex go away.
+  // exit, and the detached thread must never see its mutex go away. (A child forked after
+  // the thread started has no watchdog, but no Gloo event loop either: Gloo does not
+  // survive fork.)
   static Watchdog& instance() {
     static Watchdog* const watchdog = new Watchdog;
     return *watchdog;

@@ -49,9 +49,11 @@ struct Outcome {
   double after_seconds = 0;
 };
 
-// Runs one allreduce on 8 rank-threads with a 1 s timeout; rank kSlowRank plays the slow
+// Runs one allreduce on 8 rank-threads with the given timeout; rank kSlowRank plays the slow
 // peer, pausing `pause` at each of its reductions.
-std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause, bool then_barrier) {
+std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause,
+                                              std::chrono::milliseconds timeout,
+                                              bool then_barrier) {
   std::vector<Outcome> out(kRanks);
   auto result = run_local_ranks_collect(kRanks, [&](Communicator& w) {
     Outcome& o = out[static_cast<size_t>(w.rank())];
@@ -93,15 +95,16 @@ std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause, b
       o.after = e.what();
     }
     o.after_seconds = seconds_since(t1);
-  }, test_options(1s));
+  }, test_options(timeout));
   EXPECT_EQ(result.first_failed_rank, -1) << result.first_failure;
   return out;
 }
 
 TEST(GlooDeadline, ASlowPeerThatFitsTheTimeoutJoinsTheRingAllreduce) {
   // The control: the slow peer really takes part in the group's ring (same tag, same
-  // algorithm), and 14 pauses of 20 ms fit a 1 s timeout.
-  const std::vector<Outcome> out = allreduce_with_slow_peer(20ms, false);
+  // algorithm) and everyone gets the right sum when 14 pauses of 20 ms fit the timeout
+  // (a generous one: the machine may be loaded).
+  const std::vector<Outcome> out = allreduce_with_slow_peer(20ms, 10s, false);
   for (int r = 0; r < kRanks; ++r) {
     const Outcome& o = out[static_cast<size_t>(r)];
     EXPECT_EQ(o.error, "") << "rank " << r;
@@ -115,7 +118,7 @@ TEST(GlooDeadline, AGroupWithAPeerSlowAtEveryStepEndsWithinTheTimeoutPlus2s) {
   // 14 pauses of 300 ms: each wait of the others lasts about one pause (well under the 1 s
   // timeout), the whole allreduce about 4.2 s. Without one deadline for the operation the
   // others would wait it out and succeed; with it they end near 1 s.
-  const std::vector<Outcome> out = allreduce_with_slow_peer(300ms, true);
+  const std::vector<Outcome> out = allreduce_with_slow_peer(300ms, 1s, true);
   int timeouts = 0;
   for (int r = 0; r < kRanks; ++r) {
     const Outcome& o = out[static_cast<size_t>(r)];
@@ -227,8 +230,9 @@ TEST(GlooDeadline, RegisteringAnOperationCostsLittle) {
   }
   const double each_us = seconds_since(t0) * 1e6 / kTimes;
   std::cout << "deadline guard: " << each_us << " us per operation\n";
-  // Loose (sanitizers, a shared machine): a thread per operation would cost tens of us.
-  EXPECT_LT(each_us, 20.0);
+  // About 0.1 us here, a few under the sanitizers; the bound only catches a gross regression
+  // (a thread or a system call per operation) on a loaded machine.
+  EXPECT_LT(each_us, 50.0);
 }
 
 }  // namespace
