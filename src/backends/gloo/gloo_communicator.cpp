@@ -516,6 +516,7 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(std::optional<std::int64_t> color, std::int64_t key,
                                       std::string name) override {
     count_creation();
+    const auto deadline = Clock::now() + timeout();  // the exchange's and the creation's
     const auto n = static_cast<size_t>(size());
     std::array<std::int64_t, 3> mine{color ? 1 : 0, color.value_or(0), key};
     std::vector<std::int64_t> all(3 * n);
@@ -532,7 +533,7 @@ class GlooCommunicator final : public Communicator {
     });
     return make_group(members, std::move(name),
                       prefix_ + "/split" + std::to_string(seq) + "/c" + std::to_string(*color),
-                      "split");
+                      "split", deadline);
   }
 
   std::unique_ptr<Communicator> create_group(std::span<const int> members,
@@ -544,13 +545,14 @@ class GlooCommunicator final : public Communicator {
     const int generation = created_by_name_[name]++;
     return make_group({members.begin(), members.end()}, name,
                       prefix_ + "/group/" + name + "/" + std::to_string(generation),
-                      "create_group");
+                      "create_group", Clock::now() + timeout());
   }
 
   std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
                                                         std::string name) override {
     check_members("create_group_collective", members, name, false);
     count_creation();
+    const auto deadline = Clock::now() + timeout();  // the exchange's and the creation's
     // Every rank of this group takes part: exchanging a fingerprint of (members, name) both
     // waits for everyone (new_group's collective semantics) and catches ranks that passed
     // different arguments, which would otherwise wait for each other until the timeout.
@@ -568,7 +570,8 @@ class GlooCommunicator final : public Communicator {
     const std::uint64_t seq = collective_seq_++;
     if (!std::binary_search(members.begin(), members.end(), rank())) return nullptr;
     return make_group({members.begin(), members.end()}, name,
-                      prefix_ + "/collective" + std::to_string(seq), "create_group_collective");
+                      prefix_ + "/collective" + std::to_string(seq), "create_group_collective",
+                      deadline);
   }
 
   std::unique_ptr<Work> barrier() override {
@@ -979,15 +982,18 @@ class GlooCommunicator final : public Communicator {
            "members call create_group");
   }
 
+  // Creates the group by `deadline`: split and create_group_collective exchange first, and
+  // the whole call is one operation with one deadline.
   std::unique_ptr<Communicator> make_group(const std::vector<int>& members, std::string name,
-                                           const std::string& prefix, const std::string& op) {
+                                           const std::string& prefix, const std::string& op,
+                                           Clock::time_point deadline) {
     auto it = std::find(members.begin(), members.end(), rank());
     COMMGRID_ENFORCE(it != members.end(), "rank not among the members of " + name);
     std::vector<int> global;
     for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
-    // A new group starts with this communicator's timeout, for its rendezvous too.
+    // A new group starts with this communicator's timeout.
     auto ctx = connect_group(*shared_, prefix, static_cast<int>(it - members.begin()), global,
-                             op, name, timeout(), Clock::now() + timeout());
+                             op, name, timeout(), deadline);
     return std::make_unique<GlooCommunicator>(std::move(name), shared_, std::move(ctx),
                                               std::move(global), prefix, timeout());
   }

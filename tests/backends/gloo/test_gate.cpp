@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -195,6 +196,76 @@ TEST(GlooCreationDeadline, TheWorldsSizeCheckAndConnectionsShareOneDeadline) {
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
   EXPECT_LT(took, 2500ms);
   EXPECT_GE(took, 1900ms);
+}
+
+// A memory store that silently drops the values of keys ending with one of `dropped`: a
+// rank whose writes never arrive.
+class DroppingStore final : public Store {
+ public:
+  explicit DroppingStore(std::vector<std::string> dropped) : dropped_(std::move(dropped)) {}
+  std::string uri() const override { return "memory"; }
+
+ protected:
+  void do_set(const std::string& key, const std::vector<char>& value) override {
+    std::lock_guard lock(mutex_);
+    for (const std::string& d : dropped_)
+      if (key.ends_with(d)) return;
+    map_[key] = value;
+  }
+  std::vector<char> do_get(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return map_.at(key);
+  }
+  bool do_has(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return map_.count(key) != 0;
+  }
+
+ private:
+  std::vector<std::string> dropped_;
+  std::mutex mutex_;
+  std::map<std::string, std::vector<char>> map_;
+};
+
+TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
+  // Rank 1 calls split 1.5 s late (of a 2 s timeout) and its rendezvous keys for the new
+  // group never arrive: rank 0 must end 2 s after it called split, not 2 s after the
+  // exchange.
+  const GlooOptions o = test_options(2s);
+  auto store = std::make_shared<DroppingStore>(std::vector<std::string>{
+      "/split0/c0/arrived/1", "/split0/c0/rank_1", "/split0/c0/1"});
+  std::string error;
+  std::chrono::steady_clock::duration took{};
+  auto rank = [&](Communicator& world) {
+    if (world.rank() == 1) {
+      std::this_thread::sleep_for(1500ms);
+      try {
+        (void)world.split(0, 1, "late");
+      } catch (const std::exception&) {  // its peer gave up: expected
+      }
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      (void)world.split(0, 0, "late");
+      error = "the group formed";
+    } catch (const TimeoutError& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = std::string("not a TimeoutError: ") + e.what();
+    }
+    took = std::chrono::steady_clock::now() - t0;
+  };
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        auto world = make_gloo_world(store, r, 2, o);
+        rank(*world);
+      });
+  }
+  EXPECT_NE(error.find("timed out after 2 s waiting for rank 1"), std::string::npos) << error;
+  EXPECT_LT(took, 2500ms);
 }
 
 }  // namespace
