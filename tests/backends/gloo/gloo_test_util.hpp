@@ -15,6 +15,11 @@
 
 namespace commgrid::test {
 
+/// Seconds since t0 (steady clock), for tests that bound how long something took.
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 inline constexpr DataType kAllTypes[] = {DataType::float32, DataType::float64,
                                          DataType::bfloat16, DataType::int32, DataType::int64};
 inline constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min,

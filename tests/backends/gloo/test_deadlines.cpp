@@ -21,10 +21,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 constexpr int kRanks = 8;
 constexpr int kSlowRank = 3;
 // 64 elements: every one of the 2 x 8 ring segments is non-empty, so the slow rank pauses

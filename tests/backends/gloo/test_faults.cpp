@@ -14,10 +14,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 TEST(GlooFaults, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   auto store = make_memory_store();
   const auto t0 = Clock::now();

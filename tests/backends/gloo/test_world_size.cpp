@@ -17,10 +17,6 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // A memory store that counts the reads (get) of the world-size keys.
 class CountingStore final : public Store {
  public:
