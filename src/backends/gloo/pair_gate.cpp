@@ -67,13 +67,20 @@ struct Listener {
   std::shared_ptr<State> scope;
 };
 
-std::mutex g_mutex;
-std::map<int, Listener> g_listeners;
-std::atomic<std::size_t> g_count{0};  // g_listeners.size(), read without the lock
-
-// Scopes are owned by PairGateScope; the registry holds them by shared_ptr, which the
-// thread-local raw pointer cannot give. The scope's own shared_ptr is found here.
-std::map<const State*, std::weak_ptr<State>> g_scopes;
+// The recorded listeners and the live scopes (owned by PairGateScope; the registry finds a
+// scope's shared_ptr, which the thread-local raw pointer cannot give). Never destroyed, like
+// the watcher thread that reads it: a group may still be created while statics are
+// destroyed at exit.
+struct Registry {
+  std::mutex mutex;
+  std::map<int, Listener> listeners;
+  std::map<const State*, std::weak_ptr<State>> scopes;
+};
+Registry& registry() {
+  static Registry* const r = new Registry;
+  return *r;
+}
+std::atomic<std::size_t> g_count{0};  // registry().listeners.size(), read without the lock
 
 // What each end of a connection to a Gloo listener sends first: bound to the token, the
 // group creation, the listening port and the end (one end's proof never passes as the other's).
@@ -135,9 +142,9 @@ bool record_listener(int fd, State& scope) {
     return false;
   }
   {
-    std::lock_guard lock(g_mutex);
-    auto it = g_scopes.find(&scope);
-    if (it == g_scopes.end()) return true;
+    std::lock_guard lock(registry().mutex);
+    auto it = registry().scopes.find(&scope);
+    if (it == registry().scopes.end()) return true;
     l.scope = it->second.lock();
     {
       std::lock_guard slock(scope.m);
@@ -146,8 +153,8 @@ bool record_listener(int fd, State& scope) {
       l.peer = k < scope.rank ? k : k + 1;
       scope.listeners.push_back(fd);
     }
-    g_listeners[fd] = std::move(l);
-    g_count.store(g_listeners.size());
+    registry().listeners[fd] = std::move(l);
+    g_count.store(registry().listeners.size());
   }
   if (g_listen_hook) {
     PairGatePause pause;
@@ -160,12 +167,12 @@ bool record_listener(int fd, State& scope) {
 std::optional<Listener> take_listener(int fd) {
   if (g_count.load() == 0) return std::nullopt;
   struct stat st {};
-  std::lock_guard lock(g_mutex);
-  auto it = g_listeners.find(fd);
-  if (it == g_listeners.end()) return std::nullopt;
+  std::lock_guard lock(registry().mutex);
+  auto it = registry().listeners.find(fd);
+  if (it == registry().listeners.end()) return std::nullopt;
   Listener l = std::move(it->second);
-  g_listeners.erase(it);
-  g_count.store(g_listeners.size());
+  registry().listeners.erase(it);
+  g_count.store(registry().listeners.size());
   if (::fstat(fd, &st) != 0 || st.st_dev != l.dev || st.st_ino != l.ino) return std::nullopt;
   return l;
 }
@@ -177,34 +184,22 @@ std::optional<Listener> take_listener(int fd) {
 // ends now. Connecting sides are bounded by gated_connect itself.
 class Watcher {
  public:
+  // Never destroyed (see Registry); the thread is detached.
   static Watcher& instance() {
-    static Watcher w;
-    return w;
+    static Watcher* const w = new Watcher;
+    return *w;
   }
   void wake() {
     { std::lock_guard lock(m_); }
     cv_.notify_all();
   }
-  ~Watcher() {
-    // A child forked after the watcher started has no such thread to join.
-    if (::getpid() != pid_) {
-      thread_.detach();
-      return;
-    }
-    {
-      std::lock_guard lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
 
  private:
-  Watcher() : thread_([this] { run(); }) {}
+  Watcher() { std::thread([this] { run(); }).detach(); }
 
   void run() {
     std::unique_lock lock(m_);
-    while (!stop_) {
+    for (;;) {
       std::optional<Clock::time_point> next = poke_due();
       if (next)
         cv_.wait_until(lock, *next);
@@ -217,8 +212,8 @@ class Watcher {
   std::optional<Clock::time_point> poke_due() {
     std::optional<Clock::time_point> next;
     const auto now = Clock::now();
-    std::lock_guard lock(g_mutex);
-    for (auto& [raw, weak] : g_scopes) {
+    std::lock_guard lock(registry().mutex);
+    for (auto& [raw, weak] : registry().scopes) {
       std::shared_ptr<State> scope = weak.lock();
       if (!scope || scope->poked) continue;
       if (scope->deadline > now) {
@@ -227,7 +222,7 @@ class Watcher {
       }
       std::lock_guard slock(scope->m);
       scope->poked = true;
-      for (const auto& [fd, l] : g_listeners) {
+      for (const auto& [fd, l] : registry().listeners) {
         struct stat st {};
         if (l.scope != scope || ::fstat(fd, &st) != 0 || st.st_dev != l.dev || st.st_ino != l.ino)
           continue;  // another scope's, or closed by Gloo (that pair connected out)
@@ -252,9 +247,6 @@ class Watcher {
 
   std::mutex m_;
   std::condition_variable cv_;
-  bool stop_ = false;
-  pid_t pid_ = ::getpid();
-  std::thread thread_;
 };
 
 struct Candidate {
@@ -453,8 +445,8 @@ PairGateScope::PairGateScope(const std::string& token, const std::string& prefix
   state_->rank = rank;
   state_->deadline = deadline;
   {
-    std::lock_guard lock(g_mutex);
-    g_scopes[state_.get()] = state_;
+    std::lock_guard lock(registry().mutex);
+    registry().scopes[state_.get()] = state_;
   }
   Watcher::instance().wake();
   outer_ = t_scope;
@@ -464,11 +456,11 @@ PairGateScope::PairGateScope(const std::string& token, const std::string& prefix
 PairGateScope::~PairGateScope() {
   if (!state_) return;
   t_scope = outer_;
-  std::lock_guard lock(g_mutex);
-  g_scopes.erase(state_.get());
+  std::lock_guard lock(registry().mutex);
+  registry().scopes.erase(state_.get());
   // Listeners Gloo closed itself (the connecting side of each pair) leave entries behind.
-  std::erase_if(g_listeners, [&](const auto& e) { return e.second.scope == state_; });
-  g_count.store(g_listeners.size());
+  std::erase_if(registry().listeners, [&](const auto& e) { return e.second.scope == state_; });
+  g_count.store(registry().listeners.size());
   std::lock_guard slock(state_->m);
   for (int fd : state_->pokes) ::close(fd);
 }
