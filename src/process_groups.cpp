@@ -6,11 +6,19 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <sstream>
 
 namespace commgrid {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// "30 s", "1.5 s": a timeout as errors show it.
+std::string seconds_text(std::chrono::milliseconds t) {
+  std::ostringstream s;
+  s << static_cast<double>(t.count()) / 1000.0 << " s";
+  return s.str();
+}
 
 std::string label_of(GroupKind k, int level) {
   std::string s(kind_name(k));
@@ -227,7 +235,21 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
   if (initialized_)
     throw StateError("ProcessGroups::initialize: parallel state is already initialized; destroy it first");
   const auto t0 = Clock::now();
-  exchange_fingerprint(world, config, options);
+  // One deadline for the whole call (see the header); the world's timeout comes back after.
+  world_timeout_ = world.timeout();
+  init_deadline_ = t0 + world_timeout_;
+  struct RestoreTimeout {
+    Communicator& world;
+    std::chrono::milliseconds timeout;
+    ~RestoreTimeout() { world.set_timeout(timeout); }
+  } restore{world, world_timeout_};
+  try {
+    before_world_call(world);
+    exchange_fingerprint(world, config, options);
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(std::string(e.what()) + " (initialize: the world's timeout of " +
+                       seconds_text(world_timeout_) + " bounds the whole call)");
+  }
   fingerprint_time_ = Clock::now() - t0;
 
   // Every rank holds the same config and options now, so each check below fails on
@@ -269,10 +291,15 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
       reason.clear();
   }
   try {
-    if (strategy_ == CreationStrategy::per_group)
-      create_per_group(world, options);
-    else
-      create_split_or_member(world, options);
+    try {
+      if (strategy_ == CreationStrategy::per_group)
+        create_per_group(world, options);
+      else
+        create_split_or_member(world, options);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(std::string(e.what()) + " (initialize: the world's timeout of " +
+                         seconds_text(world_timeout_) + " bounds the whole call)");
+    }
   } catch (...) {
     initialized_ = true;  // so that destroy() releases what was made
     destroy();
@@ -280,6 +307,15 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
   }
   if (config.vpp) virtual_rank_ = 0;
   initialized_ = true;
+}
+
+void ProcessGroups::before_world_call(Communicator& world) const {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(init_deadline_ - Clock::now());
+  world.set_timeout(std::max(std::chrono::milliseconds(1), left));
+}
+
+std::chrono::milliseconds ProcessGroups::group_timeout(const InitOptions& options) const {
+  return options.timeout.value_or(world_timeout_);
 }
 
 void ProcessGroups::create_split_or_member(Communicator& world, const InitOptions& options) {
@@ -307,6 +343,7 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
       } else {
         const std::string name = s.ref ? group_name(k, level, s.ref->index) : std::string();
         std::unique_ptr<Communicator> comm;
+        before_world_call(world);
         if (strategy_ == CreationStrategy::split) {
           comm = world.split(s.ref ? std::optional<std::int64_t>(s.ref->index) : std::nullopt,
                              world_rank_, s.ref ? name : label_of(k, level) + "#none");
@@ -317,7 +354,7 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
         COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
                          "backend gave " + std::string(comm ? "a" : "no") + " communicator for " +
                              label_of(k, level) + " on rank " + std::to_string(world_rank_));
-        if (comm && options.timeout) comm->set_timeout(*options.timeout);
+        if (comm) comm->set_timeout(group_timeout(options));
         s.comm = std::shared_ptr<Communicator>(std::move(comm));
         if (s.comm) created_.push_back(s.comm);
       }
@@ -362,6 +399,7 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
     const auto t0 = Clock::now();
     const std::int64_t calls0 = world.creation_calls();
     const std::vector<int> sorted = sorted_members(members);
+    before_world_call(world);
     std::unique_ptr<Communicator> comm =
         world.create_group_collective(sorted, group_name(k, level, index));
     Slot& s = slots_[static_cast<int>(k)][static_cast<std::size_t>(level)];
@@ -371,7 +409,7 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
                          group_name(k, level, index) + " " + list_text(members) + " on rank " +
                          std::to_string(world_rank_));
     if (comm) {
-      if (options.timeout) comm->set_timeout(*options.timeout);
+      comm->set_timeout(group_timeout(options));
       s.comm = std::shared_ptr<Communicator>(std::move(comm));
       created_.push_back(s.comm);
     }

@@ -108,6 +108,10 @@ class ProcessGroups {
   /// Then validates the config (ConfigError, the same on every rank), checks that
   /// world.size() == config.world_size, and creates the groups with options.strategy.
   /// `world` must outlive the call only; the created groups do not depend on it.
+  /// The whole call has one deadline, world.timeout() from its start: each backend call on
+  /// the world gets what is left of it (the world's timeout is restored at the end), so a
+  /// creation of many kinds, each slow but within the timeout, still ends in time
+  /// (TimeoutError). The created groups get options.timeout, else the world's timeout.
   /// Throws StateError when already initialized, BackendError when the backend fails.
   void initialize(Communicator& world, const ParallelConfig& config, InitOptions options = {});
   /// Whether initialize() succeeded and destroy() has not been called since.
@@ -218,6 +222,11 @@ class ProcessGroups {
                             const InitOptions& options);
   void create_split_or_member(Communicator& world, const InitOptions& options);
   void create_per_group(Communicator& world, const InitOptions& options);
+  /// Before each backend call of initialize on `world`: sets its timeout to what is left
+  /// of the initialize's deadline.
+  void before_world_call(Communicator& world) const;
+  /// The timeout a created group gets: options.timeout, else the world's own.
+  [[nodiscard]] std::chrono::milliseconds group_timeout(const InitOptions& options) const;
   void check_stage(std::optional<int> vstage, const char* call) const;
 
   bool initialized_ = false;
@@ -235,6 +244,9 @@ class ProcessGroups {
   std::vector<KindCreation> stats_;
   std::chrono::nanoseconds fingerprint_time_{0};
   std::optional<int> virtual_rank_;
+  /// During initialize: the world's own timeout and the deadline of the whole call.
+  std::chrono::milliseconds world_timeout_{0};
+  std::chrono::steady_clock::time_point init_deadline_{};
 };
 
 }  // namespace commgrid

@@ -6,14 +6,47 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "commgrid/communicator.hpp"
 #include "commgrid/gloo.hpp"
 #include "commgrid/local_ranks.hpp"
+#include "commgrid/store.hpp"
 
 namespace commgrid::test {
+
+/// An in-memory store whose writes go through `on_set(key)` first: it may delay them (a
+/// slow store) or return false to drop them (a rank whose writes never arrive).
+class HookedMemoryStore final : public Store {
+ public:
+  explicit HookedMemoryStore(std::function<bool(const std::string& key)> on_set)
+      : on_set_(std::move(on_set)) {}
+  std::string uri() const override { return "memory"; }
+
+ protected:
+  void do_set(const std::string& key, const std::vector<char>& value) override {
+    if (!on_set_(key)) return;
+    std::lock_guard lock(mutex_);
+    map_[key] = value;
+  }
+  std::vector<char> do_get(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return map_.at(key);
+  }
+  bool do_has(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return map_.count(key) != 0;
+  }
+
+ private:
+  std::function<bool(const std::string&)> on_set_;
+  std::mutex mutex_;
+  std::map<std::string, std::vector<char>> map_;
+};
 
 /// Seconds since t0 (steady clock), for tests that bound how long something took.
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {

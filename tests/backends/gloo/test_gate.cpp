@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -198,42 +197,16 @@ TEST(GlooCreationDeadline, TheWorldsSizeCheckAndConnectionsShareOneDeadline) {
   EXPECT_GE(took, 1900ms);
 }
 
-// A memory store that silently drops the values of keys ending with one of `dropped`: a
-// rank whose writes never arrive.
-class DroppingStore final : public Store {
- public:
-  explicit DroppingStore(std::vector<std::string> dropped) : dropped_(std::move(dropped)) {}
-  std::string uri() const override { return "memory"; }
-
- protected:
-  void do_set(const std::string& key, const std::vector<char>& value) override {
-    std::lock_guard lock(mutex_);
-    for (const std::string& d : dropped_)
-      if (key.ends_with(d)) return;
-    map_[key] = value;
-  }
-  std::vector<char> do_get(const std::string& key) override {
-    std::lock_guard lock(mutex_);
-    return map_.at(key);
-  }
-  bool do_has(const std::string& key) override {
-    std::lock_guard lock(mutex_);
-    return map_.count(key) != 0;
-  }
-
- private:
-  std::vector<std::string> dropped_;
-  std::mutex mutex_;
-  std::map<std::string, std::vector<char>> map_;
-};
-
 TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
   // Rank 1 calls split 1.5 s late (of a 2 s timeout) and its rendezvous keys for the new
   // group never arrive: rank 0 must end 2 s after it called split, not 2 s after the
   // exchange.
   const GlooOptions o = test_options(2s);
-  auto store = std::make_shared<DroppingStore>(std::vector<std::string>{
-      "/split0/c0/arrived/1", "/split0/c0/rank_1", "/split0/c0/1"});
+  auto store = std::make_shared<HookedMemoryStore>([](const std::string& key) {
+    for (const char* dropped : {"/split0/c0/arrived/1", "/split0/c0/rank_1", "/split0/c0/1"})
+      if (key.ends_with(dropped)) return false;
+    return true;
+  });
   std::string error;
   std::chrono::steady_clock::duration took{};
   auto rank = [&](Communicator& world) {
