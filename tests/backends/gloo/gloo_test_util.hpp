@@ -19,21 +19,28 @@
 
 namespace commgrid::test {
 
-/// An in-memory store whose writes go through `on_set(key)` first: it may delay them (a
-/// slow store) or return false to drop them (a rank whose writes never arrive).
+/// What a HookedMemoryStore calls: on_set before a write (it may delay it, record it, or
+/// return false to drop it: a rank whose writes never arrive); on_get before a read.
+struct StoreHooks {
+  std::function<bool(const std::string& key, const std::vector<char>& value)> on_set;
+  std::function<void(const std::string& key)> on_get;
+};
+
+/// An in-memory store (keys written once, like every commgrid store) with test hooks.
 class HookedMemoryStore final : public Store {
  public:
-  explicit HookedMemoryStore(std::function<bool(const std::string& key)> on_set)
-      : on_set_(std::move(on_set)) {}
+  explicit HookedMemoryStore(StoreHooks hooks) : hooks_(std::move(hooks)) {}
   std::string uri() const override { return "memory"; }
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& value) override {
-    if (!on_set_(key)) return;
+    if (hooks_.on_set && !hooks_.on_set(key, value)) return;
     std::lock_guard lock(mutex_);
+    if (map_.count(key) != 0) throw BackendError("key '" + key + "' is already set");
     map_[key] = value;
   }
   std::vector<char> do_get(const std::string& key) override {
+    if (hooks_.on_get) hooks_.on_get(key);
     std::lock_guard lock(mutex_);
     return map_.at(key);
   }
@@ -43,7 +50,7 @@ class HookedMemoryStore final : public Store {
   }
 
  private:
-  std::function<bool(const std::string&)> on_set_;
+  StoreHooks hooks_;
   std::mutex mutex_;
   std::map<std::string, std::vector<char>> map_;
 };

@@ -202,11 +202,12 @@ TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
   // group never arrive: rank 0 must end 2 s after it called split, not 2 s after the
   // exchange.
   const GlooOptions o = test_options(2s);
-  auto store = std::make_shared<HookedMemoryStore>([](const std::string& key) {
-    for (const char* dropped : {"/split0/c0/arrived/1", "/split0/c0/rank_1", "/split0/c0/1"})
-      if (key.ends_with(dropped)) return false;
-    return true;
-  });
+  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
+      .on_set = [](const std::string& key, const std::vector<char>&) {
+        for (const char* dropped : {"/split0/c0/arrived/1", "/split0/c0/rank_1", "/split0/c0/1"})
+          if (key.ends_with(dropped)) return false;
+        return true;
+      }});
   std::string error;
   std::chrono::steady_clock::duration took{};
   auto rank = [&](Communicator& world) {

@@ -21,10 +21,11 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
   // together would take several times that. initialize must end at the deadline, on every
   // rank, and the world keep its own timeout.
   std::atomic<bool> slow{false};
-  auto store = std::make_shared<HookedMemoryStore>([&](const std::string&) {
-    if (slow.load()) std::this_thread::sleep_for(25ms);
-    return true;
-  });
+  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
+      .on_set = [&](const std::string&, const std::vector<char>&) {
+        if (slow.load()) std::this_thread::sleep_for(25ms);
+        return true;
+      }});
   ParallelConfig cfg;
   cfg.world_size = 4;
   cfg.tp = 2;

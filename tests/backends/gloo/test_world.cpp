@@ -194,43 +194,20 @@ TEST(GlooWorld, CreatingAWorldIgnoresSigpipeSoADeadPeerIsAnError) {
   ::sigaction(SIGPIPE, &before, nullptr);
 }
 
-// A memory store that keeps a copy of every value written, to inspect what ranks publish.
-class RecordingStore final : public Store {
- public:
-  std::string uri() const override { return "memory"; }
-  std::vector<std::vector<char>> values() {
-    std::lock_guard lock(mutex_);
-    return values_;
-  }
-
- protected:
-  void do_set(const std::string& key, const std::vector<char>& value) override {
-    std::lock_guard lock(mutex_);
-    if (map_.count(key) != 0) throw BackendError("key '" + key + "' is already set");
-    map_[key] = value;
-    values_.push_back(value);
-  }
-  std::vector<char> do_get(const std::string& key) override {
-    std::lock_guard lock(mutex_);
-    return map_.at(key);
-  }
-  bool do_has(const std::string& key) override {
-    std::lock_guard lock(mutex_);
-    return map_.count(key) != 0;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<std::string, std::vector<char>> map_;
-  std::vector<std::vector<char>> values_;
-};
-
 TEST(GlooWorld, PublishedAddressesCarryNoUninitialisedBytes) {
-  auto store = std::make_shared<RecordingStore>();
+  // Keeps a copy of every value written, to inspect what ranks publish.
+  std::mutex mutex;
+  std::vector<std::vector<char>> values;
+  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
+      .on_set = [&](const std::string&, const std::vector<char>& value) {
+        std::lock_guard lock(mutex);
+        values.push_back(value);
+        return true;
+      }});
   run_with_store(store, 3);
   constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(std::int64_t);
   int records = 0;
-  for (auto v : store->values()) {
+  for (auto v : values) {
     // An address value ends with one byte saying whether the rank gates its connections.
     if (v.size() % kRecord == 1) v.pop_back();
     if (v.empty() || v.size() % kRecord != 0) continue;

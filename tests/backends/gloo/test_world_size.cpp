@@ -18,31 +18,12 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // A memory store that counts the reads (get) of the world-size keys.
-class CountingStore final : public Store {
- public:
-  std::string uri() const override { return "memory"; }
-  int size_reads() const { return size_reads_.load(); }
-
- protected:
-  void do_set(const std::string& key, const std::vector<char>& value) override {
-    std::lock_guard lock(mutex_);
-    if (map_.count(key) != 0) throw BackendError("key '" + key + "' is already set");
-    map_[key] = value;
-  }
-  std::vector<char> do_get(const std::string& key) override {
-    if (key.find("/size/") != std::string::npos) ++size_reads_;
-    std::lock_guard lock(mutex_);
-    return map_.at(key);
-  }
-  bool do_has(const std::string& key) override {
-    std::lock_guard lock(mutex_);
-    return map_.count(key) != 0;
-  }
-
- private:
-  std::mutex mutex_;
-  std::map<std::string, std::vector<char>> map_;
-  std::atomic<int> size_reads_{0};
+struct CountingStore {
+  std::shared_ptr<std::atomic<int>> size_reads = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<Store> store = std::make_shared<HookedMemoryStore>(StoreHooks{
+      .on_get = [reads = size_reads](const std::string& key) {
+        if (key.find("/size/") != std::string::npos) ++*reads;
+      }});
 };
 
 // Runs make_gloo_world on the given ranks (rank -> the world size it says), each in its own
@@ -77,13 +58,13 @@ TEST(GlooWorldSize, TheCheckReadsEachRanksSizeOnce) {
   // Each of 12 ranks reading every other rank's size would be 132 reads; rank 0 reading
   // 11 and the others rank 0's size and its verdict is 33.
   constexpr int kN = 12;
-  auto store = std::make_shared<CountingStore>();
+  CountingStore counting;
   std::map<int, int> says;
   for (int r = 0; r < kN; ++r) says[r] = kN;
-  const auto errors = create_worlds(store, says, 20s);
+  const auto errors = create_worlds(counting.store, says, 20s);
   for (const auto& [rank, error] : errors) EXPECT_EQ(error, "") << "rank " << rank;
-  EXPECT_LE(store->size_reads(), 3 * kN);
-  EXPECT_GE(store->size_reads(), kN - 1);  // rank 0 did read every other rank's size
+  EXPECT_LE(counting.size_reads->load(), 3 * kN);
+  EXPECT_GE(counting.size_reads->load(), kN - 1);  // rank 0 did read every other rank's size
 }
 
 TEST(GlooWorldSize, ARankThatSaysALargerSizeThanRank0IsNamedByEveryRank) {
