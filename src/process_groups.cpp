@@ -1,6 +1,7 @@
 #include "commgrid/process_groups.hpp"
 
 #include "commgrid/creation_order.hpp"
+#include "time_text.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -12,13 +13,6 @@ namespace commgrid {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// "30 s", "1.5 s": a timeout as errors show it.
-std::string seconds_text(std::chrono::milliseconds t) {
-  std::ostringstream s;
-  s << static_cast<double>(t.count()) / 1000.0 << " s";
-  return s.str();
-}
 
 std::string label_of(GroupKind k, int level) {
   std::string s(kind_name(k));
@@ -243,12 +237,16 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
     std::chrono::milliseconds timeout;
     ~RestoreTimeout() { world.set_timeout(timeout); }
   } restore{world, world_timeout_};
+  // A backend timeout inside says what bounded it: the whole call, not that one step.
+  auto whole_call = [&](const TimeoutError& e) {
+    return TimeoutError(std::string(e.what()) + " (initialize: the world's timeout of " +
+                        seconds_text(world_timeout_) + " bounds the whole call)");
+  };
   try {
     before_world_call(world);
     exchange_fingerprint(world, config, options);
   } catch (const TimeoutError& e) {
-    throw TimeoutError(std::string(e.what()) + " (initialize: the world's timeout of " +
-                       seconds_text(world_timeout_) + " bounds the whole call)");
+    throw whole_call(e);
   }
   fingerprint_time_ = Clock::now() - t0;
 
@@ -297,8 +295,7 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
       else
         create_split_or_member(world, options);
     } catch (const TimeoutError& e) {
-      throw TimeoutError(std::string(e.what()) + " (initialize: the world's timeout of " +
-                         seconds_text(world_timeout_) + " bounds the whole call)");
+      throw whole_call(e);
     }
   } catch (...) {
     initialized_ = true;  // so that destroy() releases what was made

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "commgrid/communicator.hpp"
+#include "time_text.hpp"
 
 namespace commgrid::gloo_backend {
 
@@ -63,12 +64,6 @@ class LoopTurner final : public ::gloo::transport::tcp::Handler {
   int fd_ = -1;
   bool registered_ = false;
 };
-
-std::string seconds(std::chrono::milliseconds t) {
-  std::ostringstream s;
-  s << static_cast<double>(t.count()) / 1000.0 << " s";
-  return s.str();
-}
 
 }  // namespace
 
@@ -187,7 +182,7 @@ bool DeadlineGuard::passed() const { return Clock::now() >= deadline_; }
 
 std::string DeadlineGuard::timeout_text() const {
   return "gloo " + std::string(op_) + " on " + group_ + ": timed out after " +
-         seconds(timeout_) +
+         seconds_text(timeout_) +
          " (one deadline for the whole operation); its connections are closed and the group "
          "cannot be used again";
 }

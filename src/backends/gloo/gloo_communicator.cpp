@@ -37,6 +37,7 @@
 #include "gloo_testing.hpp"
 #include "pair_gate.hpp"
 #include "reduce_util.hpp"
+#include "time_text.hpp"
 
 namespace commgrid {
 namespace gloo_backend {
@@ -56,12 +57,6 @@ std::string join_ints(const std::vector<int>& v) {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
   return out;
-}
-
-std::string seconds_text(Ms t) {
-  std::ostringstream s;
-  s << static_cast<double>(t.count()) / 1000.0 << " s";
-  return s.str();
 }
 
 // Gloo's rendezvous sets and waits on its own per-rank keys (which differ between Gloo

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "commgrid/error.hpp"
+#include "time_text.hpp"
 
 namespace commgrid::nccl_host {
 namespace {
@@ -194,12 +195,6 @@ std::string members_text(std::span<const std::int64_t> members) {
     s += (i ? "," : "") + std::to_string(members[i]);
   if (members.size() > kShown) s += ",... (" + std::to_string(members.size()) + " ranks)";
   return s + "]";
-}
-
-std::string seconds_text(std::chrono::milliseconds t) {
-  std::ostringstream s;
-  s << static_cast<double>(t.count()) / 1000.0 << " s";
-  return s.str();
 }
 
 std::string timeout_message(const std::string& op, const std::string& group,

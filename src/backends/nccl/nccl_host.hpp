@@ -80,9 +80,6 @@ std::string world_problem(const std::vector<HostInfo>& all);
 /// "[0,1,2,3]", at most 16 ranks then ",... (N ranks)".
 std::string members_text(std::span<const std::int64_t> members);
 
-/// "2.5 s".
-std::string seconds_text(std::chrono::milliseconds t);
-
 /// The message of a creation or operation that did not complete in time:
 /// "nccl <op> on <group> for <target>: did not complete within <t>; <aborted> aborted
 /// (members [..])". `target` may be empty (an operation on the group itself).
