@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "commgrid/error.hpp"
+#include "commgrid/hyper_grid_groups.hpp"
 #include "commgrid/local_ranks.hpp"
 #include "plan_job.hpp"
 

@@ -2,36 +2,52 @@
 //
 //   #include <commgrid/commgrid.hpp>
 //
-// brings the layout core (ParallelConfig, Layout, RankGrid, topology), the Communicator
-// interface, ProcessGroups and the two collections, and every backend this build of
-// commgrid was compiled with (see commgrid/backends.hpp): MPI (commgrid::mpi), Gloo with
-// its stores and rank-threads runner. The MPI declarations come with <mpi.h>, that is in
-// programs that link commgrid::mpi.
+// brings the layout (ParallelConfig, Layout, RankGrid, topology, HyperGrid), the runtime
+// (the Communicator contract, ProcessGroups and the collections) and, where the program
+// links them, the bootstrap (launchers, stores, rank-threads) and every backend this build
+// of commgrid was compiled with (see commgrid/backends.hpp): MPI (commgrid::mpi), Gloo
+// (commgrid::gloo, with make_world and the rank-threads runner) and NCCL (commgrid::nccl).
+// A part is included when its header is visible to the program: in the build tree when
+// the program links that part's target; in an install, always (the MPI part also needs
+// <mpi.h>, which linking commgrid::mpi provides).
 #pragma once
 
 #include "commgrid/backends.hpp"
-#include "commgrid/collections.hpp"
-#include "commgrid/communicator.hpp"
+
+// Layout (commgrid::layout).
 #include "commgrid/config.hpp"
+#include "commgrid/creation_order.hpp"
 #include "commgrid/error.hpp"
 #include "commgrid/group_kind.hpp"
 #include "commgrid/group_list.hpp"
 #include "commgrid/hyper_grid.hpp"
 #include "commgrid/layout.hpp"
-#include "commgrid/process_group_collection.hpp"
-#include "commgrid/process_groups.hpp"
 #include "commgrid/rank_grid.hpp"
 #include "commgrid/topology.hpp"
 
-// The MPI part needs <mpi.h>, which a program gets by linking commgrid::mpi.
-#if COMMGRID_HAS_MPI && __has_include(<mpi.h>)
-#include "commgrid/mpi.hpp"
-#endif
-#if COMMGRID_HAS_GLOO
-#include "commgrid/gloo.hpp"
-#include "commgrid/local_ranks.hpp"
+// Runtime (commgrid::runtime).
+#include "commgrid/collections.hpp"
+#include "commgrid/communicator.hpp"
+#include "commgrid/hyper_grid_groups.hpp"
+#include "commgrid/process_group_collection.hpp"
+#include "commgrid/process_groups.hpp"
+
+// Bootstrap (commgrid::bootstrap).
+#if __has_include("commgrid/store.hpp")
+#include "commgrid/launch_info.hpp"
+#include "commgrid/rank_threads.hpp"
 #include "commgrid/store.hpp"
 #endif
-#if COMMGRID_HAS_NCCL
+
+// Backends.
+#if COMMGRID_HAS_MPI && __has_include("commgrid/mpi.hpp") && __has_include(<mpi.h>)
+#include "commgrid/mpi.hpp"
+#endif
+#if COMMGRID_HAS_GLOO && __has_include("commgrid/gloo.hpp")
+#include "commgrid/gloo.hpp"
+#include "commgrid/local_ranks.hpp"
+#include "commgrid/world.hpp"
+#endif
+#if COMMGRID_HAS_NCCL && __has_include("commgrid/nccl.hpp")
 #include "commgrid/nccl.hpp"
 #endif

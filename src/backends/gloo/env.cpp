@@ -5,6 +5,7 @@
 #include <string>
 
 #include "commgrid/gloo.hpp"
+#include "commgrid/store.hpp"
 #include "commgrid/world.hpp"
 
 namespace commgrid {
@@ -70,6 +71,26 @@ WorldEnv read_world_env() {
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
   // One way to start a world: the launcher, the job id and token, the store's interface.
   return make_world(std::move(options));
+}
+
+std::unique_ptr<Communicator> make_world(GlooOptions options) {
+  const LaunchInfo info = read_launch_info();
+  if (info.timeout) options.timeout = *info.timeout;
+  if (auto h = env("COMMGRID_GLOO_HOSTNAME")) {
+    if (h->empty())
+      throw InvalidValueError("COMMGRID_GLOO_HOSTNAME", "COMMGRID_GLOO_HOSTNAME is set but empty");
+    options.hostname = *h;
+  }
+  StoreOptions so;
+  so.job_id = info.job_id;
+  so.token = info.token;
+  so.timeout = options.timeout;
+  so.serve = info.rank == 0;
+  auto store = open_store(info.store, so);
+  if (options.hostname.empty()) options.hostname = store->local_address();
+  options.prefix = info.job_id + "/" + options.prefix;
+  options.token = info.token;
+  return make_gloo_world(std::move(store), info.rank, info.size, options);
 }
 
 }  // namespace commgrid

@@ -8,6 +8,7 @@
 #include "commgrid/hyper_grid.hpp"
 #include "commgrid/process_group_collection.hpp"
 #include "commgrid/process_groups.hpp"
+#include "commgrid/hyper_grid_groups.hpp"
 #include "gloo_test_util.hpp"
 
 namespace commgrid::test {

@@ -1,12 +1,11 @@
-// Stores over Gloo's HashStore, FileStore and RedisStore, with waits that poll so that they
-// can name the missing keys, honour millisecond timeouts and be aborted.
+// The memory, file and Redis stores (the tcp:// store is tcp_store.cpp), with waits that
+// poll so that they can name the missing keys, honour millisecond timeouts and be aborted.
+// No engine's store is used: the backends adapt a commgrid::Store to their own interface.
 #include "commgrid/store.hpp"
 
-#include <gloo/common/error.h>
-#include <gloo/common/logging.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/hash_store.h>
-#include <gloo/rendezvous/redis_store.h>
+#if COMMGRID_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -28,11 +27,27 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
-#include "gloo_errors.hpp"
 #include "tcp_store.hpp"
 
 namespace commgrid {
+namespace {
+
+// Runs fn, turning anything but commgrid's own errors into a BackendError naming the
+// operation and the store.
+template <typename F>
+void store_call(std::string_view op, const std::string& where, F&& fn) {
+  try {
+    std::forward<F>(fn)();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw BackendError("store " + std::string(op) + " on " + where + ": " + e.what());
+  }
+}
+
+}  // namespace
 
 struct Store::State {
   std::mutex mutex;
@@ -45,14 +60,14 @@ Store::~Store() = default;
 
 void Store::set(const std::string& key, std::span<const char> value) {
   std::lock_guard lock(state_->mutex);
-  gloo_backend::guard("store set", uri(), [&] { do_set(key, {value.begin(), value.end()}); });
+  store_call("set", uri(), [&] { do_set(key, {value.begin(), value.end()}); });
 }
 
 std::vector<char> Store::get(const std::string& key) {
   std::lock_guard lock(state_->mutex);
   std::vector<char> out;
-  gloo_backend::guard("store get", uri(), [&] {
-    if (!do_has(key)) throw BackendError("gloo store get on " + uri() + ": key '" + key + "' is not set");
+  store_call("get", uri(), [&] {
+    if (!do_has(key)) throw BackendError("store get on " + uri() + ": key '" + key + "' is not set");
     out = do_get(key);
   });
   return out;
@@ -61,7 +76,7 @@ std::vector<char> Store::get(const std::string& key) {
 bool Store::has(const std::string& key) {
   std::lock_guard lock(state_->mutex);
   bool present = false;
-  gloo_backend::guard("store check", uri(), [&] { present = do_has(key); });
+  store_call("check", uri(), [&] { present = do_has(key); });
   return present;
 }
 
@@ -117,32 +132,41 @@ std::string token_proof(const std::string& token, const std::string& context) {
 
 namespace {
 
-// Gloo's stores do not all offer a non-blocking check; these subclasses expose one through
-// the members Gloo keeps protected for that purpose.
-class CheckableHashStore : public ::gloo::rendezvous::HashStore {
+// Ranks that are threads of one process.
+class MemoryStore final : public Store {
  public:
-  bool has(const std::string& key) {
-    std::lock_guard lock(m_);
-    return map_.count(key) != 0;
+  std::string uri() const override { return "memory"; }
+
+ protected:
+  void do_set(const std::string& key, const std::vector<char>& value) override {
+    if (!map_.emplace(key, value).second)
+      throw BackendError("store set on memory: key '" + key + "' is already set");
   }
+  std::vector<char> do_get(const std::string& key) override { return map_.at(key); }
+  bool do_has(const std::string& key) override { return map_.count(key) != 0; }
+
+ private:
+  std::unordered_map<std::string, std::vector<char>> map_;  // guarded by Store's mutex
 };
 
-class CheckableFileStore : public ::gloo::rendezvous::FileStore {
+// One file per key in a folder. A key (a rank's address) is the job's business only: each
+// file is written private (0600) from its creation under a temporary name in the same
+// folder, then linked into place, which also refuses a key that exists and makes a reader
+// see either no file or the whole value. Keys may hold any byte, so file names are the
+// key in hex.
+class FileStore final : public Store {
  public:
-  using FileStore::FileStore;
-  bool has(const std::string& key) { return check({key}); }
-  // A key (a rank's address) is the job's business only. Gloo's own set writes with the
-  // process umask (readable by others until a chmod), so the file is written here: private
-  // (0600) from its creation under a temporary name in the same folder, then linked into
-  // place, which also refuses a key that exists (Gloo checks and renames, which races).
-  // The content is what Gloo's get reads: the value's bytes, nothing else.
-  void set(const std::string& key, const std::vector<char>& data) override {
+  explicit FileStore(std::string folder) : folder_(std::move(folder)) {}
+  std::string uri() const override { return "file://" + folder_; }
+
+ protected:
+  void do_set(const std::string& key, const std::vector<char>& data) override {
     static std::atomic<unsigned long> serial{0};
-    const std::string path = objectPath(key);
-    const std::string tmp = tmpPath(key) + "." + std::to_string(::getpid()) + "." +
+    const std::string path = path_of(key);
+    const std::string tmp = folder_ + "/.tmp-" + std::to_string(::getpid()) + "-" +
                             std::to_string(serial.fetch_add(1));
     auto fail = [&](const std::string& what, int err) -> BackendError {
-      return BackendError("file store " + basePath_ + ": " + what + " for key '" + key +
+      return BackendError("file store " + folder_ + ": " + what + " for key '" + key +
                           "': " + std::strerror(err));
     };
     const int fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
@@ -165,34 +189,31 @@ class CheckableFileStore : public ::gloo::rendezvous::FileStore {
     if (err != 0) throw fail("cannot write " + tmp, err);
     if (linked != 0) {
       if (link_err == EEXIST)
-        throw BackendError("file store " + basePath_ + ": key '" + key + "' is already set");
+        throw BackendError("file store " + folder_ + ": key '" + key + "' is already set");
       throw fail("cannot link " + tmp + " to " + path, link_err);
     }
   }
-};
-
-// A commgrid Store over one of Gloo's stores (S), named by `uri`.
-template <class S>
-class GlooBackedStore final : public Store {
- public:
-  template <class... Args>
-  explicit GlooBackedStore(std::string uri, Args&&... args)
-      : uri_(std::move(uri)), store_(std::forward<Args>(args)...) {}
-  std::string uri() const override { return uri_; }
-
- protected:
-  void do_set(const std::string& key, const std::vector<char>& value) override {
-    store_.set(key, value);
+  std::vector<char> do_get(const std::string& key) override {
+    std::ifstream in(path_of(key), std::ios::binary);
+    if (!in) throw BackendError("file store " + folder_ + ": cannot read key '" + key + "'");
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
-  std::vector<char> do_get(const std::string& key) override { return store_.get(key); }
-  bool do_has(const std::string& key) override { return store_.has(key); }
+  bool do_has(const std::string& key) override {
+    return ::access(path_of(key).c_str(), F_OK) == 0;
+  }
 
  private:
-  std::string uri_;
-  S store_;
+  std::string path_of(const std::string& key) const {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out = folder_ + "/key-";
+    for (unsigned char c : key) {
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+    return out;
+  }
+  std::string folder_;
 };
-using MemoryStore = GlooBackedStore<CheckableHashStore>;
-using FileStore = GlooBackedStore<CheckableFileStore>;
 
 // The claim record of a job: its id and a keyed hash of its token, so that a second job
 // (another id, or the same id with another token) is told apart without the token.
@@ -210,47 +231,82 @@ std::string claim_text(const StoreOptions& o) {
                          o.job_id + "'): give each job its own store");
 }
 
-// Gloo's RedisStore with AUTH on its connection (Gloo's constructor sends none).
-class AuthRedisStore : public ::gloo::rendezvous::RedisStore {
+#if COMMGRID_HAVE_HIREDIS
+// One hiredis connection (commands are serialized by Store's mutex).
+class RedisConnection {
  public:
-  AuthRedisStore(const std::string& host, int port, const std::string& password,
-                 std::chrono::milliseconds timeout)
-      : RedisStore(host, port) {
+  RedisConnection(const std::string& host, int port, const std::string& password,
+                  std::chrono::milliseconds timeout) {
     // hiredis blocks without limit on a server that stopped answering (SIGSTOP, a network
     // partition); a bound per command keeps every wait within its timeout plus this.
     const auto bound = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(2));
     timeval tv{};
     tv.tv_sec = static_cast<time_t>(bound.count() / 1000);
     tv.tv_usec = static_cast<suseconds_t>((bound.count() % 1000) * 1000);
+    redis_ = redisConnectWithTimeout(host.c_str(), port, tv);
+    if (redis_ == nullptr) throw BackendError("redis connect: cannot allocate a connection");
+    if (redis_->err != 0) {
+      std::string why = redis_->errstr;
+      redisFree(redis_);
+      redis_ = nullptr;
+      throw BackendError("redis connect: " + why);
+    }
     redisSetTimeout(redis_, tv);
     if (password.empty()) return;
-    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "AUTH %b", password.data(),
-                                                        password.size()));
-    const bool ok = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
-    std::string why = reply == nullptr ? std::string("no reply")
-                      : reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len)
-                                                         : std::string("unexpected reply");
-    if (reply != nullptr) freeReplyObject(reply);
-    // The reply names no password; it is still cut at the first space-free word to be safe.
-    if (!ok) throw AuthenticationError("redis AUTH refused: " + why);
+    Reply reply = command("AUTH %b", password.data(), password.size());
+    if (reply->type != REDIS_REPLY_STATUS)
+      // The reply names no password.
+      throw AuthenticationError("redis AUTH refused: " + text_of(reply.get()));
+  }
+  ~RedisConnection() {
+    if (redis_ != nullptr) redisFree(redis_);
+  }
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  /// SET key value NX: true when this call set it, false when the key existed.
+  bool set_if_absent(const std::string& key, std::string_view value) {
+    Reply reply = command("SET %b %b NX", key.data(), key.size(), value.data(), value.size());
+    if (reply->type == REDIS_REPLY_STATUS) return true;
+    if (reply->type == REDIS_REPLY_NIL) return false;
+    throw BackendError("redis SET: " + text_of(reply.get()));
+  }
+  std::vector<char> get(const std::string& key) {
+    Reply reply = command("GET %b", key.data(), key.size());
+    if (reply->type != REDIS_REPLY_STRING)
+      throw BackendError("redis GET: " + text_of(reply.get()));
+    return {reply->str, reply->str + reply->len};
+  }
+  bool exists(const std::string& key) {
+    Reply reply = command("EXISTS %b", key.data(), key.size());
+    if (reply->type != REDIS_REPLY_INTEGER)
+      throw BackendError("redis EXISTS: " + text_of(reply.get()));
+    return reply->integer != 0;
   }
 
-  // SET key value NX: true when this call set it. Gloo's set leaks its reply when the key
-  // exists (it throws before freeing it), so a claim that may lose a race is done here.
-  bool set_if_absent(const std::string& key, const std::string& value) {
-    auto* reply = static_cast<redisReply*>(redisCommand(redis_, "SET %b %b NX", key.data(),
-                                                        key.size(), value.data(),
-                                                        value.size()));
-    if (reply == nullptr)
-      throw BackendError(std::string("redis SET: ") +
-                         (redis_->errstr[0] != '\0' ? redis_->errstr : "no reply"));
-    const bool set = reply->type == REDIS_REPLY_STATUS;
-    const bool exists = reply->type == REDIS_REPLY_NIL;
-    const std::string error = reply->type == REDIS_REPLY_ERROR ? std::string(reply->str, reply->len) : "";
-    freeReplyObject(reply);
-    if (!set && !exists) throw BackendError("redis SET: " + (error.empty() ? "unexpected reply" : error));
-    return set;
+ private:
+  struct FreeReply {
+    void operator()(redisReply* r) const { freeReplyObject(r); }
+  };
+  using Reply = std::unique_ptr<redisReply, FreeReply>;
+
+  template <class... Args>
+  Reply command(const char* format, Args... args) {
+    auto* r = static_cast<redisReply*>(redisCommand(redis_, format, args...));
+    if (r == nullptr) {
+      const bool timed_out = redis_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+      const std::string why = redis_->errstr[0] != '\0' ? redis_->errstr : "no reply";
+      if (timed_out) throw TimeoutError("redis: the server did not answer: " + why);
+      throw BackendError("redis: " + why);
+    }
+    return Reply(r);
   }
+  static std::string text_of(const redisReply* r) {
+    if (r->type == REDIS_REPLY_ERROR) return std::string(r->str, r->len);
+    if (r->type == REDIS_REPLY_NIL) return "no such key";
+    return "unexpected reply";
+  }
+  redisContext* redis_ = nullptr;
 };
 
 class RedisStore final : public Store {
@@ -258,7 +314,7 @@ class RedisStore final : public Store {
   RedisStore(const std::string& host, int port, std::string prefix, const std::string& password,
              std::string local, std::chrono::milliseconds timeout)
       : host_(host), port_(port), prefix_(std::move(prefix)), local_(std::move(local)),
-        store_(host, port, password, timeout) {}
+        redis_(host, port, password, timeout) {}
   std::string uri() const override {
     return "redis://" + host_ + ":" + std::to_string(port_) + "/" + prefix_;
   }
@@ -267,7 +323,7 @@ class RedisStore final : public Store {
   /// Claims the prefix for the job, or throws JobConflictError naming the job holding it.
   void claim(const StoreOptions& o) {
     const std::string mine = claim_text(o);
-    if (store_.set_if_absent(full("commgrid-job"), mine)) return;
+    if (redis_.set_if_absent(full("commgrid-job"), mine)) return;
     const std::vector<char> got = get("commgrid-job");
     const std::string found(got.begin(), got.end());
     if (found != mine) conflict(uri(), found, o);
@@ -275,10 +331,11 @@ class RedisStore final : public Store {
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& value) override {
-    store_.set(full(key), value);
+    if (!redis_.set_if_absent(full(key), std::string_view(value.data(), value.size())))
+      throw BackendError("store set on " + uri() + ": key '" + key + "' is already set");
   }
-  std::vector<char> do_get(const std::string& key) override { return store_.get(full(key)); }
-  bool do_has(const std::string& key) override { return store_.check({full(key)}); }
+  std::vector<char> do_get(const std::string& key) override { return redis_.get(full(key)); }
+  bool do_has(const std::string& key) override { return redis_.exists(full(key)); }
 
  private:
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }
@@ -286,12 +343,14 @@ class RedisStore final : public Store {
   int port_;
   std::string prefix_;
   std::string local_;
-  AuthRedisStore store_;
+  RedisConnection redis_;
 };
 
-// Gloo's RedisStore leaks its connection when the connection fails in its constructor, and
-// waits 2 s without saying whether the host or the port was wrong; probing first gives a
-// clean error with the reason. Returns "" when a TCP connection could be made.
+#endif  // COMMGRID_HAVE_HIREDIS
+
+// hiredis' own connect error does not say whether the host or the port was wrong, and the
+// store needs the local end of the connection; probing first gives both. Returns "" when a
+// TCP connection could be made.
 std::string probe_tcp(const std::string& host, int port, int timeout_ms, std::string* local) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -310,7 +369,7 @@ std::string probe_tcp(const std::string& host, int port, int timeout_ms, std::st
     }
     std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* f) { close(*f); });
     auto local_end = [&] {
-      if (local != nullptr) *local = gloo_backend::socket_local_address(fd);
+      if (local != nullptr) *local = bootstrap::socket_local_address(fd);
       return std::string();
     };
     if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return local_end();
@@ -375,17 +434,14 @@ void claim_folder(const std::string& folder, const StoreOptions& o) {
 
 }  // namespace
 
-std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>("memory"); }
+std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>(); }
 
 std::shared_ptr<Store> make_file_store(const std::string& folder, const StoreOptions& options) {
   std::error_code ec;
   if (!std::filesystem::is_directory(folder, ec))
     throw ConfigError("store", "file store '" + folder + "': not an existing folder");
   claim_folder(folder, options);
-  std::shared_ptr<Store> out;
-  gloo_backend::guard("store open", "file://" + folder,
-                      [&] { out = std::make_shared<FileStore>("file://" + folder, folder); });
-  return out;
+  return std::make_shared<FileStore>(folder);
 }
 
 std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
@@ -404,18 +460,23 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
   std::string local;
   if (std::string why = probe_tcp(host, port, 5000, &local); !why.empty()) {
     if (why.find("timed out") != std::string::npos)
-      throw TimeoutError("gloo store connect on " + where + ": " + why);
-    throw BackendError("gloo store connect on " + where + ": " + why);
+      throw TimeoutError("store connect on " + where + ": " + why);
+    throw BackendError("store connect on " + where + ": " + why);
   }
+#if !COMMGRID_HAVE_HIREDIS
+  (void)prefix;
+  (void)password;
+  throw ConfigError("store", "store " + where +
+                                 ": this build of commgrid has no Redis support (hiredis was "
+                                 "not found when it was built)");
+#else
   std::shared_ptr<RedisStore> out;
-  gloo_backend::guard("store connect",
-                      "redis://" + host + ":" + std::to_string(port),
-                      [&] {
-                        out = std::make_shared<RedisStore>(host, port, prefix, password, local,
-                                                           options.timeout);
-                      });
-  gloo_backend::guard("store claim", out->uri(), [&] { out->claim(options); });
+  store_call("connect", where, [&] {
+    out = std::make_shared<RedisStore>(host, port, prefix, password, local, options.timeout);
+  });
+  store_call("claim", out->uri(), [&] { out->claim(options); });
   return out;
+#endif
 }
 
 std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& options) {
@@ -441,7 +502,7 @@ std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& opti
     std::string host(rest.substr(0, colon));
     if (host.size() > 2 && host.front() == '[' && host.back() == ']')
       host = host.substr(1, host.size() - 2);
-    return gloo_backend::make_tcp_store(host, port, options);
+    return bootstrap::make_tcp_store(host, port, options);
   }
   if (uri.starts_with(kRedis)) {
     std::string_view rest = uri.substr(kRedis.size());

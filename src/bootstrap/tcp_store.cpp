@@ -26,7 +26,7 @@
 #include <thread>
 #include <utility>
 
-namespace commgrid::gloo_backend {
+namespace commgrid::bootstrap {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -533,4 +533,4 @@ std::shared_ptr<Store> make_tcp_store(const std::string& host, int port,
   return std::make_shared<TcpStore>(host, port, options);
 }
 
-}  // namespace commgrid::gloo_backend
+}  // namespace commgrid::bootstrap

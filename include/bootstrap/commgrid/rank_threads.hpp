@@ -1,14 +1,16 @@
-// Ranks as threads: a whole job in one process, over Gloo and an in-memory store.
-// Link commgrid::gloo.
+// Ranks as threads: a whole job in one process, each rank a thread with its own world over
+// one in-memory store. The engine is the caller's (a world factory); commgrid::gloo's
+// run_local_ranks (<commgrid/local_ranks.hpp>) is the usual entry.
 #pragma once
 
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "commgrid/communicator.hpp"
-#include "commgrid/gloo.hpp"
+#include "commgrid/store.hpp"
 
 namespace commgrid {
 
@@ -39,16 +41,19 @@ struct LocalRunResult {
   std::string first_failure;
 };
 
-/// Runs `fn(world)` on `size` ranks, each a thread of this process with its own Gloo world
-/// over one in-memory store, and returns when every thread has ended. When a rank throws,
-/// the store is aborted and that rank's communicators are closed, so the other ranks fail
-/// promptly (or by options.timeout) instead of hanging. Throws ConfigError for size < 1.
-LocalRunResult run_local_ranks_collect(int size,
-                                       const std::function<void(Communicator& world)>& fn,
-                                       const GlooOptions& options = {});
+/// Makes the world of rank `rank` of `size` ranks over `store` (collective over the ranks).
+using RankThreadWorldFactory =
+    std::function<std::unique_ptr<Communicator>(std::shared_ptr<Store> store, int rank, int size)>;
 
-/// As run_local_ranks_collect, but throws RankFailedError naming the first real failure.
-void run_local_ranks(int size, const std::function<void(Communicator& world)>& fn,
-                     const GlooOptions& options = {});
+/// Runs `fn(world)` on `size` ranks, each a thread of this process whose world
+/// `make_world` creates over one in-memory store, and returns when every thread has ended.
+/// When a rank throws, the store is aborted and that rank's world is destroyed, so the
+/// other ranks fail promptly (or by their timeout) instead of hanging. Throws
+/// InvalidValueError ("ranks") for size < 1.
+LocalRunResult run_rank_threads_collect(int size, const RankThreadWorldFactory& make_world,
+                                        const std::function<void(Communicator& world)>& fn);
+
+/// Throws RankFailedError naming the first real failure of `result`, if any.
+void throw_first_failure(const LocalRunResult& result);
 
 }  // namespace commgrid

@@ -1,5 +1,6 @@
-// Starting a world from whichever launcher started this process: commgrid launch, torchrun,
-// SLURM's srun, Open MPI's mpirun or MPICH/Hydra. Link commgrid::gloo.
+// Where this process stands in its job, from whichever launcher started it: commgrid
+// launch, torchrun, SLURM's srun, Open MPI's mpirun or MPICH/Hydra. Starting a world from it
+// is the backend's: make_world() in <commgrid/world.hpp> (Gloo).
 #pragma once
 
 #include <chrono>
@@ -9,7 +10,6 @@
 #include <string>
 
 #include "commgrid/communicator.hpp"
-#include "commgrid/gloo.hpp"
 
 namespace commgrid {
 
@@ -56,12 +56,5 @@ LaunchInfo read_launch_info();
 bool launched(const EnvLookup& lookup);
 /// launched over this process's environment.
 bool launched();
-
-/// Creates the world of this process from its launcher: read_launch_info, the store from
-/// its URL under the job id with the job's token, and a Gloo world. COMMGRID_TIMEOUT
-/// overrides options.timeout and COMMGRID_GLOO_HOSTNAME options.hostname. A tcp:// store
-/// is served by rank 0 (it listens on MASTER_PORT) and rank 0's Gloo listens on the
-/// store's interface.
-std::unique_ptr<Communicator> make_world(GlooOptions options = {});
 
 }  // namespace commgrid

@@ -1,5 +1,5 @@
-// The world from whichever launcher started this process.
-#include "commgrid/world.hpp"
+// Where this process stands in its job, from whichever launcher started it.
+#include "commgrid/launch_info.hpp"
 
 #include <charconv>
 #include <cmath>
@@ -178,25 +178,5 @@ LaunchInfo read_launch_info(const EnvLookup& lookup) {
 }
 
 LaunchInfo read_launch_info() { return read_launch_info(process_env); }
-
-std::unique_ptr<Communicator> make_world(GlooOptions options) {
-  const LaunchInfo info = read_launch_info();
-  if (info.timeout) options.timeout = *info.timeout;
-  if (auto h = process_env("COMMGRID_GLOO_HOSTNAME")) {
-    if (h->empty())
-      throw InvalidValueError("COMMGRID_GLOO_HOSTNAME", "COMMGRID_GLOO_HOSTNAME is set but empty");
-    options.hostname = *h;
-  }
-  StoreOptions so;
-  so.job_id = info.job_id;
-  so.token = info.token;
-  so.timeout = options.timeout;
-  so.serve = info.rank == 0;
-  auto store = open_store(info.store, so);
-  if (options.hostname.empty()) options.hostname = store->local_address();
-  options.prefix = info.job_id + "/" + options.prefix;
-  options.token = info.token;
-  return make_gloo_world(std::move(store), info.rank, info.size, options);
-}
 
 }  // namespace commgrid

@@ -1,5 +1,5 @@
 // Store: where the ranks of a job meet before they can talk to each other (rendezvous).
-// The stores are Gloo's (in-memory, file, Redis) and live in the commgrid::gloo target.
+// The stores (in-memory, file, Redis, tcp) live in the commgrid::bootstrap target.
 #pragma once
 
 #include <chrono>
@@ -95,15 +95,15 @@ struct StoreOptions {
   bool serve = false;
 };
 
-/// An in-memory store (Gloo's HashStore) for ranks that are threads of one process.
+/// An in-memory store for ranks that are threads of one process.
 std::shared_ptr<Store> make_memory_store();
-/// A store in a folder (Gloo's FileStore) for processes of one machine or a shared file
+/// A store in a folder (one 0600 file per key) for processes of one machine or a shared file
 /// system. The folder must exist; use a fresh, empty one per job.
 /// The folder is claimed for options.job_id (a 0600 file "commgrid-job" holding the id and
 /// a keyed hash of the token); key files are 0600.
 std::shared_ptr<Store> make_file_store(const std::string& folder,
                                        const StoreOptions& options = {});
-/// A Redis store (Gloo's RedisStore) for machines that share nothing but the network.
+/// A Redis store (hiredis) for machines that share nothing but the network.
 /// Keys are prefixed with `prefix` so that jobs sharing one server do not collide: give
 /// every job its own prefix. Connecting times out after 5 seconds (TimeoutError).
 std::shared_ptr<Store> make_redis_store(const std::string& host, int port,

@@ -7,7 +7,7 @@
 
 #include "commgrid/store.hpp"
 
-namespace commgrid::gloo_backend {
+namespace commgrid::bootstrap {
 
 /// Serves (options.serve) or connects to the TCP store at host:port for options.job_id.
 /// Throws JobConflictError when the port serves another job (or is taken), AuthenticationError
@@ -23,4 +23,4 @@ std::string socket_local_address(int fd);
 inline constexpr size_t kTcpStoreMaxKey = 4096;
 inline constexpr size_t kTcpStoreMaxValue = 1 << 20;
 
-}  // namespace commgrid::gloo_backend
+}  // namespace commgrid::bootstrap

@@ -1,0 +1,25 @@
+// Ranks as threads over Gloo: a whole job in one process, no launcher. Link commgrid::gloo.
+#pragma once
+
+#include <functional>
+
+#include "commgrid/communicator.hpp"
+#include "commgrid/gloo.hpp"
+#include "commgrid/rank_threads.hpp"
+
+namespace commgrid {
+
+/// Runs `fn(world)` on `size` ranks, each a thread of this process with its own Gloo world
+/// over one in-memory store (run_rank_threads_collect with make_gloo_world), and returns
+/// when every thread has ended. When a rank throws, the store is aborted and that rank's
+/// communicators are closed, so the other ranks fail promptly (or by options.timeout)
+/// instead of hanging. Throws InvalidValueError for size < 1.
+LocalRunResult run_local_ranks_collect(int size,
+                                       const std::function<void(Communicator& world)>& fn,
+                                       const GlooOptions& options = {});
+
+/// As run_local_ranks_collect, but throws RankFailedError naming the first real failure.
+void run_local_ranks(int size, const std::function<void(Communicator& world)>& fn,
+                     const GlooOptions& options = {});
+
+}  // namespace commgrid
