@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <unordered_map>
 
 #include "commgrid/error.hpp"
 #include "time_text.hpp"
@@ -175,17 +176,85 @@ int choose_device(std::optional<int> requested, LocalRank local, int device_coun
                     " ranks per host, or give each process one device with CUDA_VISIBLE_DEVICES");
 }
 
+namespace {
+
+std::string own_problem(const std::vector<HostInfo>& all, std::size_t r) {
+  return "rank " + std::to_string(r) + " (host " + all[r].host + "): " + all[r].problem;
+}
+
+std::string shared_device(const std::vector<HostInfo>& all, std::size_t a, std::size_t b) {
+  return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on host " + all[a].host +
+         " both chose CUDA device " + std::to_string(all[a].device) + " (bus " + all[a].bus_id +
+         "); NCCL needs one GPU per rank";
+}
+
+}  // namespace
+
 std::string world_problem(const std::vector<HostInfo>& all) {
   for (std::size_t r = 0; r < all.size(); ++r)
-    if (!all[r].problem.empty())
-      return "rank " + std::to_string(r) + " (host " + all[r].host + "): " + all[r].problem;
+    if (!all[r].problem.empty()) return own_problem(all, r);
+  // The two lowest ranks of each (host, bus id), in one pass: the pair to report is the one
+  // whose first rank is lowest, as the pairwise scan (ascending a, then b) found it.
+  struct Seen {
+    std::size_t first;
+    std::size_t second;
+  };
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::unordered_map<std::string, Seen> seen;
+  seen.reserve(all.size());
+  std::size_t best_a = kNone, best_b = kNone;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].bus_id.empty()) continue;
+    std::string key = all[r].host;
+    key += '\0';  // host names and bus ids hold no NUL: the pair is unambiguous
+    key += all[r].bus_id;
+    auto [it, fresh] = seen.try_emplace(std::move(key), Seen{r, kNone});
+    if (fresh || it->second.second != kNone) continue;
+    it->second.second = r;  // ranks ascend, so this is the group's second lowest
+    if (it->second.first < best_a) {
+      best_a = it->second.first;
+      best_b = r;
+    }
+  }
+  return best_a == kNone ? "" : shared_device(all, best_a, best_b);
+}
+
+std::string world_problem_pairwise(const std::vector<HostInfo>& all) {
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].problem.empty()) return own_problem(all, r);
   for (std::size_t a = 0; a < all.size(); ++a)
     for (std::size_t b = a + 1; b < all.size(); ++b)
       if (all[a].host == all[b].host && !all[a].bus_id.empty() && all[a].bus_id == all[b].bus_id)
-        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on host " +
-               all[a].host + " both chose CUDA device " + std::to_string(all[a].device) +
-               " (bus " + all[a].bus_id + "); NCCL needs one GPU per rank";
+        return shared_device(all, a, b);
   return "";
+}
+
+bool use_in_place(MemoryKind kind, int buffer_device, int comm_device, const std::string& op,
+                  const std::string& group, const std::string& what) {
+  switch (kind) {
+    case MemoryKind::host:
+    case MemoryKind::pinned_host:
+      return false;
+    case MemoryKind::managed:
+      return true;
+    case MemoryKind::device:
+      if (buffer_device == comm_device) return true;
+      throw ConfigError(what, "nccl " + op + " on " + group + ": " + what +
+                                  " buffer is memory of CUDA device " +
+                                  std::to_string(buffer_device) +
+                                  ", and this communicator's device is " +
+                                  std::to_string(comm_device));
+  }
+  return false;
+}
+
+WorkVerdict judge(const WorkLook& look) noexcept {
+  if (look.event_error) return WorkVerdict::cuda_error;
+  if (look.aborted) return WorkVerdict::aborted;
+  if (look.nccl_error) return WorkVerdict::nccl_error;
+  if (look.event_done) return WorkVerdict::complete;
+  if (look.past_deadline) return WorkVerdict::timed_out;
+  return WorkVerdict::pending;
 }
 
 std::string members_text(std::span<const std::int64_t> members) {
