@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
-#include <unordered_map>
 
 #include "commgrid/error.hpp"
 #include "time_text.hpp"
@@ -193,27 +192,39 @@ std::string shared_device(const std::vector<HostInfo>& all, std::size_t a, std::
 std::string world_problem(const std::vector<HostInfo>& all) {
   for (std::size_t r = 0; r < all.size(); ++r)
     if (!all[r].problem.empty()) return own_problem(all, r);
-  // The two lowest ranks of each (host, bus id), in one pass: the pair to report is the one
-  // whose first rank is lowest, as the pairwise scan (ascending a, then b) found it.
-  struct Seen {
-    std::size_t first;
-    std::size_t second;
+  // One 64-bit hash of (host, bus id) per rank with a device, sorted by hash, then host, bus
+  // id and rank: ranks on one device become neighbours, in ascending rank order, and names
+  // are compared only where hashes are equal. The pair to report is the first two ranks of
+  // the device whose lowest rank is lowest, as the pairwise scan (ascending a, then b) found.
+  struct Entry {
+    std::uint64_t hash;
+    std::size_t rank;
   };
-  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  std::unordered_map<std::string, Seen> seen;
-  seen.reserve(all.size());
-  std::size_t best_a = kNone, best_b = kNone;
+  std::vector<Entry> e;
+  e.reserve(all.size());
+  const std::hash<std::string> h;
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].bus_id.empty()) continue;
-    std::string key = all[r].host;
-    key += '\0';  // host names and bus ids hold no NUL: the pair is unambiguous
-    key += all[r].bus_id;
-    auto [it, fresh] = seen.try_emplace(std::move(key), Seen{r, kNone});
-    if (fresh || it->second.second != kNone) continue;
-    it->second.second = r;  // ranks ascend, so this is the group's second lowest
-    if (it->second.first < best_a) {
-      best_a = it->second.first;
-      best_b = r;
+    const std::uint64_t a = h(all[r].host), b = h(all[r].bus_id);
+    e.push_back({a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2)), r});
+  }
+  auto same = [&](const Entry& x, const Entry& y) {
+    return x.hash == y.hash && all[x.rank].host == all[y.rank].host &&
+           all[x.rank].bus_id == all[y.rank].bus_id;
+  };
+  std::sort(e.begin(), e.end(), [&](const Entry& x, const Entry& y) {
+    if (x.hash != y.hash) return x.hash < y.hash;
+    if (const int c = all[x.rank].host.compare(all[y.rank].host); c != 0) return c < 0;
+    if (const int c = all[x.rank].bus_id.compare(all[y.rank].bus_id); c != 0) return c < 0;
+    return x.rank < y.rank;
+  });
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::size_t best_a = kNone, best_b = kNone;
+  for (std::size_t i = 0; i + 1 < e.size(); ++i) {
+    const bool first_of_device = i == 0 || !same(e[i - 1], e[i]);
+    if (first_of_device && same(e[i], e[i + 1]) && e[i].rank < best_a) {
+      best_a = e[i].rank;
+      best_b = e[i + 1].rank;
     }
   }
   return best_a == kNone ? "" : shared_device(all, best_a, best_b);

@@ -81,8 +81,9 @@ int choose_device(std::optional<int> requested, LocalRank local, int device_coun
 /// problem ("rank 3 (host gpu7): no CUDA device ..."), or two ranks of one host on one
 /// device ("ranks 0 and 1 on host gpu7 both chose CUDA device 0 (bus 0000:3b:00.0); NCCL
 /// needs one GPU per rank"): of all such pairs, the one whose first rank is lowest, then
-/// whose second is. Empty when every rank can take part. O(W) expected (one hash table of
-/// host and bus id), so that every rank of a 10^6-rank world can afford it.
+/// whose second is. Empty when every rank can take part. O(W log W): a sort of one 64-bit
+/// hash per rank (names compared only where hashes are equal), so that every rank of a
+/// 10^6-rank world can afford it.
 std::string world_problem(const std::vector<HostInfo>& all);
 
 /// world_problem as first written: every pair of ranks compared, O(W^2). The reference that

@@ -240,6 +240,13 @@ TEST(NcclHost, WorldProblemReportsTheLowestPairAsThePairwiseScanDid) {
   EXPECT_EQ(nccl_host::world_problem(all).rfind("ranks 1 and 2 ", 0), 0u);
   all[2].host = "gpu8";
   EXPECT_EQ(nccl_host::world_problem(all), "");
+  // A world whose every rank names one host and one device: the first two ranks.
+  std::vector<HostInfo> same(5000);
+  for (HostInfo& h : same) {
+    h.host = "localhost";
+    h.bus_id = "0000:3b:00.0";
+  }
+  EXPECT_EQ(nccl_host::world_problem(same).rfind("ranks 0 and 1 on host localhost ", 0), 0u);
 }
 
 TEST(NcclHost, WorldProblemFindsEveryProblemThePairwiseScanFound) {
