@@ -109,6 +109,12 @@ InitResult run_init_bench(Communicator& world, const ParallelConfig& config,
   return res;
 }
 
+std::shared_ptr<float> DirectCollectives::buffer(std::size_t count, float value) {
+  std::shared_ptr<float> b(new float[count], std::default_delete<float[]>());
+  std::fill_n(b.get(), count, value);
+  return b;
+}
+
 CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& direct,
                                         const std::vector<std::size_t>& sizes, int iterations) {
   CollectivesResult res;
@@ -118,7 +124,10 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
   const auto n_ranks = static_cast<std::size_t>(world.size());
   for (std::size_t bytes : sizes) {
     const std::size_t count = bytes / sizeof(float);
-    std::vector<float> send(count * n_ranks, 1.0f), recv(count * n_ranks, 0.0f);
+    const std::shared_ptr<float> send_buffer = direct.buffer(count * n_ranks, 1.0f);
+    const std::shared_ptr<float> recv_buffer = direct.buffer(count * n_ranks, 0.0f);
+    float* const send = send_buffer.get();
+    float* const recv = recv_buffer.get();
     // Large sizes take long per call; 1 GiB per rank and kind keeps a run to seconds.
     constexpr std::size_t kBudget = std::size_t{1} << 30;
     const int iters = static_cast<int>(
@@ -129,12 +138,12 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
     for (const std::string op : {"allreduce", "allgather", "pingpong", "exchange", "alltoallv"}) {
       auto via_commgrid = [&] {
         if (op == "allreduce") {
-          world.allreduce(send.data(), recv.data(), count, DataType::float32, ReduceOp::sum)->wait();
+          world.allreduce(send, recv, count, DataType::float32, ReduceOp::sum)->wait();
         } else if (op == "allgather") {
-          world.allgather(send.data(), recv.data(), count, DataType::float32)->wait();
+          world.allgather(send, recv, count, DataType::float32)->wait();
         } else if (op == "pingpong") {
           if (!paired) return;
-          const std::span<float> buf(recv.data(), count);
+          const std::span<float> buf(recv, count);
           if (me < partner) {
             world.send(buf, partner, 0)->wait();
             world.recv(buf, partner, 0)->wait();
@@ -144,25 +153,25 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
           }
         } else if (op == "exchange") {
           if (!paired) return;
-          const P2POp ops[] = {P2POp::send(std::span<float>(send.data(), count), partner, 0),
-                               P2POp::recv(std::span<float>(recv.data(), count), partner, 0)};
+          const P2POp ops[] = {P2POp::send(std::span<float>(send, count), partner, 0),
+                               P2POp::recv(std::span<float>(recv, count), partner, 0)};
           world.batch_isend_irecv(ops)->wait();
         } else {
-          world.alltoallv(std::span<const float>(send.data(), count * n_ranks), counts,
-                          std::span<float>(recv.data(), count * n_ranks), counts)->wait();
+          world.alltoallv(std::span<const float>(send, count * n_ranks), counts,
+                          std::span<float>(recv, count * n_ranks), counts)->wait();
         }
       };
       auto via_direct = [&] {
         if (op == "allreduce")
-          direct.allreduce(send.data(), recv.data(), count);
+          direct.allreduce(send, recv, count);
         else if (op == "allgather")
-          direct.allgather(send.data(), recv.data(), count);
+          direct.allgather(send, recv, count);
         else if (op == "pingpong" && paired)
-          direct.pingpong(recv.data(), count, partner, me < partner);
+          direct.pingpong(recv, count, partner, me < partner);
         else if (op == "exchange" && paired)
-          direct.exchange(send.data(), recv.data(), count, partner);
+          direct.exchange(send, recv, count, partner);
         else if (op == "alltoallv")
-          direct.alltoallv(send.data(), counts, recv.data(), counts);
+          direct.alltoallv(send, counts, recv, counts);
       };
       // One untimed call each: connections, buffers and caches are set up before timing.
       via_commgrid();

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ class DirectCollectives {
                          float* recv, const std::vector<std::size_t>& recv_counts) = 0;
   /// What the direct calls are, for the report: "MPI_Allreduce / MPI_Allgather".
   [[nodiscard]] virtual std::string description() const = 0;
+  /// `count` float32 that both sides read and write, each set to `value`: host memory, or
+  /// device memory where the backend works on a device (NCCL).
+  [[nodiscard]] virtual std::shared_ptr<float> buffer(std::size_t count, float value);
 };
 
 /// One operation at one size: commgrid and direct, interleaved in one run.

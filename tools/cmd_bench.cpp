@@ -34,6 +34,7 @@
 #include "commgrid/local_ranks.hpp"
 #endif
 #if COMMGRID_HAS_NCCL
+#include "bench_nccl.hpp"
 #include "commgrid/nccl.hpp"
 #endif
 
@@ -498,7 +499,8 @@ int run_on_nccl(const RuntimeFlags& rt, const std::function<void(int world_size)
         n,
         [&](Communicator& boot) {
           const auto world = make_nccl_world(boot, nccl);
-          std::string mine = job(*world, nullptr);
+          const auto direct = bench::make_nccl_direct(*world, *nccl.timeout);
+          std::string mine = job(*world, direct.get());
           if (world->rank() == 0) text = std::move(mine);
         },
         options);
@@ -511,7 +513,8 @@ int run_on_nccl(const RuntimeFlags& rt, const std::function<void(int world_size)
   }
   return run_on_mpi(rt, prepare, [&](Communicator& boot, DirectCollectives*) {
     const auto world = make_nccl_world(boot, nccl);
-    return job(*world, nullptr);
+    const auto direct = bench::make_nccl_direct(*world, *nccl.timeout);
+    return job(*world, direct.get());
   });
 #else
   (void)rt;
@@ -571,10 +574,6 @@ int run_bench_init(const BenchInitFlags& f) {
 }
 
 int run_bench_collectives(const BenchCollectivesFlags& f) {
-  if (f.rt.backend == "nccl")
-    throw ConfigError("backend", "bench collectives: --backend nccl is not measured (its "
-                                 "reference would be NCCL itself, on a GPU); use bench init "
-                                 "--backend nccl");
   const std::vector<std::size_t> sizes = bench::parse_sizes("sizes", f.sizes);
   const int iterations = static_cast<int>(parse_integer("iterations", f.iterations, 1, 10000000));
   return run_world(
@@ -589,7 +588,7 @@ int run_bench_collectives(const BenchCollectivesFlags& f) {
 
 void add_runtime_flags(CLI::App& app, RuntimeFlags& rt) {
   app.add_option("--backend", rt.backend,
-                 "mpi (default; run under mpirun), gloo, or nccl (init only; one GPU per rank)");
+                 "mpi (default; run under mpirun), gloo, or nccl (one GPU per rank)");
   app.add_option("--local", rt.local,
                  "with --backend gloo or nccl: N ranks as threads in this process")->type_name("INT");
   app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)")->type_name("SECONDS");
@@ -638,7 +637,9 @@ Command add_bench_command(CLI::App& root) {
   coll->add_option("--direct", fc->rt.direct,
                    "MPI reference: blocking (MPI_Allreduce, default) or nonblocking "
                    "(MPI_Iallreduce + MPI_Wait, the algorithm commgrid's MPI backend uses)");
-  coll->footer("Example: mpirun --oversubscribe -np 4 commgrid bench collectives");
+  coll->footer("Example: mpirun --oversubscribe -np 4 commgrid bench collectives\n"
+               "         commgrid bench collectives --backend nccl --local 2 (2 GPUs; device "
+               "buffers, raw NCCL as the reference)");
 
   return {app, [app, layout, lo, init, fi, coll, fc]() -> int {
             if (layout->parsed()) return run_bench_layout(*lo);

@@ -9,9 +9,11 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <utility>
 
 #include "commgrid/nccl.hpp"
 #include "nccl_host.hpp"
@@ -67,9 +69,12 @@ class DeviceGuard {
   int device_ = -1;
 };
 
-std::string nccl_text(ncclResult_t rc, ncclComm_t comm) {
+// NCCL's name of `rc` and its last error message. ncclGetLastError ignores its communicator
+// argument (NCCL 2.28 returns one process-wide text), so no communicator is passed: the one
+// that failed may be gone.
+std::string nccl_text(ncclResult_t rc) {
   std::string s = ncclGetErrorString(rc);
-  const char* last = ncclGetLastError(comm);
+  const char* last = ncclGetLastError(nullptr);
   if (last != nullptr && *last != '\0') s += " (" + std::string(last) + ")";
   return s;
 }
@@ -92,24 +97,65 @@ class Backoff {
   int n_ = 0;
 };
 
-// Waits while NCCL reports ncclInProgress on `comm`; returns the final result, or
-// ncclInProgress when the deadline passed first.
-ncclResult_t settle(ncclComm_t comm, Clock::time_point deadline) {
+// NCCL's asynchronous state of a communicator: ncclInProgress while a nonblocking call or
+// creation is under way, then its result.
+ncclResult_t async_state_of(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+  return rc != ncclSuccess ? rc : state;
+}
+
+struct Settled {
+  ncclResult_t rc = ncclSuccess;  // ncclInProgress: the deadline passed first
+  bool aborted = false;           // the communicator was aborted while waiting
+};
+
+// Waits while `look()` (an asynchronous state; nullopt once the communicator is aborted)
+// says ncclInProgress, until the deadline.
+template <class Look>
+Settled settle(Look&& look, Clock::time_point deadline) {
   Backoff backoff;
   for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
-    if (rc != ncclSuccess) return rc;
-    if (state != ncclInProgress) return state;
-    if (Clock::now() >= deadline) return ncclInProgress;
+    const std::optional<ncclResult_t> state = look();
+    if (!state) return {ncclInvalidUsage, true};
+    if (*state != ncclInProgress) return {*state, false};
+    if (Clock::now() >= deadline) return {ncclInProgress, false};
     backoff.pause();
   }
 }
 
+// For a communicator that no other thread can reach yet (one being created).
+Settled settle_own(ncclComm_t comm, Clock::time_point deadline) {
+  return settle([comm]() -> std::optional<ncclResult_t> { return async_state_of(comm); }, deadline);
+}
+
+// An NCCL communicator owned until it is handed on: aborted unless released.
+struct CommAborter {
+  void operator()(ncclComm* comm) const noexcept { (void)ncclCommAbort(comm); }
+};
+using OwnedComm = std::unique_ptr<ncclComm, CommAborter>;
+
+// Runs `f` when the scope is left, unless dismissed.
+template <class F>
+class OnExit {
+ public:
+  explicit OnExit(F f) : f_(std::move(f)) {}
+  ~OnExit() {
+    if (armed_) f_();
+  }
+  OnExit(const OnExit&) = delete;
+  OnExit& operator=(const OnExit&) = delete;
+  void dismiss() noexcept { armed_ = false; }
+
+ private:
+  F f_;
+  bool armed_ = true;
+};
+
 nccl_host::UniqueId make_unique_id() {
   ncclUniqueId id;
   const ncclResult_t rc = ncclGetUniqueId(&id);
-  if (rc != ncclSuccess) throw BackendError("ncclGetUniqueId: " + nccl_text(rc, nullptr));
+  if (rc != ncclSuccess) throw BackendError("ncclGetUniqueId: " + nccl_text(rc));
   nccl_host::UniqueId out{};
   static_assert(sizeof(id.internal) == nccl_host::kUniqueIdBytes);
   std::memcpy(out.data(), id.internal, out.size());
@@ -123,33 +169,127 @@ std::string host_name() {
 }
 
 // Initializes one NCCL communicator from a unique id, nonblocking, polled until the
-// deadline; on timeout aborts it and throws TimeoutError naming the group and members.
+// deadline; on timeout aborts it and throws TimeoutError naming the group and members. The
+// caller keeps `cfg` (its name) for as long as the returned communicator lives.
 ncclComm_t init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int device,
-                     const std::string& op, const std::string& parent, const std::string& name,
-                     Ms timeout, const std::vector<std::int64_t>& members) {
+                     const std::string& op, const std::string& parent,
+                     const nccl_backend::CommConfig& cfg, Ms timeout,
+                     const std::vector<std::int64_t>& members) {
+  const std::string& name = *cfg.name;
   const DeviceGuard guard(device, op, parent);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)  // names the communicator in NCCL's logs
-  config.commName = name.c_str();
-#endif
+  ncclConfig_t config = cfg.config;  // NCCL copies it, but keeps config.commName's pointer
   ncclUniqueId uid;
   std::memcpy(uid.internal, id.data(), id.size());
-  ncclComm_t comm = nullptr;
   const Clock::time_point deadline = Clock::now() + timeout;
-  ncclResult_t rc = ncclCommInitRankConfig(&comm, nranks, uid, rank, &config);
-  if ((rc == ncclSuccess || rc == ncclInProgress) && comm != nullptr) rc = settle(comm, deadline);
-  if (rc == ncclSuccess) return comm;
+  ncclComm_t raw = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&raw, nranks, uid, rank, &config);
+  OwnedComm comm(raw);  // aborted on every way out but success
+  if ((rc == ncclSuccess || rc == ncclInProgress) && comm) rc = settle_own(comm.get(), deadline).rc;
+  if (rc == ncclSuccess && comm) return comm.release();
   const std::string target = parent == name ? "" : name;
-  if (rc == ncclInProgress) {
-    const std::string msg = timeout_message(op, parent, target, timeout, name, members);
-    (void)ncclCommAbort(comm);
-    throw TimeoutError(msg);
+  if (rc == ncclInProgress) throw TimeoutError(timeout_message(op, parent, target, timeout, name, members));
+  throw BackendError("nccl " + op + " on " + parent + (target.empty() ? "" : " for " + target) +
+                     ": " + nccl_text(rc) + " (members " + members_text(members) + ")");
+}
+
+// ---- memory that never waits for the device ---------------------------------------------
+//
+// cudaFree and cudaFreeHost synchronize the device: they would wait, without any timeout,
+// for every pending operation of every communicator on it (a pipeline receive whose peer is
+// late, a group that hangs). So staging memory is never given back to CUDA while the
+// process runs: device blocks are freed in stream order (cudaFreeAsync) or, on devices
+// without memory pools, kept in a cache that a host function on the stream refills; pinned
+// host blocks are kept in a cache too.
+
+// Free blocks by size class (powers of two from 4 KiB), for one kind of memory.
+class BlockCache {
+ public:
+  static std::size_t size_class(std::size_t bytes) {
+    std::size_t c = 4096;
+    while (c < bytes) c *= 2;
+    return c;
   }
-  const std::string msg = "nccl " + op + " on " + parent + (target.empty() ? "" : " for " + target) +
-                          ": " + nccl_text(rc, comm) + " (members " + members_text(members) + ")";
-  if (comm != nullptr) (void)ncclCommAbort(comm);
-  throw BackendError(msg);
+  void* take(std::size_t cls) {
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(cls);
+    if (it == free_.end()) return nullptr;
+    void* p = it->second;
+    free_.erase(it);
+    return p;
+  }
+  void give(void* p, std::size_t cls) {
+    std::lock_guard lock(mutex_);
+    free_.emplace(cls, p);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<std::size_t, void*> free_;
+};
+
+// Never destroyed: a host function queued on a stream may still give a block back while the
+// process exits.
+BlockCache& pinned_cache() {
+  static auto* cache = new BlockCache;
+  return *cache;
+}
+
+BlockCache& device_cache(int device) {
+  static auto* mutex = new std::mutex;
+  static auto* caches = new std::map<int, BlockCache*>;
+  std::lock_guard lock(*mutex);
+  BlockCache*& c = (*caches)[device];
+  if (c == nullptr) c = new BlockCache;
+  return *c;
+}
+
+struct GiveBack {
+  BlockCache* cache;
+  void* block;
+  std::size_t cls;
+};
+
+// A host function queued after the last use of a device block: the block is free once the
+// stream reached it. It makes no CUDA call (CUDA forbids that in host functions).
+void CUDART_CB give_back(void* arg) {
+  const auto* g = static_cast<GiveBack*>(arg);
+  g->cache->give(g->block, g->cls);
+  delete g;
+}
+
+bool has_memory_pools(int device) {
+  int v = 0;
+  if (cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return v != 0;
+}
+
+// Device memory for work queued on `stream`, usable by that work at once.
+void* device_alloc(std::size_t bytes, cudaStream_t stream, bool pools, int device,
+                   const std::string& op, const std::string& group) {
+  void* p = nullptr;
+  if (pools) {
+    check_cuda(cudaMallocAsync(&p, bytes, stream), op, group, "cudaMallocAsync");
+    return p;
+  }
+  const std::size_t cls = BlockCache::size_class(bytes);
+  p = device_cache(device).take(cls);
+  if (p == nullptr) check_cuda(cudaMalloc(&p, cls), op, group, "cudaMalloc");
+  return p;
+}
+
+// Frees a device block after the work queued on `stream` so far. On failure the block is
+// lost rather than freed early.
+void device_free(void* p, std::size_t bytes, cudaStream_t stream, bool pools, int device) noexcept {
+  if (pools) {
+    (void)cudaFreeAsync(p, stream);
+  } else {
+    auto* g = new (std::nothrow) GiveBack{&device_cache(device), p, BlockCache::size_class(bytes)};
+    if (g != nullptr && cudaLaunchHostFunc(stream, &give_back, g) != cudaSuccess) delete g;
+  }
+  (void)cudaGetLastError();
 }
 
 }  // namespace
@@ -162,94 +302,87 @@ struct NcclCommunicator::State {
   int device = 0;
   int rank = 0;
   int size = 0;
-  Ms timeout{0};                  // bounds finalization in the destructor
+  Ms timeout{0};                      // bounds finalization in the destructor
   Communicator* bootstrap = nullptr;  // carries the unique ids of member-only groups
+  bool pools = false;                 // the device allocates in stream order
   cudaStream_t own_stream = nullptr;
-  cudaStream_t stream = nullptr;  // where operations go
-  void* barrier_buf = nullptr;
+  cudaStream_t stream = nullptr;      // where operations go
+  cudaEvent_t caller_done = nullptr;  // orders the own stream after the caller's work
+  // The name NCCL was given (config.commName): NCCL keeps a pointer to it, so it lives as long
+  // as the communicator (declared before comm_, it is destroyed after any abort in comm_).
+  std::shared_ptr<const std::string> nccl_name;
 
-  State(ncclComm_t c, int dev, std::string group, Communicator* boot, Ms t)
-      : name(std::move(group)), device(dev), timeout(t), bootstrap(boot), comm_(c) {
+  State(ncclComm_t c, int dev, std::string group, Communicator* boot, Ms t,
+        std::shared_ptr<const std::string> nccl_name_)
+      : name(std::move(group)), device(dev), timeout(t), bootstrap(boot),
+        nccl_name(std::move(nccl_name_)), comm_(c, [dev](ncclComm_t h) {
+          const DeviceGuard guard(dev);
+          (void)ncclCommAbort(h);
+        }) {
     try {
       const DeviceGuard guard(device, "create", name);
-      ncclResult_t rc = ncclCommUserRank(comm_, &rank);
-      if (rc == ncclSuccess) rc = ncclCommCount(comm_, &size);
-      if (rc != ncclSuccess)
-        throw BackendError("nccl create on " + name + ": " + nccl_text(rc, comm_));
-      // A blocking stream: work the caller put on the legacy default stream is ordered
-      // before ours without any event, which is what code written for one stream expects.
-      check_cuda(cudaStreamCreateWithFlags(&own_stream, cudaStreamDefault), "create", name,
+      ncclResult_t rc = ncclCommUserRank(c, &rank);
+      if (rc == ncclSuccess) rc = ncclCommCount(c, &size);
+      if (rc != ncclSuccess) throw BackendError("nccl create on " + name + ": " + nccl_text(rc));
+      pools = has_memory_pools(device);
+      // A non-blocking stream: with a blocking one, every call on the legacy default stream
+      // (a cudaMemcpy anywhere in the process) would wait for our pending operations, and a
+      // pending pipeline receive would stall unrelated code without any timeout. Work the
+      // caller queued on the legacy stream is still ordered before ours (order_after_caller).
+      check_cuda(cudaStreamCreateWithFlags(&own_stream, cudaStreamNonBlocking), "create", name,
                  "cudaStreamCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&caller_done, cudaEventDisableTiming), "create", name,
+                 "cudaEventCreateWithFlags");
       stream = own_stream;
+      // One small pinned block per communicator, so that staging small control data while
+      // operations are pending takes cached blocks (CUDA lists page-locked allocation among
+      // the calls that may synchronize).
+      void* block = nullptr;
+      check_cuda(cudaHostAlloc(&block, BlockCache::size_class(1), cudaHostAllocPortable), "create",
+                 name, "cudaHostAlloc");
+      pinned_cache().give(block, BlockCache::size_class(1));
     } catch (...) {
-      (void)ncclCommAbort(comm_);
-      comm_ = nullptr;
+      comm_.abort("creation failed");
+      if (caller_done != nullptr) (void)cudaEventDestroy(caller_done);
+      if (own_stream != nullptr) (void)cudaStreamDestroy(own_stream);
+      (void)cudaGetLastError();
       throw;
     }
   }
 
   ~State() {
     const DeviceGuard guard(device);
-    ncclComm_t c = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      c = comm_;
-      comm_ = nullptr;
-    }
-    if (c != nullptr) {
+    if (const ncclComm_t c = comm_.release(); c != nullptr) {
       // Finalize flushes what is still queued; bounded by the timeout, then aborted.
       ncclResult_t rc = ncclCommFinalize(c);
-      if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(c, Clock::now() + timeout);
+      if (rc == ncclSuccess || rc == ncclInProgress) rc = settle_own(c, Clock::now() + timeout).rc;
       if (rc == ncclSuccess)
         (void)ncclCommDestroy(c);
       else
         (void)ncclCommAbort(c);
     }
-    if (barrier_buf != nullptr) (void)cudaFree(barrier_buf);
+    if (caller_done != nullptr) (void)cudaEventDestroy(caller_done);
+    // Returns at once; CUDA releases the stream when the work on it is done.
     if (own_stream != nullptr) (void)cudaStreamDestroy(own_stream);
     (void)cudaGetLastError();
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
-  [[nodiscard]] ncclComm_t comm() const {
-    std::lock_guard lock(mutex_);
-    return comm_;
-  }
-  [[nodiscard]] bool is_aborted() const noexcept { return aborted_.load(); }
-  [[nodiscard]] std::string reason() const {
-    std::lock_guard lock(mutex_);
-    return reason_;
-  }
+  /// The NCCL communicator for a direct call; null once aborted.
+  [[nodiscard]] ncclComm_t native() const noexcept { return comm_.peek(); }
+  [[nodiscard]] bool is_aborted() const noexcept { return comm_.aborted(); }
+  [[nodiscard]] std::string reason() const { return comm_.reason(); }
+  /// Thread-safe; returns once the communicator is destroyed (whoever started the abort).
+  void abort(const std::string& why) noexcept { comm_.abort(why); }
 
-  void abort(const std::string& why) noexcept {
-    ncclComm_t c = nullptr;
-    {
-      std::lock_guard lock(mutex_);
-      if (aborted_.load()) return;
-      try {
-        reason_ = why;
-      } catch (...) {
-      }
-      aborted_ = true;
-      c = comm_;
-      comm_ = nullptr;
-    }
-    if (c != nullptr) {
-      const DeviceGuard guard(device);
-      (void)ncclCommAbort(c);
-    }
+  /// fn(comm) while no abort can destroy comm; nullopt once aborted.
+  template <class F>
+  auto use(F&& fn) {
+    return comm_.use(std::forward<F>(fn));
   }
-
-  /// The asynchronous error of the communicator; ncclSuccess when aborted (the caller checks
-  /// is_aborted() for that).
-  ncclResult_t async_error() const {
-    std::lock_guard lock(mutex_);
-    if (comm_ == nullptr) return ncclSuccess;
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
-    return rc != ncclSuccess ? rc : state;
-  }
+  /// NCCL's asynchronous state; nullopt once aborted.
+  std::optional<ncclResult_t> async_state() { return comm_.use(&async_state_of); }
 
   void check_usable(const std::string& op) const {
     if (is_aborted())
@@ -257,43 +390,52 @@ struct NcclCommunicator::State {
                          reason());
   }
 
-  /// An NCCL error from `op`: aborts the communicator unless the call merely rejected its
-  /// arguments (nothing was enqueued and NCCL holds no error), then throws BackendError.
+  /// An NCCL error from `op`: aborts the communicator and throws BackendError. No error is
+  /// harmless here: on a nonblocking communicator NCCL records every error a call returns as
+  /// the communicator's asynchronous error (argument errors too; NCCL 2.28 group.cc), after
+  /// which the communicator only answers with that error. commgrid checks arguments before
+  /// they reach NCCL, so an error here is NCCL's or the device's.
   [[noreturn]] void fail(const std::string& op, ncclResult_t rc) {
-    std::string msg = "nccl " + op + " on " + name + ": " + nccl_text(rc, comm());
-    const bool argument = rc == ncclInvalidArgument || rc == ncclInvalidUsage;
-    const ncclResult_t now = async_error();
-    if (!argument || (now != ncclSuccess && now != ncclInProgress)) {
-      abort(msg);
-      msg += "; communicator aborted";
-    }
-    throw BackendError(msg);
+    const std::string msg = "nccl " + op + " on " + name + ": " + nccl_text(rc);
+    abort(msg);
+    throw BackendError(msg + "; communicator aborted");
   }
 
-  /// Checks what an NCCL call returned. A nonblocking communicator may answer ncclInProgress
-  /// while it connects; the call is then polled until it has been enqueued, bounded by the
-  /// operation's deadline (TimeoutError after aborting).
-  void check_call(const std::string& op, ncclResult_t rc, Clock::time_point deadline,
+  /// Checks what an NCCL call returned (nullopt: the communicator was aborted before the
+  /// call). A nonblocking communicator may answer ncclInProgress while it connects; the call
+  /// is then polled until it has been enqueued, bounded by the operation's deadline
+  /// (TimeoutError after aborting).
+  void check_call(const std::string& op, std::optional<ncclResult_t> rc, Clock::time_point deadline,
                   Ms timeout_of_op) {
-    if (rc == ncclSuccess) return;
-    if (rc == ncclInProgress) {
-      const ncclComm_t c = comm();
-      rc = c == nullptr ? ncclInvalidUsage : settle(c, deadline);
-      if (rc == ncclSuccess) return;
-      if (rc == ncclInProgress) {
+    if (!rc) check_usable(op);
+    COMMGRID_ENFORCE(rc.has_value(), "nccl " + op + " on " + name + ": no communicator");
+    if (*rc == ncclSuccess) return;
+    if (*rc == ncclInProgress) {
+      const Settled s = settle([this] { return async_state(); }, deadline);
+      if (s.aborted) check_usable(op);
+      if (s.rc == ncclSuccess) return;
+      if (s.rc == ncclInProgress) {
         const std::string msg = timeout_message(op, name, "", timeout_of_op, name, members);
         abort(msg);
         throw TimeoutError(msg);
       }
+      rc = s.rc;
     }
-    fail(op, rc);
+    fail(op, *rc);
+  }
+
+  /// Orders the next operation on the own stream after the work the calling thread queued on
+  /// the legacy default stream, as a blocking stream would, without making later work on the
+  /// legacy stream wait for ours. A stream the caller chose (set_stream) is the caller's to
+  /// order.
+  void order_after_caller(const std::string& op) {
+    if (stream != own_stream) return;
+    check_cuda(cudaEventRecord(caller_done, cudaStreamLegacy), op, name, "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream, caller_done, 0), op, name, "cudaStreamWaitEvent");
   }
 
  private:
-  mutable std::mutex mutex_;
-  ncclComm_t comm_ = nullptr;
-  std::atomic<bool> aborted_{false};
-  std::string reason_;
+  nccl_host::AbortableHandle<ncclComm_t> comm_;
 };
 
 namespace {
@@ -302,18 +444,29 @@ using State = NcclCommunicator::State;
 
 // ---- buffers: device memory in place, host memory staged ----------------------------
 
-bool device_accessible(const void* p) {
+nccl_host::MemoryKind memory_kind(const void* p, int* device) {
   cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {  // older CUDA: unregistered host memory
     (void)cudaGetLastError();
-    return false;
+    return nccl_host::MemoryKind::host;
   }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  *device = a.device;
+  switch (a.type) {
+    case cudaMemoryTypeDevice: return nccl_host::MemoryKind::device;
+    case cudaMemoryTypeManaged: return nccl_host::MemoryKind::managed;
+    case cudaMemoryTypeHost: return nccl_host::MemoryKind::pinned_host;
+    default: return nccl_host::MemoryKind::host;
+  }
 }
 
-// The buffers of one operation. Host buffers get a place in one device block, allocated
-// stream-ordered on the operation's stream; inputs are copied in before the operation,
-// outputs copied back once it completed (finish()).
+// The buffers of one operation. Host buffers get a place in one pinned host block and one
+// device block: inputs are copied into the pinned block on the host before the call
+// returns (so the caller may reuse them at once, pinned or not), then to the device on the
+// operation's stream; outputs come back to the pinned block on the stream, after the
+// operation, and reach the caller's memory on the host once the operation's event
+// completed. Nothing here waits for the device: every copy between host and device is from
+// or to pinned memory on the operation's stream, and the device block is allocated and
+// freed in the stream's order.
 class Staging {
  public:
   Staging() = default;
@@ -321,57 +474,95 @@ class Staging {
   Staging& operator=(Staging&& o) noexcept {
     release();
     slots_ = std::move(o.slots_);
-    block_ = std::exchange(o.block_, nullptr);
+    scratch_bytes_ = o.scratch_bytes_;
+    scratch_offset_ = o.scratch_offset_;
+    pinned_ = std::exchange(o.pinned_, nullptr);
+    pinned_bytes_ = o.pinned_bytes_;
+    pinned_in_flight_ = o.pinned_in_flight_;
+    device_ = std::exchange(o.device_, nullptr);
+    device_bytes_ = o.device_bytes_;
     stream_ = o.stream_;
-    pooled_ = o.pooled_;
+    pools_ = o.pools_;
+    device_id_ = o.device_id_;
     return *this;
   }
   ~Staging() { release(); }
 
-  void in(const void* p, std::size_t bytes) { add(p, bytes, true, false); }
-  void out(void* p, std::size_t bytes) { add(p, bytes, false, true); }
-  void inout(void* p, std::size_t bytes) { add(p, bytes, true, true); }
+  void in(const void* p, std::size_t bytes, const char* what) { add(p, bytes, true, false, what); }
+  void out(void* p, std::size_t bytes, const char* what) { add(p, bytes, false, true, what); }
+  void inout(void* p, std::size_t bytes, const char* what) { add(p, bytes, true, true, what); }
+  /// Device memory of the operation's own, zeroed (the barrier's one int).
+  void scratch(std::size_t bytes) { scratch_bytes_ = bytes; }
 
-  void stage(cudaStream_t stream, const std::string& op, const std::string& group) {
+  /// Before the operation: finds where each buffer is (ConfigError for another device's
+  /// memory), copies host inputs into the pinned block and enqueues their copy to the device.
+  void stage(const State& s, cudaStream_t stream, const std::string& op) {
     stream_ = stream;
-    std::size_t total = 0;
-    for (Slot& s : slots_) {
-      s.host = !device_accessible(s.user);
-      if (!s.host) continue;
-      s.offset = total;
-      total += (s.bytes + 255) / 256 * 256;
+    pools_ = s.pools;
+    device_id_ = s.device;
+    std::size_t host_total = 0;
+    for (Slot& slot : slots_) {
+      int dev = -1;
+      const nccl_host::MemoryKind kind = memory_kind(slot.user, &dev);
+      slot.host = !nccl_host::use_in_place(kind, dev, s.device, op, s.name, slot.what);
+      if (!slot.host) continue;
+      slot.offset = host_total;
+      host_total += round_up(slot.bytes);
     }
+    scratch_offset_ = host_total;
+    const std::size_t total = host_total + round_up(scratch_bytes_);
     if (total == 0) return;
-    void* block = nullptr;
-    cudaError_t e = cudaMallocAsync(&block, total, stream);
-    pooled_ = e == cudaSuccess;
-    if (!pooled_) {  // no stream-ordered allocator on this device or driver
-      (void)cudaGetLastError();
-      e = cudaMalloc(&block, total);
+    if (host_total > 0) {
+      const std::size_t cls = BlockCache::size_class(host_total);
+      pinned_ = pinned_cache().take(cls);
+      if (pinned_ == nullptr)
+        check_cuda(cudaHostAlloc(&pinned_, cls, cudaHostAllocPortable), op, s.name, "cudaHostAlloc");
+      pinned_bytes_ = host_total;
+      for (const Slot& slot : slots_)
+        if (slot.host && slot.in) std::memcpy(pinned_at(slot), slot.user, slot.bytes);
     }
-    check_cuda(e, op, group, "allocating device memory for host buffers");
-    block_ = block;
-    for (const Slot& s : slots_)
-      if (s.host && s.in)
-        check_cuda(cudaMemcpyAsync(at(s), s.user, s.bytes, cudaMemcpyHostToDevice, stream), op,
-                   group, "cudaMemcpyAsync to the device");
+    device_ = device_alloc(total, stream, pools_, device_id_, op, s.name);
+    device_bytes_ = total;
+    if (scratch_bytes_ > 0)
+      check_cuda(cudaMemsetAsync(static_cast<char*>(device_) + scratch_offset_, 0, scratch_bytes_, stream),
+                 op, s.name, "cudaMemsetAsync");
+    for (const Slot& slot : slots_) {
+      if (!slot.host || !slot.in) continue;
+      pinned_in_flight_ = true;
+      check_cuda(cudaMemcpyAsync(device_at(slot), pinned_at(slot), slot.bytes, cudaMemcpyHostToDevice, stream),
+                 op, s.name, "cudaMemcpyAsync to the device");
+    }
   }
 
   /// The pointer to hand NCCL for a registered buffer (itself unless staged).
   template <class T>
   T* dev(T* p) const {
     for (const Slot& s : slots_)
-      if (s.user == p && s.host) return static_cast<T*>(at(s));
+      if (s.user == p && s.host) return static_cast<T*>(device_at(s));
     return p;
   }
+  [[nodiscard]] void* scratch_ptr() const { return static_cast<char*>(device_) + scratch_offset_; }
 
-  /// After the operation completed: copies host outputs back.
-  void finish(const std::string& op, const std::string& group) {
-    for (const Slot& s : slots_)
-      if (s.host && s.out)
-        check_cuda(cudaMemcpy(const_cast<void*>(s.user), at(s), s.bytes, cudaMemcpyDeviceToHost),
-                   op, group, "cudaMemcpy to the host");
-    release();
+  /// After the operation was enqueued: enqueues the copies of host outputs to the pinned block
+  /// and the release of the device block, behind the operation on its stream.
+  void unstage(const std::string& op, const std::string& group) {
+    if (device_ == nullptr) return;
+    for (const Slot& slot : slots_) {
+      if (!slot.host || !slot.out) continue;
+      pinned_in_flight_ = true;
+      check_cuda(cudaMemcpyAsync(pinned_at(slot), device_at(slot), slot.bytes, cudaMemcpyDeviceToHost, stream_),
+                 op, group, "cudaMemcpyAsync to the host");
+    }
+    device_free(std::exchange(device_, nullptr), device_bytes_, stream_, pools_, device_id_);
+  }
+
+  /// Once the operation's event completed: copies host outputs to the caller's memory (host
+  /// to host: never waits for the device) and returns the pinned block to the cache.
+  void finish() noexcept {
+    if (pinned_ == nullptr) return;
+    for (const Slot& slot : slots_)
+      if (slot.host && slot.out) std::memcpy(const_cast<void*>(slot.user), pinned_at(slot), slot.bytes);
+    pinned_cache().give(std::exchange(pinned_, nullptr), BlockCache::size_class(pinned_bytes_));
   }
 
  private:
@@ -380,9 +571,12 @@ class Staging {
     std::size_t bytes = 0;
     bool in = false, out = false, host = false;
     std::size_t offset = 0;
+    const char* what = "";
   };
 
-  void add(const void* p, std::size_t bytes, bool in, bool out) {
+  static std::size_t round_up(std::size_t n) { return (n + 255) / 256 * 256; }
+
+  void add(const void* p, std::size_t bytes, bool in, bool out, const char* what) {
     if (p == nullptr || bytes == 0) return;
     for (Slot& s : slots_) {
       if (s.user == p) {  // in place: one staged copy serves both
@@ -392,26 +586,32 @@ class Staging {
         return;
       }
     }
-    slots_.push_back({p, bytes, in, out, false, 0});
+    slots_.push_back({p, bytes, in, out, false, 0, what});
   }
 
-  void* at(const Slot& s) const { return static_cast<char*>(block_) + s.offset; }
+  void* pinned_at(const Slot& s) const { return static_cast<char*>(pinned_) + s.offset; }
+  void* device_at(const Slot& s) const { return static_cast<char*>(device_) + s.offset; }
 
-  // Freed stream-ordered: after an abort, the aborted kernels end before the memory goes.
+  // The operation was not enqueued (its device block is freed behind what was queued), or it
+  // did not complete: copies still queued may read or write the pinned block, so it is
+  // never reused (a few bytes of control data per failed operation).
   void release() noexcept {
-    if (block_ == nullptr) return;
-    if (pooled_)
-      (void)cudaFreeAsync(block_, stream_);
-    else
-      (void)cudaFree(block_);
-    (void)cudaGetLastError();
-    block_ = nullptr;
+    if (device_ != nullptr) device_free(std::exchange(device_, nullptr), device_bytes_, stream_, pools_, device_id_);
+    if (pinned_ != nullptr && !pinned_in_flight_)
+      pinned_cache().give(pinned_, BlockCache::size_class(pinned_bytes_));
+    pinned_ = nullptr;
   }
 
   std::vector<Slot> slots_;
-  void* block_ = nullptr;
+  std::size_t scratch_bytes_ = 0, scratch_offset_ = 0;
+  void* pinned_ = nullptr;
+  std::size_t pinned_bytes_ = 0;
+  bool pinned_in_flight_ = false;
+  void* device_ = nullptr;
+  std::size_t device_bytes_ = 0;
   cudaStream_t stream_ = nullptr;
-  bool pooled_ = false;
+  bool pools_ = false;
+  int device_id_ = 0;
 };
 
 // ---- Work ------------------------------------------------------------------------------
@@ -450,66 +650,83 @@ class NcclWork final : public Work {
     const DeviceGuard guard(state_->device, op_, state_->name);
     Backoff backoff;
     for (;;) {
-      const cudaError_t e = cudaEventQuery(event_);
-      if (e == cudaSuccess) {
-        complete();
-        return;
+      switch (look(true)) {
+        case nccl_host::WorkVerdict::pending:
+          backoff.pause();
+          break;
+        case nccl_host::WorkVerdict::complete:
+          complete();
+          return;
+        case nccl_host::WorkVerdict::cuda_error:
+          give_up(what() + "cudaEventQuery: " + cuda_text(cuda_error_));
+        case nccl_host::WorkVerdict::aborted:
+          give_up(what() + "the communicator was aborted: " + state_->reason(), false);
+        case nccl_host::WorkVerdict::nccl_error:
+          give_up(what() + nccl_text(nccl_error_));
+        case nccl_host::WorkVerdict::timed_out: {
+          const std::string msg =
+              timeout_message(op_, state_->name, "", timeout_, state_->name, state_->members);
+          finished_ = true;
+          timed_out_ = true;
+          error_ = msg;
+          state_->abort(msg);
+          throw TimeoutError(msg);
+        }
       }
-      if (e != cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        give_up("nccl " + op_ + " on " + state_->name + ": cudaEventQuery: " + cuda_text(e));
-      }
-      if (state_->is_aborted())
-        give_up("nccl " + op_ + " on " + state_->name +
-                    ": the communicator was aborted: " + state_->reason(),
-                false);
-      const ncclResult_t async = state_->async_error();
-      if (async != ncclSuccess && async != ncclInProgress)
-        give_up("nccl " + op_ + " on " + state_->name + ": " + nccl_text(async, state_->comm()));
-      if (Clock::now() >= deadline_) {
-        const std::string msg =
-            timeout_message(op_, state_->name, "", timeout_, state_->name, state_->members);
-        state_->abort(msg);
-        finished_ = true;
-        timed_out_ = true;
-        error_ = msg;
-        throw TimeoutError(msg);
-      }
-      backoff.pause();
     }
   }
 
+  /// Never blocks: one look. An operation that failed or was aborted is done too; wait()
+  /// reports it (and aborts where it must: ncclCommAbort may block, so done() never does).
   [[nodiscard]] bool done() const override {
     if (finished_) return true;
     const DeviceGuard guard(state_->device);
-    if (cudaEventQuery(event_) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
+    switch (look(false)) {
+      case nccl_host::WorkVerdict::pending:
+        return false;
+      case nccl_host::WorkVerdict::complete:
+        complete();
+        return true;
+      default:
+        return true;
     }
-    try {
-      complete();
-    } catch (const Error&) {
-      return true;  // wait() reports it
-    }
-    return true;
   }
 
  private:
-  void complete() const {
-    finished_ = true;
-    try {
-      staging_.finish(op_, state_->name);
-    } catch (const Error& e) {
-      error_ = e.what();
-      throw;
+  // One look at the operation: the event first, then what could have ended its kernels early.
+  nccl_host::WorkVerdict look(bool with_deadline) const {
+    nccl_host::WorkLook l;
+    const cudaError_t e = cudaEventQuery(event_);
+    l.event_done = e == cudaSuccess;
+    l.event_error = e != cudaSuccess && e != cudaErrorNotReady;
+    if (l.event_error) cuda_error_ = e;
+    (void)cudaGetLastError();
+    l.aborted = state_->is_aborted();
+    if (!l.aborted) {
+      const std::optional<ncclResult_t> async = state_->async_state();
+      if (!async) {
+        l.aborted = true;
+      } else if (*async != ncclSuccess && *async != ncclInProgress) {
+        l.nccl_error = true;
+        nccl_error_ = *async;
+      }
     }
+    l.past_deadline = with_deadline && Clock::now() >= deadline_;
+    return nccl_host::judge(l);
+  }
+
+  [[nodiscard]] std::string what() const { return "nccl " + op_ + " on " + state_->name + ": "; }
+
+  void complete() const noexcept {
+    finished_ = true;
+    staging_.finish();
   }
 
   [[noreturn]] void give_up(const std::string& msg, bool abort = true) {
     finished_ = true;
-    error_ = msg;
+    error_ = abort ? msg + "; communicator aborted" : msg;
     if (abort) state_->abort(msg);
-    throw BackendError(abort ? msg + "; communicator aborted" : msg);
+    throw BackendError(error_);
   }
 
   std::shared_ptr<State> state_;
@@ -520,24 +737,28 @@ class NcclWork final : public Work {
   cudaEvent_t event_ = nullptr;
   mutable bool finished_ = false;
   bool timed_out_ = false;
-  mutable std::string error_;
+  std::string error_;
+  mutable cudaError_t cuda_error_ = cudaSuccess;
+  mutable ncclResult_t nccl_error_ = ncclSuccess;
 };
 
-// Posts one operation: stages host buffers, enqueues (polling a nonblocking communicator
-// until it has), records the Work's event. `enqueue(comm, stream)` returns NCCL's result.
+// Posts one operation: orders it after the caller's work, stages host buffers, enqueues
+// (polling a nonblocking communicator until it has), queues the copies back, records the
+// Work's event. `enqueue(staging, comm, stream)` returns NCCL's result; it runs while no
+// abort can destroy `comm`.
 template <class Enqueue>
 std::unique_ptr<Work> post(const std::shared_ptr<State>& s, Ms timeout, const std::string& op,
-                           Staging staging, Enqueue&& enqueue, bool blocking = false) {
+                           Staging staging, Enqueue&& enqueue) {
   s->check_usable(op);
   const DeviceGuard guard(s->device, op, s->name);
   const Clock::time_point deadline = Clock::now() + timeout;
-  staging.stage(s->stream, op, s->name);
-  const ncclComm_t comm = s->comm();
-  if (comm == nullptr) s->check_usable(op);
-  s->check_call(op, enqueue(staging, comm, s->stream), deadline, timeout);
-  auto work = std::make_unique<NcclWork>(s, op, timeout, deadline, std::move(staging));
-  if (blocking) work->wait();
-  return work;
+  s->order_after_caller(op);
+  const cudaStream_t stream = s->stream;
+  staging.stage(*s, stream, op);
+  s->check_call(op, s->use([&](ncclComm_t comm) { return enqueue(staging, comm, stream); }),
+                deadline, timeout);
+  staging.unstage(op, s->name);
+  return std::make_unique<NcclWork>(s, op, timeout, deadline, std::move(staging));
 }
 
 // Runs calls between ncclGroupStart and ncclGroupEnd; the group is always closed, and the
@@ -585,13 +806,7 @@ CUstream_st* NcclCommunicator::stream() const noexcept { return state_->stream; 
 void NcclCommunicator::set_stream(CUstream_st* stream) noexcept {
   state_->stream = stream != nullptr ? stream : state_->own_stream;
 }
-ncclComm* NcclCommunicator::native() const noexcept {
-  try {
-    return state_->comm();
-  } catch (...) {
-    return nullptr;
-  }
-}
+ncclComm* NcclCommunicator::native() const noexcept { return state_->native(); }
 bool NcclCommunicator::aborted() const noexcept { return state_->is_aborted(); }
 std::string NcclCommunicator::abort_reason() const { return state_->reason(); }
 void NcclCommunicator::abort(const std::string& reason) noexcept { state_->abort(reason); }
@@ -645,9 +860,12 @@ void need_members(const State& s, const char* op, std::span<const int> members,
          ") is not among the members; only members call create_group");
 }
 
-std::shared_ptr<State> new_state(ncclComm_t comm, const State& parent, const std::string& name) {
-  auto s = std::make_shared<State>(comm, parent.device, name, parent.bootstrap, parent.timeout);
-  return s;
+// The state of a communicator made from `parent`; it owns `comm` (aborted if this throws)
+// and the name NCCL was given.
+std::shared_ptr<State> new_state(ncclComm_t comm, const State& parent, const std::string& name,
+                                 std::shared_ptr<const std::string> nccl_name) {
+  return std::make_shared<State>(comm, parent.device, name, parent.bootstrap, parent.timeout,
+                                 std::move(nccl_name));
 }
 
 }  // namespace
@@ -667,44 +885,56 @@ std::unique_ptr<Communicator> NcclCommunicator::split(std::optional<std::int64_t
                                        std::to_string(key) + " does not fit an int");
   count_creation();
   const DeviceGuard guard(s.device, "split", s.name);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)  // names the communicator in NCCL's logs
-  config.commName = name.c_str();
-#endif
-  ncclComm_t child = nullptr;
-  const ncclComm_t parent = s.comm();
+  const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);  // outlives the child
+  ncclConfig_t config = cfg.config;
   const int c = color ? static_cast<int>(*color) : NCCL_SPLIT_NOCOLOR;
   const Clock::time_point deadline = Clock::now() + timeout();
-  ncclResult_t rc = ncclCommSplit(parent, c, static_cast<int>(key), &child, &config);
-  // A nonblocking split runs as a job of the parent: the parent reports ncclInProgress until
-  // the child exists (or this rank, without a color, has taken part).
-  if (rc == ncclSuccess || rc == ncclInProgress) rc = settle(parent, deadline);
   const std::string target = name + (color ? " (color " + std::to_string(*color) + ")" : " (no color)");
-  if (rc == ncclInProgress) {
-    // Aborting the parent also stops the child's initialization.
+  // A nonblocking split runs as a job of the parent, and NCCL writes the child into `slot`
+  // from that job's thread when the job ends, failed or not (NCCL 2.28 init.cc,
+  // ncclCommInitRankFunc). Until the job is known to have ended, every way out of here aborts
+  // the parent, which joins the job (ncclCommAbort waits for it), so that NCCL never writes
+  // into a slot that is gone; and a child NCCL wrote is aborted unless it is adopted.
+  ncclComm_t slot = nullptr;
+  bool job_ended = false;
+  OwnedComm child;
+  OnExit unwind([&] {
+    if (!job_ended) s.abort("nccl split on " + s.name + " for " + target + " did not complete");
+    child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
+  });
+  const std::optional<ncclResult_t> called = s.use([&](ncclComm_t parent) {
+    return ncclCommSplit(parent, c, static_cast<int>(key), &slot, &config);
+  });
+  if (!called) s.check_usable("split");
+  // The parent reports ncclInProgress until the job has ended (for a rank without color too:
+  // it takes part in the exchange of colors).
+  Settled st{called.value_or(ncclInvalidUsage), false};
+  if (st.rc == ncclSuccess || st.rc == ncclInProgress)
+    st = settle([&s] { return s.async_state(); }, deadline);
+  if (st.aborted) s.check_usable("split");
+  if (st.rc == ncclInProgress) {
     const std::string msg = timeout_message("split", s.name, target, timeout(), s.name, s.members);
     s.abort(msg);
     throw TimeoutError(msg);
   }
-  if (rc != ncclSuccess) s.fail("split for " + target, rc);
+  if (st.rc != ncclSuccess) s.fail("split for " + target, st.rc);
+  job_ended = true;
+  unwind.dismiss();
+  child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
   if (!color) {
     COMMGRID_ENFORCE(child == nullptr, "ncclCommSplit gave a communicator to a rank without color");
     return nullptr;
   }
-  if (child == nullptr)
+  if (!child)
     throw BackendError("nccl split on " + s.name + " for " + target +
                        ": ncclCommSplit completed without a communicator");
-  rc = settle(child, deadline);
-  if (rc != ncclSuccess) {
-    const std::string msg = rc == ncclInProgress
-                                ? timeout_message("split", s.name, target, timeout(), name, s.members)
-                                : "nccl split on " + s.name + " for " + target + ": " + nccl_text(rc, child);
-    (void)ncclCommAbort(child);
-    if (rc == ncclInProgress) throw TimeoutError(msg);
-    throw BackendError(msg);
+  st = settle_own(child.get(), deadline);
+  if (st.rc != ncclSuccess) {
+    if (st.rc == ncclInProgress)
+      throw TimeoutError(timeout_message("split", s.name, target, timeout(), name, s.members));
+    throw BackendError("nccl split on " + s.name + " for " + target + ": " + nccl_text(st.rc));
   }
-  auto out = adopt(new_state(child, s, name), timeout(), {});
+  auto out = adopt(new_state(child.release(), s, name, cfg.name), timeout(), {});
   // NCCL does not say which parent ranks joined; the members tell each other.
   const std::int64_t me = global_rank(rank());
   std::vector<std::int64_t> got(static_cast<std::size_t>(out->size()), -1);
@@ -732,9 +962,10 @@ std::unique_ptr<Communicator> NcclCommunicator::create_group(std::span<const int
   const nccl_host::UniqueId id =
       nccl_host::distribute_unique_id(*s.bootstrap, boot_ranks, name, make_unique_id);
   const int mine = static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
+  const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
   const ncclComm_t comm = init_comm(static_cast<int>(members.size()), id, mine, s.device,
-                                    "create_group", s.name, name, timeout(), global);
-  return adopt(new_state(comm, s, name), timeout(), std::move(global));
+                                    "create_group", s.name, cfg, timeout(), global);
+  return adopt(new_state(comm, s, name, cfg.name), timeout(), std::move(global));
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::create_group_collective(std::span<const int> members,
@@ -781,22 +1012,22 @@ std::unique_ptr<Communicator> NcclCommunicator::create_group_collective(std::spa
   std::vector<std::int64_t> global;
   for (int m : members) global.push_back(global_rank(m));
   const int me = static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
+  const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
   const ncclComm_t comm = init_comm(static_cast<int>(members.size()), id, me, s.device,
-                                    "create_group_collective", s.name, name, timeout(), global);
-  return adopt(new_state(comm, s, name), timeout(), std::move(global));
+                                    "create_group_collective", s.name, cfg, timeout(), global);
+  return adopt(new_state(comm, s, name, cfg.name), timeout(), std::move(global));
 }
 
 // ---- collectives --------------------------------------------------------------------------
 
 std::unique_ptr<Work> NcclCommunicator::barrier() {
-  State& s = *state_;
-  s.check_usable("barrier");
-  const DeviceGuard guard(s.device, "barrier", s.name);
-  if (s.barrier_buf == nullptr)
-    check_cuda(cudaMalloc(&s.barrier_buf, 16), "barrier", s.name, "cudaMalloc");
-  void* buf = s.barrier_buf;
-  return post(state_, timeout(), "barrier", Staging{}, [&](Staging&, ncclComm_t c, cudaStream_t st) {
-    return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, st);
+  // One int allreduced in device memory of the operation's own, allocated, zeroed and freed
+  // on the operation's stream.
+  Staging st;
+  st.scratch(sizeof(std::int32_t));
+  return post(state_, timeout(), "barrier", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+    void* buf = b.scratch_ptr();
+    return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, stream);
   });
 }
 
@@ -805,7 +1036,7 @@ std::unique_ptr<Work> NcclCommunicator::broadcast(void* buf, std::size_t count, 
   need_rank(*state_, "broadcast", "root", root);
   need_buffer(*state_, "broadcast", "buf", buf, count);
   Staging st;
-  st.inout(buf, bytes_of(count, type));
+  st.inout(buf, bytes_of(count, type), "buf");
   return post(state_, timeout(), "broadcast", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     void* d = b.dev(buf);
     return ncclBroadcast(d, d, count, nccl_backend::nccl_type(type), root, c, stream);
@@ -817,8 +1048,8 @@ std::unique_ptr<Work> NcclCommunicator::allreduce(const void* send, void* recv, 
   need_buffer(*state_, "allreduce", "send", send, count);
   need_buffer(*state_, "allreduce", "recv", recv, count);
   Staging st;
-  st.in(send, bytes_of(count, type));
-  st.out(recv, bytes_of(count, type));
+  st.in(send, bytes_of(count, type), "send");
+  st.out(recv, bytes_of(count, type), "recv");
   return post(state_, timeout(), "allreduce", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     return ncclAllReduce(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type),
                          nccl_backend::nccl_op(op), c, stream);
@@ -831,8 +1062,8 @@ std::unique_ptr<Work> NcclCommunicator::allgather(const void* send, void* recv, 
   need_buffer(*state_, "allgather", "recv", recv, count);
   const auto n = static_cast<std::size_t>(size());
   Staging st;
-  st.in(send, bytes_of(count, type));
-  st.out(recv, bytes_of(count * n, type));
+  st.in(send, bytes_of(count, type), "send");
+  st.out(recv, bytes_of(count * n, type), "recv");
   return post(state_, timeout(), "allgather", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     return ncclAllGather(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type), c, stream);
   });
@@ -845,8 +1076,8 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter(const void* send, void* r
   need_buffer(*state_, "reduce_scatter", "recv", recv, count);
   const auto n = static_cast<std::size_t>(size());
   Staging st;
-  st.in(send, bytes_of(count * n, type));
-  st.out(recv, bytes_of(count, type));
+  st.in(send, bytes_of(count * n, type), "send");
+  st.out(recv, bytes_of(count, type), "recv");
   return post(state_, timeout(), "reduce_scatter", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     return ncclReduceScatter(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type),
                              nccl_backend::nccl_op(op), c, stream);
@@ -862,8 +1093,8 @@ std::unique_ptr<Work> NcclCommunicator::alltoall(const void* send, void* recv, s
                                     ": send and recv must be different buffers");
   const auto n = static_cast<std::size_t>(size());
   Staging st;
-  st.in(send, bytes_of(count * n, type));
-  st.out(recv, bytes_of(count * n, type));
+  st.in(send, bytes_of(count * n, type), "send");
+  st.out(recv, bytes_of(count * n, type), "recv");
   return post(state_, timeout(), "alltoall", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     const auto t = nccl_backend::nccl_type(type);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -901,8 +1132,8 @@ std::unique_ptr<Work> NcclCommunicator::alltoallv(const void* send,
     throw ConfigError("buffer", "nccl alltoallv on " + name() +
                                     ": send and recv must be different buffers");
   Staging st;
-  st.in(send, bytes_of(send_total, type));
-  st.out(recv, bytes_of(recv_total, type));
+  st.in(send, bytes_of(send_total, type), "send");
+  st.out(recv, bytes_of(recv_total, type), "recv");
   return post(state_, timeout(), "alltoallv", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     const auto t = nccl_backend::nccl_type(type);
     const auto* in = static_cast<const char*>(b.dev(send));
@@ -938,8 +1169,8 @@ std::unique_ptr<Work> NcclCommunicator::allgatherv(const void* send, std::size_t
   need_buffer(s, "allgatherv", "send", send, count);
   need_buffer(s, "allgatherv", "recv", recv, total);
   Staging st;
-  st.in(send, bytes_of(count, type));
-  st.out(recv, bytes_of(total, type));
+  st.in(send, bytes_of(count, type), "send");
+  st.out(recv, bytes_of(total, type), "recv");
   return post(state_, timeout(), "allgatherv", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     const auto t = nccl_backend::nccl_type(type);
     const void* in = b.dev(send);
@@ -968,8 +1199,8 @@ std::unique_ptr<Work> NcclCommunicator::reduce(const void* send, void* recv, std
   need_buffer(*state_, "reduce", "send", send, count);
   if (rank() == root) need_buffer(*state_, "reduce", "recv", recv, count);
   Staging st;
-  st.in(send, bytes_of(count, type));
-  if (rank() == root) st.out(recv, bytes_of(count, type));
+  st.in(send, bytes_of(count, type), "send");
+  if (rank() == root) st.out(recv, bytes_of(count, type), "recv");
   return post(state_, timeout(), "reduce", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     return ncclReduce(b.dev(send), rank() == root ? b.dev(recv) : nullptr, count,
                       nccl_backend::nccl_type(type), nccl_backend::nccl_op(op), root, c, stream);
@@ -984,8 +1215,8 @@ std::unique_ptr<Work> NcclCommunicator::gather(const void* send, void* recv, std
   if (is_root) need_buffer(*state_, "gather", "recv", recv, count);
   const auto n = static_cast<std::size_t>(size());
   Staging st;
-  st.in(send, bytes_of(count, type));
-  if (is_root) st.out(recv, bytes_of(count * n, type));
+  st.in(send, bytes_of(count, type), "send");
+  if (is_root) st.out(recv, bytes_of(count * n, type), "recv");
   return post(state_, timeout(), "gather", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     const auto t = nccl_backend::nccl_type(type);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -1010,8 +1241,8 @@ std::unique_ptr<Work> NcclCommunicator::scatter(const void* send, void* recv, st
   if (is_root) need_buffer(*state_, "scatter", "send", send, count);
   const auto n = static_cast<std::size_t>(size());
   Staging st;
-  if (is_root) st.in(send, bytes_of(count * n, type));
-  st.out(recv, bytes_of(count, type));
+  if (is_root) st.in(send, bytes_of(count * n, type), "send");
+  st.out(recv, bytes_of(count, type), "recv");
   return post(state_, timeout(), "scatter", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     const auto t = nccl_backend::nccl_type(type);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -1066,9 +1297,9 @@ std::unique_ptr<Work> NcclCommunicator::batch_isend_irecv(std::span<const P2POp>
     need_tag(s, what, op.tag);
     need_buffer(s, what, "buf", op.buf, op.count);
     if (op.kind == P2POp::Kind::send)
-      st.in(op.buf, bytes_of(op.count, op.type));
+      st.in(op.buf, bytes_of(op.count, op.type), "buf");
     else
-      st.out(op.buf, bytes_of(op.count, op.type));
+      st.out(op.buf, bytes_of(op.count, op.type), "buf");
   }
   const char* name_of_op = ops.size() == 1 ? (ops[0].kind == P2POp::Kind::send ? "send" : "recv")
                                            : "batch_isend_irecv";
@@ -1153,9 +1384,10 @@ std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
       nccl_host::broadcast_unique_id(bootstrap, 0, make_unique_id, "create world");
   std::vector<std::int64_t> members(static_cast<std::size_t>(bootstrap.size()));
   std::iota(members.begin(), members.end(), std::int64_t{0});
+  const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config("world");
   const ncclComm_t comm = init_comm(bootstrap.size(), id, bootstrap.rank(), mine.device, "create",
-                                    "world", "world", timeout, members);
-  auto state = std::make_shared<State>(comm, mine.device, "world", &bootstrap, timeout);
+                                    "world", cfg, timeout, members);
+  auto state = std::make_shared<State>(comm, mine.device, "world", &bootstrap, timeout, cfg.name);
   return NcclCommunicator::adopt(std::move(state), timeout, std::move(members));
 }
 

@@ -175,17 +175,97 @@ int choose_device(std::optional<int> requested, LocalRank local, int device_coun
                     " ranks per host, or give each process one device with CUDA_VISIBLE_DEVICES");
 }
 
+namespace {
+
+std::string own_problem(const std::vector<HostInfo>& all, std::size_t r) {
+  return "rank " + std::to_string(r) + " (host " + all[r].host + "): " + all[r].problem;
+}
+
+std::string shared_device(const std::vector<HostInfo>& all, std::size_t a, std::size_t b) {
+  return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on host " + all[a].host +
+         " both chose CUDA device " + std::to_string(all[a].device) + " (bus " + all[a].bus_id +
+         "); NCCL needs one GPU per rank";
+}
+
+}  // namespace
+
 std::string world_problem(const std::vector<HostInfo>& all) {
   for (std::size_t r = 0; r < all.size(); ++r)
-    if (!all[r].problem.empty())
-      return "rank " + std::to_string(r) + " (host " + all[r].host + "): " + all[r].problem;
+    if (!all[r].problem.empty()) return own_problem(all, r);
+  // One 64-bit hash of (host, bus id) per rank with a device, sorted by hash, then host, bus
+  // id and rank: ranks on one device become neighbours, in ascending rank order, and names
+  // are compared only where hashes are equal. The pair to report is the first two ranks of
+  // the device whose lowest rank is lowest, as the pairwise scan (ascending a, then b) found.
+  struct Entry {
+    std::uint64_t hash;
+    std::size_t rank;
+  };
+  std::vector<Entry> e;
+  e.reserve(all.size());
+  const std::hash<std::string> h;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].bus_id.empty()) continue;
+    const std::uint64_t a = h(all[r].host), b = h(all[r].bus_id);
+    e.push_back({a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2)), r});
+  }
+  auto same = [&](const Entry& x, const Entry& y) {
+    return x.hash == y.hash && all[x.rank].host == all[y.rank].host &&
+           all[x.rank].bus_id == all[y.rank].bus_id;
+  };
+  std::sort(e.begin(), e.end(), [&](const Entry& x, const Entry& y) {
+    if (x.hash != y.hash) return x.hash < y.hash;
+    if (const int c = all[x.rank].host.compare(all[y.rank].host); c != 0) return c < 0;
+    if (const int c = all[x.rank].bus_id.compare(all[y.rank].bus_id); c != 0) return c < 0;
+    return x.rank < y.rank;
+  });
+  constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::size_t best_a = kNone, best_b = kNone;
+  for (std::size_t i = 0; i + 1 < e.size(); ++i) {
+    const bool first_of_device = i == 0 || !same(e[i - 1], e[i]);
+    if (first_of_device && same(e[i], e[i + 1]) && e[i].rank < best_a) {
+      best_a = e[i].rank;
+      best_b = e[i + 1].rank;
+    }
+  }
+  return best_a == kNone ? "" : shared_device(all, best_a, best_b);
+}
+
+std::string world_problem_pairwise(const std::vector<HostInfo>& all) {
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].problem.empty()) return own_problem(all, r);
   for (std::size_t a = 0; a < all.size(); ++a)
     for (std::size_t b = a + 1; b < all.size(); ++b)
       if (all[a].host == all[b].host && !all[a].bus_id.empty() && all[a].bus_id == all[b].bus_id)
-        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " on host " +
-               all[a].host + " both chose CUDA device " + std::to_string(all[a].device) +
-               " (bus " + all[a].bus_id + "); NCCL needs one GPU per rank";
+        return shared_device(all, a, b);
   return "";
+}
+
+bool use_in_place(MemoryKind kind, int buffer_device, int comm_device, const std::string& op,
+                  const std::string& group, const std::string& what) {
+  switch (kind) {
+    case MemoryKind::host:
+    case MemoryKind::pinned_host:
+      return false;
+    case MemoryKind::managed:
+      return true;
+    case MemoryKind::device:
+      if (buffer_device == comm_device) return true;
+      throw ConfigError(what, "nccl " + op + " on " + group + ": " + what +
+                                  " buffer is memory of CUDA device " +
+                                  std::to_string(buffer_device) +
+                                  ", and this communicator's device is " +
+                                  std::to_string(comm_device));
+  }
+  return false;
+}
+
+WorkVerdict judge(const WorkLook& look) noexcept {
+  if (look.event_error) return WorkVerdict::cuda_error;
+  if (look.aborted) return WorkVerdict::aborted;
+  if (look.nccl_error) return WorkVerdict::nccl_error;
+  if (look.event_done) return WorkVerdict::complete;
+  if (look.past_deadline) return WorkVerdict::timed_out;
+  return WorkVerdict::pending;
 }
 
 std::string members_text(std::span<const std::int64_t> members) {

@@ -4,6 +4,9 @@
 
 #include <nccl.h>
 
+#include <memory>
+#include <string>
+
 #include "commgrid/communicator.hpp"
 
 namespace commgrid::nccl_backend {
@@ -32,6 +35,26 @@ constexpr ncclRedOp_t nccl_op(ReduceOp op) noexcept {
     case ReduceOp::avg: return ncclAvg;
   }
   return ncclNumOps;
+}
+
+/// A nonblocking NCCL configuration that names the communicator in NCCL's logs.
+/// NCCL copies the configuration but keeps config.commName's pointer for the communicator's
+/// life (comm->config.commName, which it hands to a profiler plugin), so the name lives
+/// here, on the heap: whoever keeps the communicator keeps `name` until it is destroyed or
+/// aborted. Copying or moving a CommConfig keeps config.commName valid.
+struct CommConfig {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  std::shared_ptr<const std::string> name;
+};
+
+inline CommConfig nonblocking_config(std::string name) {
+  CommConfig c;
+  c.config.blocking = 0;
+  c.name = std::make_shared<const std::string>(std::move(name));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  c.config.commName = c.name->c_str();
+#endif
+  return c;
 }
 
 }  // namespace commgrid::nccl_backend

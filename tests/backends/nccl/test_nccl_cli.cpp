@@ -1,6 +1,6 @@
-// `commgrid verify --backend nccl` and `commgrid bench init --backend nccl` end to end: on a
-// machine without a GPU they fail on every rank alike (exit 1, "no CUDA device"), never
-// hang; with GPUs they verify. Bad input is exit 2 either way.
+// `commgrid verify --backend nccl` and `commgrid bench init|collectives --backend nccl` end to
+// end: on a machine without a GPU they fail on every rank alike (exit 1, "no CUDA device"),
+// never hang; with GPUs they verify and measure. Bad input is exit 2 either way.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -51,9 +51,24 @@ TEST(NcclCli, BadInputIsExitTwoBeforeAnyDeviceIsTouched) {
   r = run_cli(COMMGRID_CLI, {"verify", "--backend", "nccl", "--local", "2", "--tp", "3"});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("error: world_size 2 is not divisible"), std::string::npos) << r.err;
-  r = run_cli(COMMGRID_CLI, {"bench", "collectives", "--backend", "nccl"});
+  r = run_cli(COMMGRID_CLI, {"bench", "collectives", "--backend", "nccl", "--local", "2",
+                             "--sizes", "3B"});
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("error: bench collectives: --backend nccl is not measured"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: sizes"), std::string::npos) << r.err;
+}
+
+TEST(NcclCli, BenchCollectivesAgainstRawNccl) {
+  const int ranks = cuda_device_count() >= 2 ? 2 : 1;  // one rank: no pairs for point to point
+  const auto r = run_cli(COMMGRID_CLI, {"bench", "collectives", "--backend", "nccl", "--local",
+                                        std::to_string(ranks), "--sizes", "4KiB", "--iterations",
+                                        "5", "--timeout", "60"}, 120);
+  if (cuda_device_count() == 0) {
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("no CUDA device"), std::string::npos) << r.err;
+  } else {
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("ncclAllReduce"), std::string::npos) << r.out;
+  }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // The NCCL backend on GPUs: every collective on device buffers against a host reference for
-// every type, creation with each strategy, timeouts that abort. Ranks are threads of this
-// process with a Gloo bootstrap, one GPU each: COMMGRID_NCCL_RANKS of them (default: the
-// devices this process sees, at most 8). Without a CUDA device every test skips, saying so.
+// every type, creation with each strategy, staging of host buffers, timeouts and aborts.
+// Ranks are threads of this process with a Gloo bootstrap, one GPU each: COMMGRID_NCCL_RANKS
+// of them (default: the devices this process sees, at most 8). Without a CUDA device every
+// test skips, saying so. NcclDevice runs on any number of ranks (1 included);
+// NcclDeviceMulti needs 2 or more and skips, saying so, on fewer: scripts/gpu-check runs
+// each suite only where it applies and counts every skip as a failure.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -63,6 +66,59 @@ class NcclDevice : public ::testing::Test {
     }, gloo);
   }
   int n_ = 1;
+};
+
+// The tests that need 2 ranks on 2 GPUs (NCCL refuses two ranks on one GPU).
+class NcclDeviceMulti : public NcclDevice {
+ protected:
+  void SetUp() override {
+    NcclDevice::SetUp();
+    if (IsSkipped()) return;
+    if (n_ < 2) GTEST_SKIP() << "needs 2 ranks (2 GPUs): NCCL refuses two ranks on one GPU";
+  }
+};
+
+// Holds a communicator's stream until release(): a host function on a side stream waits,
+// and the stream waits for it, so that nothing queued on the stream can start (with one GPU,
+// the only way to keep an operation pending). If nobody releases it within 60 s, a fallback
+// thread does and says so (released_by_fallback()), so that a broken test fails instead of
+// hanging.
+class Held {
+ public:
+  explicit Held(NcclCommunicator& w) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&held_, cudaEventDisableTiming), cudaSuccess);
+    EXPECT_EQ(cudaLaunchHostFunc(side_, &Held::hold, this), cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(held_, side_), cudaSuccess);
+    EXPECT_EQ(cudaStreamWaitEvent(w.stream(), held_, 0), cudaSuccess);
+    fallback_ = std::thread([this] {
+      const auto until = std::chrono::steady_clock::now() + 60s;
+      while (!release_.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      if (!release_.exchange(true)) by_fallback_ = true;
+    });
+  }
+  ~Held() {
+    release();
+    fallback_.join();
+    cudaStreamSynchronize(side_);
+    cudaEventDestroy(held_);
+    cudaStreamDestroy(side_);
+  }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+  void release() { release_ = true; }
+  [[nodiscard]] bool released_by_fallback() const { return by_fallback_.load(); }
+
+ private:
+  static void CUDART_CB hold(void* self) {
+    auto* h = static_cast<Held*>(self);
+    while (!h->release_.load()) std::this_thread::sleep_for(1ms);
+  }
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t held_ = nullptr;
+  std::atomic<bool> release_{false};
+  std::atomic<bool> by_fallback_{false};
+  std::thread fallback_;
 };
 
 // A host buffer of any DataType, read and written as doubles.
@@ -381,30 +437,15 @@ TEST_F(NcclDevice, EveryKindCreatedWithEachStrategy) {
   }
 }
 
-// Holds a stream until released: a host function that waits, so that nothing queued behind
-// it can start (a collective that can never complete, with one GPU).
-struct StreamBlocker {
-  std::atomic<bool> release{false};
-  static void CUDART_CB hold(void* self) {
-    auto* b = static_cast<StreamBlocker*>(self);
-    while (!b->release.load()) std::this_thread::sleep_for(1ms);
-  }
-};
-
 TEST_F(NcclDevice, ACollectiveThatNeverCompletesTimesOutAbortsAndLaterCallsSayWhy) {
   run([&](Communicator&, NcclCommunicator& w) {
-    StreamBlocker blocker;
-    cudaStream_t side = nullptr;
-    cudaEvent_t held = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
-    ASSERT_EQ(cudaEventCreateWithFlags(&held, cudaEventDisableTiming), cudaSuccess);
-    ASSERT_EQ(cudaLaunchHostFunc(side, &StreamBlocker::hold, &blocker), cudaSuccess);
-    ASSERT_EQ(cudaEventRecord(held, side), cudaSuccess);
-    ASSERT_EQ(cudaStreamWaitEvent(w.stream(), held, 0), cudaSuccess);
-    // Released late, in case the abort waits for the stream; the error must come first.
+    Held held(w);
+    // ncclCommAbort may wait for the stream to drain, so the stream is released as soon as
+    // the abort has begun (aborted() turns true before ncclCommAbort is called): the timeout
+    // and the abort are what end the wait, not the stream.
     std::thread releaser([&] {
-      std::this_thread::sleep_for(2500ms);
-      blocker.release = true;
+      while (!w.aborted() && !held.released_by_fallback()) std::this_thread::sleep_for(1ms);
+      held.release();
     });
     w.set_timeout(1s);
     Device d(4);
@@ -417,8 +458,9 @@ TEST_F(NcclDevice, ACollectiveThatNeverCompletesTimesOutAbortsAndLaterCallsSayWh
     }
     const auto took = std::chrono::steady_clock::now() - t0;
     releaser.join();
-    EXPECT_LT(took, 3s) << "timeout 1 s + 2 s";
+    EXPECT_FALSE(held.released_by_fallback()) << "the wait ended only when the stream was released";
     EXPECT_GE(took, 1s);
+    EXPECT_LT(took, 30s) << "timeout 1 s, then the abort";
     EXPECT_EQ(msg.rfind("nccl allreduce on world: did not complete within 1 s; world aborted (members [", 0), 0u) << msg;
     EXPECT_TRUE(w.aborted());
     EXPECT_EQ(w.native(), nullptr);
@@ -429,14 +471,117 @@ TEST_F(NcclDevice, ACollectiveThatNeverCompletesTimesOutAbortsAndLaterCallsSayWh
       later = e.what();
     }
     EXPECT_EQ(later, "nccl barrier on world: the communicator was aborted: " + msg);
-    cudaStreamSynchronize(side);
-    cudaEventDestroy(held);
-    cudaStreamDestroy(side);
   });
 }
 
-TEST_F(NcclDevice, APeerThatNeverJoinsEndsInTimeoutNamingTheGroup) {
-  if (n_ < 2) GTEST_SKIP() << "needs 2 ranks (2 GPUs): NCCL refuses two ranks on one GPU";
+TEST_F(NcclDevice, AnOperationAbortedByAnotherThreadFailsInsteadOfReportingSuccess) {
+  run([&](Communicator&, NcclCommunicator& w) {
+    Held held(w);
+    std::int64_t in = 5, out = -1;  // host buffers: staged, written only on success
+    auto work = w.allreduce(&in, &out, 1, DataType::int64, ReduceOp::sum);
+    std::string waited;
+    // The waiter polls the communicator while a watchdog thread aborts it.
+    std::thread waiter([&] {
+      try {
+        work->wait();
+        waited = "(returned normally)";
+      } catch (const BackendError& e) {
+        waited = e.what();
+      }
+    });
+    std::thread watchdog([&] { w.abort("watchdog: test"); });
+    std::thread releaser([&] {
+      while (!w.aborted() && !held.released_by_fallback()) std::this_thread::sleep_for(1ms);
+      held.release();  // the aborted operation's event completes now
+    });
+    watchdog.join();
+    releaser.join();
+    waiter.join();
+    EXPECT_EQ(waited, "nccl allreduce on world: the communicator was aborted: watchdog: test");
+    EXPECT_EQ(out, -1) << "an aborted operation's output is not written";
+    EXPECT_TRUE(work->done());
+    EXPECT_THROW(work->wait(), BackendError);
+    EXPECT_FALSE(held.released_by_fallback());
+  });
+}
+
+TEST_F(NcclDevice, HostInputsMayBeReusedOnceTheCallReturnsPageableOrPinned) {
+  run([&](Communicator&, NcclCommunicator& w) {
+    const std::int64_t n = w.size();
+    void* pinned_block = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned_block, 2 * sizeof(std::int64_t)), cudaSuccess);
+    auto* pinned = static_cast<std::int64_t*>(pinned_block);
+    std::vector<std::int64_t> pageable = {w.rank() + 1, 5}, out_pageable(2), out_pinned(2);
+    pinned[0] = w.rank() + 1;
+    pinned[1] = 5;
+    {
+      Held held(w);  // nothing posted below can run before the inputs are overwritten
+      auto a = w.allreduce(pageable.data(), out_pageable.data(), 2, DataType::int64, ReduceOp::sum);
+      auto b = w.allreduce(pinned, out_pinned.data(), 2, DataType::int64, ReduceOp::sum);
+      pageable = {-100, -100};
+      pinned[0] = pinned[1] = -100;
+      EXPECT_FALSE(a->done());
+      EXPECT_FALSE(b->done());
+      held.release();
+      a->wait();
+      b->wait();
+      EXPECT_FALSE(held.released_by_fallback());
+    }
+    const std::vector<std::int64_t> want = {n * (n + 1) / 2, 5 * n};
+    EXPECT_EQ(out_pageable, want);
+    EXPECT_EQ(out_pinned, want);
+    cudaFreeHost(pinned);
+  });
+}
+
+TEST_F(NcclDevice, APendingOperationOfOneGroupNeverHoldsAnotherGroupsWaitOrDone) {
+  run([&](Communicator&, NcclCommunicator& w) {
+    auto solo_comm = w.split(w.rank(), 0, "solo#" + std::to_string(w.rank()));
+    ASSERT_NE(solo_comm, nullptr);
+    Communicator& solo = *solo_comm;
+    Held held(w);
+    std::int64_t pending_in = 1, pending_out = 0;
+    auto pending = w.allreduce(&pending_in, &pending_out, 1, DataType::int64, ReduceOp::sum);
+    // Host buffers on the other group: staged in and out while the world's stream is held.
+    // With a synchronous copy back (or a blocking stream) these waited for the held
+    // operation, and only the fallback release (60 s) would have ended them.
+    std::int64_t x = 7, y = 0;
+    solo.allreduce(&x, &y, 1, DataType::int64, ReduceOp::sum)->wait();
+    EXPECT_EQ(y, 7);
+    std::int64_t x2 = 11, y2 = 0;
+    auto polled = solo.allreduce(&x2, &y2, 1, DataType::int64, ReduceOp::sum);
+    while (!polled->done() && !held.released_by_fallback()) std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(y2, 11) << "done() returned true, so the output is written";
+    const std::vector<P2POp> self = {P2POp::send(&x, 1, DataType::int64, 0), P2POp::recv(&y2, 1, DataType::int64, 0)};
+    solo.batch_isend_irecv(self)->wait();  // host-staged self send/recv through NCCL's p2p path
+    EXPECT_EQ(y2, 7);
+    EXPECT_FALSE(held.released_by_fallback()) << "another group's pending operation held these";
+    EXPECT_FALSE(pending->done());
+    held.release();
+    pending->wait();
+    EXPECT_EQ(pending_out, w.size());
+  });
+}
+
+TEST_F(NcclDevice, ASplitThatTimesOutAbortsTheParentAndSaysWhich) {
+  run([&](Communicator&, NcclCommunicator& w) {
+    // No NCCL communicator initializes within 1 ms; the split's job is still running when
+    // the deadline passes, and its child is aborted with the parent.
+    w.set_timeout(1ms);
+    std::string msg;
+    try {
+      w.split(0, w.rank(), "tp#0");
+      msg = "(completed)";
+    } catch (const TimeoutError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg.rfind("nccl split on world for tp#0 (color 0): did not complete within ", 0), 0u) << msg;
+    EXPECT_TRUE(w.aborted());
+    EXPECT_THROW(w.barrier(), BackendError);
+  });
+}
+
+TEST_F(NcclDeviceMulti, APeerThatNeverJoinsEndsInTimeoutNamingTheGroup) {
   run([&](Communicator& boot, NcclCommunicator& w) {
     w.set_timeout(1s);
     if (w.rank() == 1) {  // never joins; waits until rank 0 has given up
@@ -446,14 +591,13 @@ TEST_F(NcclDevice, APeerThatNeverJoinsEndsInTimeoutNamingTheGroup) {
     Device d(4);
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_THROW(w.allreduce(d.get(), d.get(), 1, DataType::float32, ReduceOp::sum)->wait(), TimeoutError);
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "timeout 1 s, then the abort";
     EXPECT_TRUE(w.aborted());
     boot.barrier()->wait();
   });
 }
 
-TEST_F(NcclDevice, MemberCreationWithAMissingMemberTimesOutNamingTheMembers) {
-  if (n_ < 2) GTEST_SKIP() << "needs 2 ranks (2 GPUs): NCCL refuses two ranks on one GPU";
+TEST_F(NcclDeviceMulti, MemberCreationWithAMissingMemberTimesOutNamingTheMembers) {
   run([&](Communicator& boot, NcclCommunicator& w) {
     w.set_timeout(1s);
     const std::vector<int> members = {0, 1};
@@ -471,6 +615,36 @@ TEST_F(NcclDevice, MemberCreationWithAMissingMemberTimesOutNamingTheMembers) {
       boot.recv(id.data(), id.size(), DataType::int64, 0, nccl_host::kUniqueIdTag)->wait();
     }
     boot.barrier()->wait();
+  });
+}
+
+TEST_F(NcclDeviceMulti, AnotherDevicesBufferIsRefusedAndTheCommunicatorLives) {
+  run([&](Communicator&, NcclCommunicator& w) {
+    // Rank-threads share one address space: the next rank's device memory is a valid pointer
+    // here, on the wrong device.
+    const int other = (w.device() + 1) % cuda_device_count();
+    int current = -1;
+    ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+    void* foreign = nullptr;
+    ASSERT_EQ(cudaMalloc(&foreign, 8), cudaSuccess);
+    ASSERT_EQ(cudaSetDevice(current), cudaSuccess);
+    Device mine(8);
+    std::string msg;
+    try {
+      w.allreduce(foreign, mine.get(), 1, DataType::int64, ReduceOp::sum);
+    } catch (const ConfigError& e) {
+      msg = e.what();
+      EXPECT_EQ(e.parameter(), "send");
+    }
+    EXPECT_EQ(msg, "nccl allreduce on world: send buffer is memory of CUDA device " +
+                       std::to_string(other) + ", and this communicator's device is " +
+                       std::to_string(w.device()));
+    EXPECT_FALSE(w.aborted());
+    std::int64_t v = 1;
+    w.allreduce(&v, &v, 1, DataType::int64, ReduceOp::sum)->wait();  // still usable
+    EXPECT_EQ(v, w.size());
+    cudaFree(foreign);
   });
 }
 

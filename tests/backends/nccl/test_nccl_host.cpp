@@ -9,8 +9,10 @@
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <random>
 #include <regex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "commgrid/gloo.hpp"
@@ -217,6 +219,222 @@ TEST(NcclHost, WorldProblemIsTheSameTextForEveryRank) {
   EXPECT_EQ(nccl_host::world_problem(all), "");
   all[1].problem = "no CUDA device (test)";
   EXPECT_EQ(nccl_host::world_problem(all), "rank 1 (host gpu7): no CUDA device (test)");
+}
+
+TEST(NcclHost, WorldProblemReportsTheLowestPairAsThePairwiseScanDid) {
+  // Ranks 1 and 2 share a device, and so do ranks 0 and 3: the pair with the lowest first
+  // rank is (0, 3), not the first duplicate met (2).
+  std::vector<HostInfo> all(4);
+  const char* bus[] = {"A", "B", "B", "A"};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    all[i].host = "gpu7";
+    all[i].device = static_cast<int>(i);
+    all[i].bus_id = bus[i];
+  }
+  const std::string want =
+      "ranks 0 and 3 on host gpu7 both chose CUDA device 0 (bus A); NCCL needs one GPU per rank";
+  EXPECT_EQ(nccl_host::world_problem(all), want);
+  EXPECT_EQ(nccl_host::world_problem_pairwise(all), want);
+  // Ranks without a bus id (no device) never pair; the same bus id on two hosts neither.
+  all[0].bus_id = all[3].bus_id = "";
+  EXPECT_EQ(nccl_host::world_problem(all).rfind("ranks 1 and 2 ", 0), 0u);
+  all[2].host = "gpu8";
+  EXPECT_EQ(nccl_host::world_problem(all), "");
+  // A world whose every rank names one host and one device: the first two ranks.
+  std::vector<HostInfo> same(5000);
+  for (HostInfo& h : same) {
+    h.host = "localhost";
+    h.bus_id = "0000:3b:00.0";
+  }
+  EXPECT_EQ(nccl_host::world_problem(same).rfind("ranks 0 and 1 on host localhost ", 0), 0u);
+}
+
+TEST(NcclHost, WorldProblemFindsEveryProblemThePairwiseScanFound) {
+  // Random worlds dense in collisions: few hosts, few bus ids, some ranks without a device
+  // or with a problem of their own. The one-pass check must give the same text every time.
+  std::mt19937 rng(20240522);
+  int problems = 0, shared = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const auto n = static_cast<std::size_t>(1 + rng() % 40);
+    const unsigned hosts = 1 + rng() % 4, buses = 1 + rng() % 48;
+    std::vector<HostInfo> all(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      all[r].host = "h" + std::to_string(rng() % hosts);
+      const unsigned b = rng() % (buses + 2);
+      all[r].bus_id = b >= buses ? "" : "0000:" + std::to_string(b) + ":00.0";
+      all[r].device = static_cast<int>(b);
+      if (rng() % 200 == 0) all[r].problem = "no CUDA device (trial " + std::to_string(trial) + ")";
+    }
+    const std::string want = nccl_host::world_problem_pairwise(all);
+    ASSERT_EQ(nccl_host::world_problem(all), want) << "trial " << trial;
+    problems += want.empty() ? 0 : 1;
+    shared += want.rfind("ranks ", 0) == 0 ? 1 : 0;
+  }
+  // The trials covered clean worlds, ranks' own problems and shared devices alike.
+  EXPECT_GT(shared, 300);
+  EXPECT_GT(problems - shared, 30);
+  EXPECT_LT(problems, 3000);
+}
+
+TEST(NcclHost, BuffersInPlaceStagedOrRefused) {
+  using nccl_host::MemoryKind;
+  using nccl_host::use_in_place;
+  EXPECT_TRUE(use_in_place(MemoryKind::device, 2, 2, "allreduce", "world", "send"));
+  EXPECT_TRUE(use_in_place(MemoryKind::managed, 0, 2, "allreduce", "world", "send"));
+  EXPECT_FALSE(use_in_place(MemoryKind::host, -1, 2, "allreduce", "world", "send"));
+  EXPECT_FALSE(use_in_place(MemoryKind::pinned_host, 0, 2, "allreduce", "world", "send"));
+  // Another device's memory: refused before NCCL sees it, naming the buffer and both devices.
+  EXPECT_EQ(message_of([] { use_in_place(MemoryKind::device, 1, 0, "allreduce", "tp#3", "recv"); }),
+            "nccl allreduce on tp#3: recv buffer is memory of CUDA device 1, and this "
+            "communicator's device is 0");
+  try {
+    use_in_place(MemoryKind::device, 1, 0, "send", "pp#0", "buf");
+    ADD_FAILURE() << "no exception";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.parameter(), "buf");
+  }
+}
+
+TEST(NcclHost, AnAbortedOperationIsNeverReportedComplete) {
+  using nccl_host::judge;
+  using nccl_host::WorkLook;
+  using nccl_host::WorkVerdict;
+  auto look = [](bool done, bool cuda, bool aborted, bool nccl, bool late) {
+    WorkLook l;
+    l.event_done = done;
+    l.event_error = cuda;
+    l.aborted = aborted;
+    l.nccl_error = nccl;
+    l.past_deadline = late;
+    return judge(l);
+  };
+  EXPECT_EQ(look(false, false, false, false, false), WorkVerdict::pending);
+  EXPECT_EQ(look(true, false, false, false, false), WorkVerdict::complete);
+  EXPECT_EQ(look(true, false, false, false, true), WorkVerdict::complete) << "done in time to see";
+  EXPECT_EQ(look(false, false, false, false, true), WorkVerdict::timed_out);
+  // The defect: an abort ends the kernels, so the event completes with garbage behind it.
+  EXPECT_EQ(look(true, false, true, false, false), WorkVerdict::aborted);
+  EXPECT_EQ(look(false, false, true, false, true), WorkVerdict::aborted);
+  // NCCL stops the kernels of a failed communicator as well.
+  EXPECT_EQ(look(true, false, false, true, false), WorkVerdict::nccl_error);
+  EXPECT_EQ(look(false, false, false, true, true), WorkVerdict::nccl_error);
+  EXPECT_EQ(look(false, true, true, true, true), WorkVerdict::cuda_error);
+}
+
+// A fake communicator: alive until destroyed, counting the calls running on it.
+struct FakeComm {
+  std::atomic<bool> alive{true};
+  std::atomic<int> in_calls{0};
+  std::atomic<int> calls_after_death{0};
+};
+
+TEST(NcclHost, AbortFromAnotherThreadNeverDestroysUnderARunningCall) {
+  FakeComm fake;
+  std::atomic<int> calls_during_destroy{-1};
+  std::atomic<bool> stopping_seen_by_destroy{false};
+  nccl_host::AbortableHandle<FakeComm*> handle(&fake, [&](FakeComm* c) {
+    calls_during_destroy = c->in_calls.load();
+    c->alive = false;
+  });
+  std::atomic<bool> in_first_call{false};
+  std::atomic<int> done_calls{0};
+  std::thread user([&] {
+    // Calls as a polling loop makes them, until the handle refuses; the first one is long, so
+    // that the abort below comes while it runs.
+    for (int i = 0;; ++i) {
+      const auto r = handle.use([&](FakeComm* c) {
+        ++c->in_calls;
+        if (!c->alive) ++c->calls_after_death;
+        if (i == 0) {
+          in_first_call = true;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        --c->in_calls;
+        return i;
+      });
+      if (!r) break;
+      ++done_calls;
+    }
+  });
+  while (!in_first_call) std::this_thread::yield();
+  std::thread watchdog([&] {
+    EXPECT_TRUE(handle.abort("watchdog: allreduce on tp#0 timed out"));
+    stopping_seen_by_destroy = handle.aborted();
+  });
+  watchdog.join();
+  user.join();
+  EXPECT_EQ(calls_during_destroy.load(), 0) << "destroyed while a call ran on the handle";
+  EXPECT_FALSE(fake.alive);
+  EXPECT_EQ(fake.calls_after_death.load(), 0);
+  EXPECT_GE(done_calls.load(), 1);
+  EXPECT_TRUE(stopping_seen_by_destroy);
+  EXPECT_EQ(handle.reason(), "watchdog: allreduce on tp#0 timed out");
+  EXPECT_EQ(handle.peek(), nullptr);
+  EXPECT_FALSE(handle.use([](FakeComm*) { return 1; }).has_value());
+  // A second abort neither destroys again nor replaces the reason, and returns at once.
+  EXPECT_FALSE(handle.abort("later"));
+  EXPECT_EQ(handle.reason(), "watchdog: allreduce on tp#0 timed out");
+}
+
+TEST(NcclHost, EveryAbortReturnsOnlyOnceTheHandleIsDestroyed) {
+  // Two threads abort at once: the one that loses must not return before the winner's
+  // destruction ended (a split relies on it: NCCL writes the child while the parent's abort
+  // runs).
+  for (int round = 0; round < 50; ++round) {
+    FakeComm fake;
+    std::atomic<bool> destroyed{false};
+    nccl_host::AbortableHandle<FakeComm*> handle(&fake, [&](FakeComm* c) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(round % 3));
+      c->alive = false;
+      destroyed = true;
+    });
+    std::atomic<int> destroyed_seen_after_return{0}, winners{0};
+    auto aborter = [&] {
+      winners += handle.abort("r") ? 1 : 0;
+      destroyed_seen_after_return += destroyed ? 1 : 0;
+    };
+    std::thread a(aborter), b(aborter);
+    a.join();
+    b.join();
+    ASSERT_EQ(winners.load(), 1) << "round " << round;
+    ASSERT_EQ(destroyed_seen_after_return.load(), 2) << "round " << round;
+  }
+}
+
+TEST(NcclHost, ReleasedHandlesAreNotDestroyed) {
+  FakeComm fake;
+  int destroyed = 0;
+  nccl_host::AbortableHandle<FakeComm*> handle(&fake, [&](FakeComm*) { ++destroyed; });
+  EXPECT_EQ(handle.use([](FakeComm* c) { return c->alive.load(); }), std::optional<bool>(true));
+  EXPECT_EQ(handle.release(), &fake);
+  EXPECT_FALSE(handle.abort("after release"));
+  EXPECT_EQ(destroyed, 0);
+}
+
+TEST(NcclHost, TheCommunicatorNameOutlivesItsSource) {
+  // NCCL keeps config.commName's pointer for the communicator's life: the name must not be a
+  // temporary of the creating call.
+  nccl_backend::CommConfig cfg;
+  {
+    std::string temporary = "tp_dp_cp#12 (a name too long for any small-string buffer)";
+    cfg = nccl_backend::nonblocking_config(temporary);
+    temporary.assign(temporary.size(), 'x');
+  }
+  EXPECT_EQ(cfg.config.blocking, 0);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  ASSERT_NE(cfg.config.commName, nullptr);
+  EXPECT_EQ(cfg.config.commName, cfg.name->c_str());
+  // What a communicator's state keeps (the shared name) keeps NCCL's pointer valid after the
+  // configuration itself is gone, moved or copied.
+  const std::shared_ptr<const std::string> kept = cfg.name;
+  const char* ptr = cfg.config.commName;
+  nccl_backend::CommConfig moved = std::move(cfg);
+  cfg = nccl_backend::nonblocking_config("other");
+  EXPECT_EQ(moved.config.commName, ptr);
+  moved = nccl_backend::CommConfig{};
+  EXPECT_STREQ(ptr, "tp_dp_cp#12 (a name too long for any small-string buffer)");
+  EXPECT_EQ(kept->c_str(), ptr);
+#endif
 }
 
 TEST(NcclHost, ErrorTexts) {

@@ -42,11 +42,14 @@ std::string nccl_version();
 
 /// A Communicator over an NCCL communicator on one CUDA device.
 ///
-/// Buffers: device memory (cudaMalloc, cudaMallocManaged) is used in place and operations
-/// are enqueued on the communicator's stream; host memory is accepted too, staged through
-/// device memory (for small control data such as ProcessGroups' fingerprint and verify's
-/// checks): host inputs may be reused when the call returns, host outputs are written when
-/// wait() (or done() returning true) sees the operation complete.
+/// Buffers: device memory of device() (cudaMalloc) and managed memory are used in place, and
+/// operations are enqueued on the communicator's stream; device memory of another device is
+/// ConfigError naming the buffer. Host memory (pageable or pinned) is accepted too, staged
+/// through pinned and device memory (for small control data such as ProcessGroups'
+/// fingerprint and verify's checks): host inputs are copied before the call returns, so
+/// they may be reused at once; host outputs are written when wait() (or done() returning
+/// true) sees the operation complete. Staging never waits for the device (no synchronous
+/// copy, no cudaFree), so a pending operation of one group never holds another's wait().
 ///
 /// Every operation returns a pending Work wrapping a CUDA event recorded after it (send and
 /// recv, blocking by the interface, wait before returning). wait() polls the event and the
@@ -54,8 +57,10 @@ std::string nccl_version();
 /// posted; on timeout it aborts the communicator (ncclCommAbort, as torch's NCCL watchdog
 /// does) and throws TimeoutError naming the operation, the group and its members. An NCCL
 /// error aborts the communicator too; after an abort every call throws BackendError saying
-/// that the communicator was aborted and why. Other communicators (the parent, other
-/// groups) are not affected.
+/// that the communicator was aborted and why, and so does wait() on every operation it had
+/// not yet seen complete (an aborted operation's event completes too, with its output
+/// undefined). done() never blocks. Other communicators (the parent, other groups) are not
+/// affected.
 ///
 /// NCCL has no tags: point-to-point messages between two ranks match in the order they
 /// were posted, whatever their tags (tags must still be >= 0).
@@ -63,9 +68,11 @@ std::string nccl_version();
 /// Creation is nonblocking NCCL (config.blocking = 0) polled with ncclCommGetAsyncError
 /// against the timeout; on timeout the communicator being made (for split: the parent,
 /// whose abort also stops the child's initialization) is aborted and TimeoutError names the
-/// kind and group (the `name` argument), and the members. Not thread-safe: one thread uses
-/// one communicator at a time (it may differ between calls). Each call makes device()
-/// current for its duration and restores the caller's current device.
+/// kind and group (the `name` argument), and the members. One thread uses one communicator
+/// at a time (it may differ between calls); abort(), aborted() and abort_reason() may be
+/// called from any thread at any time (a watchdog's abort waits for the NCCL call in progress
+/// on the communicator, never frees it under that call, and ends the others' waits). Each
+/// call makes device() current for its duration and restores the caller's current device.
 class NcclCommunicator final : public Communicator {
  public:
   struct State;  ///< the NCCL handle, stream and abort state, shared with pending Work
@@ -82,21 +89,27 @@ class NcclCommunicator final : public Communicator {
 
   /// The CUDA device of this rank.
   [[nodiscard]] int device() const noexcept;
-  /// The stream operations are enqueued on: the communicator's own (a blocking stream, so
-  /// work on the legacy default stream is ordered before it) unless set_stream chose one.
+  /// The stream operations are enqueued on: the communicator's own unless set_stream chose
+  /// one. The own stream is non-blocking (a cudaMemcpy elsewhere never waits for its pending
+  /// operations), and each operation on it first waits for the work the calling thread
+  /// queued on the legacy default stream (an event), so that code written for one stream
+  /// sees its data in order.
   [[nodiscard]] CUstream_st* stream() const noexcept;
   /// Enqueues later operations on `stream` (a stream of device()); nullptr: back to the
-  /// communicator's own stream. The caller keeps `stream` alive while operations on it are
-  /// pending.
+  /// communicator's own stream. The caller orders work on `stream` and keeps it alive while
+  /// operations on it are pending.
   void set_stream(CUstream_st* stream) noexcept;
-  /// The NCCL communicator, for calling NCCL directly; nullptr once aborted.
+  /// The NCCL communicator, for calling NCCL directly; nullptr once aborted. Not guarded: do
+  /// not call it while another thread may abort().
   [[nodiscard]] ncclComm* native() const noexcept;
   /// Whether the communicator was aborted (by a timeout, an NCCL error or abort()).
   [[nodiscard]] bool aborted() const noexcept;
   /// Why it was aborted; empty when it was not.
   [[nodiscard]] std::string abort_reason() const;
   /// Aborts the NCCL communicator (ncclCommAbort): operations in flight end, and every later
-  /// call throws BackendError naming `reason`. No-op when already aborted.
+  /// call throws BackendError naming `reason`. Thread-safe: it waits for the NCCL call in
+  /// progress on another thread, if any, and returns once the communicator is destroyed
+  /// (also when another thread's abort came first; then `reason` is dropped).
   void abort(const std::string& reason) noexcept;
 
   /// ncclCommSplit of this communicator: color = group index (nullopt: NCCL_SPLIT_NOCOLOR,
