@@ -243,23 +243,17 @@ class RedisConnection {
     timeval tv{};
     tv.tv_sec = static_cast<time_t>(bound.count() / 1000);
     tv.tv_usec = static_cast<suseconds_t>((bound.count() % 1000) * 1000);
-    redis_ = redisConnectWithTimeout(host.c_str(), port, tv);
-    if (redis_ == nullptr) throw BackendError("redis connect: cannot allocate a connection");
-    if (redis_->err != 0) {
-      std::string why = redis_->errstr;
-      redisFree(redis_);
-      redis_ = nullptr;
-      throw BackendError("redis connect: " + why);
-    }
-    redisSetTimeout(redis_, tv);
+    // Owned from the start: a refused AUTH below throws out of the constructor, where a
+    // destructor would not run.
+    redis_.reset(redisConnectWithTimeout(host.c_str(), port, tv));
+    if (!redis_) throw BackendError("redis connect: cannot allocate a connection");
+    if (redis_->err != 0) throw BackendError(std::string("redis connect: ") + redis_->errstr);
+    redisSetTimeout(redis_.get(), tv);
     if (password.empty()) return;
     Reply reply = command("AUTH %b", password.data(), password.size());
     if (reply->type != REDIS_REPLY_STATUS)
       // The reply names no password.
       throw AuthenticationError("redis AUTH refused: " + text_of(reply.get()));
-  }
-  ~RedisConnection() {
-    if (redis_ != nullptr) redisFree(redis_);
   }
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
@@ -292,7 +286,7 @@ class RedisConnection {
 
   template <class... Args>
   Reply command(const char* format, Args... args) {
-    auto* r = static_cast<redisReply*>(redisCommand(redis_, format, args...));
+    auto* r = static_cast<redisReply*>(redisCommand(redis_.get(), format, args...));
     if (r == nullptr) {
       const bool timed_out = redis_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
       const std::string why = redis_->errstr[0] != '\0' ? redis_->errstr : "no reply";
@@ -306,7 +300,10 @@ class RedisConnection {
     if (r->type == REDIS_REPLY_NIL) return "no such key";
     return "unexpected reply";
   }
-  redisContext* redis_ = nullptr;
+  struct FreeContext {
+    void operator()(redisContext* c) const { redisFree(c); }
+  };
+  std::unique_ptr<redisContext, FreeContext> redis_;
 };
 
 class RedisStore final : public Store {
