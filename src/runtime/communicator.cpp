@@ -1,6 +1,10 @@
 #include "commgrid/communicator.hpp"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <vector>
 #include <bit>
 #include <cmath>
 #include <numeric>
@@ -182,6 +186,414 @@ void Communicator::check_counts(const char* op, const char* what, std::size_t ha
     throw InvalidValueError(what, subject + what + " holds " + std::to_string(have) +
                                       " elements, " + what + "_counts sum to " +
                                       std::to_string(total));
+}
+
+// ---- the contract: every argument checked here, once, for every backend -------------------
+
+namespace {
+
+std::string subject(const Communicator& c, std::string_view op) {
+  return std::string(c.backend()) + " " + std::string(op) + " on " + c.name() + ": ";
+}
+
+bool valid_type(DataType t) noexcept {
+  return static_cast<std::uint8_t>(t) <= static_cast<std::uint8_t>(DataType::uint8);
+}
+bool valid_op(ReduceOp op) noexcept {
+  return static_cast<std::uint8_t>(op) <= static_cast<std::uint8_t>(ReduceOp::avg);
+}
+
+// One call's argument checks, each raising the contract's error for its mistake.
+class Checks {
+ public:
+  Checks(const Communicator& c, std::string_view op) : c_(c), op_(op) {}
+
+  void type(DataType t) const {
+    if (!valid_type(t))
+      throw InvalidValueError("type", subject(c_, op_) + "DataType " +
+                                          std::to_string(static_cast<int>(t)) +
+                                          " is not one of commgrid's element types");
+  }
+  void op(ReduceOp op) const {
+    if (!valid_op(op))
+      throw InvalidValueError("op", subject(c_, op_) + "ReduceOp " +
+                                        std::to_string(static_cast<int>(op)) +
+                                        " is not one of commgrid's reductions");
+  }
+  void count(std::size_t n, const char* what = "count") const {
+    if (n > c_.max_count())
+      throw InvalidValueError(what, subject(c_, op_) + what + " " + std::to_string(n) +
+                                        " exceeds " + std::to_string(c_.max_count()) +
+                                        ", the largest count of one " +
+                                        std::string(c_.backend()) + " call");
+  }
+  void buffer(const void* p, std::size_t n, const char* what) const {
+    if (p == nullptr && n > 0)
+      throw ConfigError(what, subject(c_, op_) + "null " + what + " buffer for " +
+                                  std::to_string(n) + " elements");
+  }
+  void rank(int r, const char* what) const {
+    if (r < 0 || r >= c_.size())
+      throw RankOutOfRangeError(what, subject(c_, op_) + what + " " + std::to_string(r) +
+                                          " is not in [0, " + std::to_string(c_.size()) + ")");
+  }
+  void tag(int t) const {
+    if (t < 0 || t > c_.max_tag())
+      throw InvalidValueError("tag", subject(c_, op_) + "tag " + std::to_string(t) +
+                                         " is not in [0, " + std::to_string(c_.max_tag()) + "]");
+  }
+  // A counts list: one entry per rank, each and their sum within max_count(); returns the sum.
+  std::size_t counts(std::span<const std::size_t> counts, const char* what) const {
+    if (counts.size() != static_cast<std::size_t>(c_.size()))
+      throw InvalidValueError(what, subject(c_, op_) + what + " has " +
+                                        std::to_string(counts.size()) +
+                                        " entries, needs one per rank (" +
+                                        std::to_string(c_.size()) + ")");
+    std::size_t total = 0;
+    for (std::size_t n : counts) {
+      count(n, what);
+      total += n;
+      count(total, what);
+    }
+    return total;
+  }
+  // send and recv, each of `bytes` bytes, must not overlap; `same_ok`: unless they are the
+  // very same buffer (in place).
+  void apart(const void* send, std::size_t send_bytes, const void* recv, std::size_t recv_bytes,
+             bool same_ok) const {
+    if (send_bytes == 0 || recv_bytes == 0) return;
+    if (same_ok && send == recv) return;
+    if (!overlap(send, send_bytes, recv, recv_bytes)) return;
+    if (same_ok)
+      throw ConfigError("recv", subject(c_, op_) + "send and recv buffers overlap; pass the very "
+                                                   "same buffer (in place) or two that do not");
+    throw ConfigError("recv", subject(c_, op_) +
+                                  (send == recv ? "send and recv are the same buffer"
+                                                : "send and recv buffers overlap") +
+                                  "; only allreduce allows that (and reduce on root)");
+  }
+  static bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+    const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+    return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+  }
+  void members(std::span<const int> members, const std::string& name, bool must_contain_self) const {
+    auto fail = [&](const std::string& why) {
+      throw ConfigError("members", std::string(c_.backend()) + " " + std::string(op_) + " on " +
+                                       c_.name() + " for " + name + ": " + why);
+    };
+    if (members.empty()) fail("members is empty");
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (members[i] < 0 || members[i] >= c_.size())
+        throw RankOutOfRangeError("members", std::string(c_.backend()) + " " + std::string(op_) +
+                                                 " on " + c_.name() + " for " + name + ": member " +
+                                                 std::to_string(members[i]) + " is not in [0, " +
+                                                 std::to_string(c_.size()) + ")");
+      if (i > 0 && members[i] <= members[i - 1])
+        fail("members must be strictly ascending, got " + std::to_string(members[i - 1]) +
+             " before " + std::to_string(members[i]));
+    }
+    if (must_contain_self && !std::binary_search(members.begin(), members.end(), c_.rank()))
+      fail("this rank (" + std::to_string(c_.rank()) +
+           ") is not among the members; only members call create_group");
+  }
+
+ private:
+  const Communicator& c_;
+  std::string_view op_;
+};
+
+std::size_t bytes(std::size_t count, DataType type) { return count * element_size(type); }
+
+}  // namespace
+
+void Communicator::set_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0)
+    throw InvalidValueError("timeout", subject(*this, "set_timeout") + "timeout must be > 0 ms, got " +
+                                           std::to_string(timeout.count()));
+  timeout_ = timeout;
+  timeout_changed(timeout);
+}
+
+std::unique_ptr<Communicator> Communicator::split(std::optional<std::int64_t> color,
+                                                  std::int64_t key, std::string name) {
+  const std::string where = std::string(backend()) + " split on " + name_ + " for " + name + ": ";
+  if (color && (*color < 0 || *color > INT32_MAX))
+    throw InvalidValueError("color", where + "color " + std::to_string(*color) + " is not in [0, " +
+                                         std::to_string(INT32_MAX) + "]");
+  if (key < INT32_MIN || key > INT32_MAX)
+    throw InvalidValueError("key", where + "key " + std::to_string(key) + " does not fit an int32");
+  ++creation_calls_;
+  return do_split(color, key, std::move(name));
+}
+
+std::unique_ptr<Communicator> Communicator::create_group(std::span<const int> members,
+                                                         std::string name) {
+  Checks(*this, "create_group").members(members, name, true);
+  ++creation_calls_;
+  return do_create_group(members, std::move(name));
+}
+
+std::unique_ptr<Communicator> Communicator::create_group_collective(std::span<const int> members,
+                                                                    std::string name) {
+  Checks(*this, "create_group_collective").members(members, name, false);
+  ++creation_calls_;
+  return do_create_group_collective(members, std::move(name));
+}
+
+std::unique_ptr<Work> Communicator::barrier() { return do_barrier(); }
+
+std::unique_ptr<Work> Communicator::broadcast(void* buf, std::size_t count, DataType type, int root) {
+  const Checks c(*this, "broadcast");
+  c.type(type);
+  c.count(count);
+  c.rank(root, "root");
+  c.buffer(buf, count, "buf");
+  return do_broadcast(buf, count, type, root);
+}
+
+std::unique_ptr<Work> Communicator::allreduce(const void* send, void* recv, std::size_t count,
+                                              DataType type, ReduceOp op) {
+  const Checks c(*this, "allreduce");
+  c.type(type);
+  c.op(op);
+  c.count(count);
+  c.buffer(send, count, "send");
+  c.buffer(recv, count, "recv");
+  c.apart(send, bytes(count, type), recv, bytes(count, type), true);
+  return do_allreduce(send, recv, count, type, op);
+}
+
+std::unique_ptr<Work> Communicator::allgather(const void* send, void* recv, std::size_t count,
+                                              DataType type) {
+  const Checks c(*this, "allgather");
+  c.type(type);
+  c.count(count);
+  c.count(count * group_size());
+  c.buffer(send, count, "send");
+  c.buffer(recv, count, "recv");
+  c.apart(send, bytes(count, type), recv, bytes(count * group_size(), type), false);
+  return do_allgather(send, recv, count, type);
+}
+
+std::unique_ptr<Work> Communicator::reduce_scatter(const void* send, void* recv, std::size_t count,
+                                                   DataType type, ReduceOp op) {
+  const Checks c(*this, "reduce_scatter");
+  c.type(type);
+  c.op(op);
+  c.count(count);
+  c.count(count * group_size());
+  c.buffer(send, count, "send");
+  c.buffer(recv, count, "recv");
+  c.apart(send, bytes(count * group_size(), type), recv, bytes(count, type), false);
+  return do_reduce_scatter(send, recv, count, type, op);
+}
+
+std::unique_ptr<Work> Communicator::alltoall(const void* send, void* recv, std::size_t count,
+                                             DataType type) {
+  const Checks c(*this, "alltoall");
+  c.type(type);
+  c.count(count);
+  c.count(count * group_size());
+  c.buffer(send, count, "send");
+  c.buffer(recv, count, "recv");
+  const std::size_t total = bytes(count * group_size(), type);
+  c.apart(send, total, recv, total, false);
+  return do_alltoall(send, recv, count, type);
+}
+
+std::unique_ptr<Work> Communicator::alltoallv(const void* send,
+                                              std::span<const std::size_t> send_counts, void* recv,
+                                              std::span<const std::size_t> recv_counts,
+                                              DataType type) {
+  const Checks c(*this, "alltoallv");
+  c.type(type);
+  const std::size_t send_total = c.counts(send_counts, "send_counts");
+  const std::size_t recv_total = c.counts(recv_counts, "recv_counts");
+  const auto me = static_cast<std::size_t>(rank());
+  if (send_counts[me] != recv_counts[me])
+    throw InvalidValueError("recv_counts", subject(*this, "alltoallv") + "rank " +
+                                               std::to_string(me) + " sends " +
+                                               std::to_string(send_counts[me]) +
+                                               " elements to itself (send_counts[" +
+                                               std::to_string(me) + "]) but expects " +
+                                               std::to_string(recv_counts[me]) + " (recv_counts[" +
+                                               std::to_string(me) + "])");
+  c.buffer(send, send_total, "send");
+  c.buffer(recv, recv_total, "recv");
+  c.apart(send, bytes(send_total, type), recv, bytes(recv_total, type), false);
+  return do_alltoallv(send, send_counts, recv, recv_counts, type);
+}
+
+std::unique_ptr<Work> Communicator::allgatherv(const void* send, std::size_t count, void* recv,
+                                               std::span<const std::size_t> recv_counts,
+                                               DataType type) {
+  const Checks c(*this, "allgatherv");
+  c.type(type);
+  const std::size_t total = c.counts(recv_counts, "recv_counts");
+  const std::size_t listed = recv_counts[static_cast<std::size_t>(rank())];
+  if (count != listed)
+    throw InvalidValueError("count", subject(*this, "allgatherv") + "rank " +
+                                         std::to_string(rank()) + " sends " +
+                                         std::to_string(count) + " elements but recv_counts[" +
+                                         std::to_string(rank()) + "] is " + std::to_string(listed));
+  c.buffer(send, count, "send");
+  c.buffer(recv, total, "recv");
+  c.apart(send, bytes(count, type), recv, bytes(total, type), false);
+  return do_allgatherv(send, count, recv, recv_counts, type);
+}
+
+std::unique_ptr<Work> Communicator::reduce(const void* send, void* recv, std::size_t count,
+                                           DataType type, ReduceOp op, int root) {
+  const Checks c(*this, "reduce");
+  c.type(type);
+  c.op(op);
+  c.count(count);
+  c.rank(root, "root");
+  c.buffer(send, count, "send");
+  if (rank() == root) {
+    c.buffer(recv, count, "recv");
+    c.apart(send, bytes(count, type), recv, bytes(count, type), true);
+  }
+  return do_reduce(send, recv, count, type, op, root);
+}
+
+std::unique_ptr<Work> Communicator::gather(const void* send, void* recv, std::size_t count,
+                                           DataType type, int root) {
+  const Checks c(*this, "gather");
+  c.type(type);
+  c.count(count);
+  c.count(count * group_size());
+  c.rank(root, "root");
+  c.buffer(send, count, "send");
+  if (rank() == root) {
+    c.buffer(recv, count, "recv");
+    c.apart(send, bytes(count, type), recv, bytes(count * group_size(), type), false);
+  }
+  return do_gather(send, recv, count, type, root);
+}
+
+std::unique_ptr<Work> Communicator::scatter(const void* send, void* recv, std::size_t count,
+                                            DataType type, int root) {
+  const Checks c(*this, "scatter");
+  c.type(type);
+  c.count(count);
+  c.count(count * group_size());
+  c.rank(root, "root");
+  c.buffer(recv, count, "recv");
+  if (rank() == root) {
+    c.buffer(send, count, "send");
+    c.apart(send, bytes(count * group_size(), type), recv, bytes(count, type), false);
+  }
+  return do_scatter(send, recv, count, type, root);
+}
+
+void Communicator::check_p2p(const P2POp& o, const char* op) const {
+  const Checks c(*this, op);
+  if (o.kind != P2POp::Kind::send && o.kind != P2POp::Kind::recv)
+    throw InvalidValueError("kind", subject(*this, op) + "P2POp kind " +
+                                        std::to_string(static_cast<int>(o.kind)) +
+                                        " is neither send nor recv");
+  c.type(o.type);
+  c.count(o.count);
+  c.rank(o.peer, "peer");
+  c.tag(o.tag);
+  c.buffer(o.buf, o.count, "buf");
+}
+
+std::unique_ptr<Work> Communicator::send(const void* buf, std::size_t count, DataType type,
+                                         int peer, int tag) {
+  const P2POp o = P2POp::send(buf, count, type, peer, tag);
+  check_p2p(o, "send");
+  if (peer == rank())
+    throw ConfigError("peer", subject(*this, "send") + "peer is this rank (" +
+                                  std::to_string(peer) +
+                                  "); a blocking send to itself could never complete: use "
+                                  "isend/irecv or batch_isend_irecv");
+  return do_send(o);
+}
+
+std::unique_ptr<Work> Communicator::recv(void* buf, std::size_t count, DataType type, int peer,
+                                         int tag) {
+  const P2POp o = P2POp::recv(buf, count, type, peer, tag);
+  check_p2p(o, "recv");
+  if (peer == rank())
+    throw ConfigError("peer", subject(*this, "recv") + "peer is this rank (" +
+                                  std::to_string(peer) +
+                                  "); a blocking recv from itself could never complete: use "
+                                  "isend/irecv or batch_isend_irecv");
+  return do_recv(o);
+}
+
+std::unique_ptr<Work> Communicator::isend(const void* buf, std::size_t count, DataType type,
+                                          int peer, int tag) {
+  const P2POp o = P2POp::send(buf, count, type, peer, tag);
+  check_p2p(o, "isend");
+  return do_batch_isend_irecv(std::span<const P2POp>(&o, 1), "isend");
+}
+
+std::unique_ptr<Work> Communicator::irecv(void* buf, std::size_t count, DataType type, int peer,
+                                          int tag) {
+  const P2POp o = P2POp::recv(buf, count, type, peer, tag);
+  check_p2p(o, "irecv");
+  return do_batch_isend_irecv(std::span<const P2POp>(&o, 1), "irecv");
+}
+
+std::unique_ptr<Work> Communicator::batch_isend_irecv(std::span<const P2POp> ops) {
+  for (const P2POp& o : ops) check_p2p(o, "batch_isend_irecv");
+  // A receive must not share memory with any other operation of the batch (they run at
+  // once): sorted by address, each receive is compared with its neighbours' ranges only.
+  if (ops.size() < 2) return do_batch_isend_irecv(ops, "batch_isend_irecv");
+  struct Range {
+    std::uintptr_t begin, end;
+    bool recv;
+    std::size_t index;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const std::size_t n = bytes(ops[i].count, ops[i].type);
+    if (n == 0) continue;
+    const auto b = reinterpret_cast<std::uintptr_t>(ops[i].buf);
+    ranges.push_back({b, b + n, ops[i].kind == P2POp::Kind::recv, i});
+  }
+  if (ranges.size() > 1 &&
+      std::any_of(ranges.begin(), ranges.end(), [](const Range& r) { return r.recv; })) {
+    std::sort(ranges.begin(), ranges.end(),
+              [](const Range& a, const Range& b) { return a.begin < b.begin; });
+    // Sweep: the furthest-reaching range so far, and whether a receive reaches there.
+    std::uintptr_t reach = 0;
+    std::size_t reach_index = 0;
+    bool reach_recv = false, any = false;
+    for (const Range& r : ranges) {
+      if (any && r.begin < reach && (r.recv || reach_recv)) {
+        const std::size_t a = std::min(reach_index, r.index), b = std::max(reach_index, r.index);
+        throw ConfigError("buf", subject(*this, "batch_isend_irecv") + "operations " +
+                                     std::to_string(a) + " and " + std::to_string(b) +
+                                     " use overlapping buffers and one of them is a receive; a "
+                                     "receive's buffer must not overlap any other buffer of the "
+                                     "batch");
+      }
+      if (!any || r.end > reach) {
+        reach = r.end;
+        reach_index = r.index;
+        reach_recv = r.recv;
+      }
+      any = true;
+    }
+  }
+  return do_batch_isend_irecv(ops, "batch_isend_irecv");
+}
+
+std::unique_ptr<Work> Communicator::do_send(const P2POp& op) {
+  auto work = do_batch_isend_irecv(std::span<const P2POp>(&op, 1), "send");
+  work->wait();
+  return work;
+}
+
+std::unique_ptr<Work> Communicator::do_recv(const P2POp& op) {
+  auto work = do_batch_isend_irecv(std::span<const P2POp>(&op, 1), "recv");
+  work->wait();
+  return work;
 }
 
 }  // namespace commgrid

@@ -1,11 +1,15 @@
 // Backend-neutral checks of what model code needs from a Communicator: nonblocking and
 // batched point to point, variable and rooted collectives, avg, every element type, typed
-// buffers and the member/global rank mapping. Each function is called on every rank of a
-// real job (Gloo rank-threads, MPI processes) and throws CheckFailed on the first wrong
-// value, so a failure names the rank, the operation and the values.
+// buffers, the member/global rank mapping, and the argument errors of the contract (the
+// same typed error for the same mistake on every backend). Each function is called on
+// every rank of a real job (Gloo rank-threads, MPI processes, NCCL rank-threads on GPUs)
+// and throws CheckFailed on the first wrong value, so a failure names the rank, the
+// operation and the values.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <numeric>
@@ -323,6 +327,139 @@ inline void typed_size_errors(Communicator& c) {
   throws([&] { (void)c.alltoallv(std::span<const double>(three), wrong_counts, std::span<double>(big), wrong_counts); }, "alltoallv");
   if (c.size() > 1)
     throws([&] { (void)c.gather(std::span<const double>(three), std::span<double>(three), c.rank()); }, "gather");
+}
+
+/// Runs fn, which must throw E with parameter() == param and a message that starts with
+/// "<backend> <op> on <group>"; a CheckFailed names what was expected and what came.
+template <class E, class F>
+void expect_error(const Communicator& c, const std::string& what, const char* op,
+                  const char* param, F&& fn) {
+  std::string got = "no error";
+  bool ok = false;
+  try {
+    (void)fn();
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    got = std::string("parameter ") + e.parameter() + ": " + msg;
+    ok = e.parameter() == param &&
+         msg.rfind(std::string(c.backend()) + " " + op + " on " + c.name(), 0) == 0;
+  } catch (const std::exception& e) {
+    got = std::string("another error type: ") + e.what();
+  }
+  check(ok, c, what + ": expected the contract's error (parameter " + param + "), got " + got);
+}
+
+/// Every argument mistake of the Communicator contract raises the same typed error, with the
+/// same parameter() and a message "<backend> <op> on <group>: ...", on every backend, before
+/// any communication: each rank makes the mistakes on its own, and the communicator still
+/// works afterwards (an allreduce at the end). Refused creations are not counted.
+inline void argument_errors(Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  const std::int64_t calls = c.creation_calls();
+  std::vector<std::int64_t> buf(4 * static_cast<std::size_t>(n) + 8, 1);
+  std::int64_t* p = buf.data();
+  const DataType i64 = DataType::int64;
+  using Config = ConfigError;
+  using Range = RankOutOfRangeError;
+  using Value = InvalidValueError;
+  // Null buffers with a count > 0.
+  expect_error<Config>(c, "null broadcast buffer", "broadcast", "buf",
+                                     [&] { return c.broadcast(nullptr, 1, i64, 0); });
+  expect_error<Config>(c, "null allreduce send", "allreduce", "send",
+                                     [&] { return c.allreduce(nullptr, p, 1, i64, ReduceOp::sum); });
+  expect_error<Config>(c, "null allgather recv", "allgather", "recv",
+                                     [&] { return c.allgather(p, nullptr, 1, i64); });
+  expect_error<Config>(c, "null isend buffer", "isend", "buf",
+                                     [&] { return c.isend(nullptr, 2, i64, 0, 0); });
+  // Roots and peers out of range.
+  expect_error<Range>(c, "broadcast root -1", "broadcast", "root",
+                                    [&] { return c.broadcast(p, 1, i64, -1); });
+  expect_error<Range>(c, "reduce root = size", "reduce", "root",
+                                    [&] { return c.reduce(p, p, 1, i64, ReduceOp::sum, n); });
+  expect_error<Range>(c, "gather root = size", "gather", "root",
+                                    [&] { return c.gather(p, p + 1, 1, i64, n); });
+  expect_error<Range>(c, "scatter root = size", "scatter", "root",
+                                    [&] { return c.scatter(p, p + 1, 1, i64, n); });
+  expect_error<Range>(c, "send to rank size", "send", "peer",
+                                    [&] { return c.send(p, 1, i64, n, 0); });
+  expect_error<Range>(c, "irecv from -1", "irecv", "peer",
+                                    [&] { return c.irecv(p, 1, i64, -1, 0); });
+  // Tags.
+  expect_error<Value>(c, "isend tag -1", "isend", "tag",
+                                    [&] { return c.isend(p, 1, i64, me, -1); });
+  const P2POp bad_tag[] = {P2POp::recv(p, 1, i64, me, 0), P2POp::send(p + 1, 1, i64, me, -5)};
+  expect_error<Value>(c, "batch tag -5", "batch_isend_irecv", "tag",
+                                    [&] { return c.batch_isend_irecv(bad_tag); });
+  if (c.max_tag() < INT_MAX)
+    expect_error<Value>(c, "tag above max_tag()", "isend", "tag",
+                                      [&] { return c.isend(p, 1, i64, me, c.max_tag() + 1); });
+  // Counts lists and counts.
+  const std::vector<std::size_t> short_counts(static_cast<std::size_t>(n) + 1, 0);
+  const std::vector<std::size_t> ones(static_cast<std::size_t>(n), 1);
+  expect_error<Value>(c, "alltoallv send_counts of size+1", "alltoallv", "send_counts",
+                                    [&] { return c.alltoallv(p, short_counts, p + n + 1, ones, i64); });
+  expect_error<Value>(c, "allgatherv recv_counts of size+1", "allgatherv", "recv_counts",
+                                    [&] { return c.allgatherv(p, 0, p + 1, short_counts, i64); });
+  expect_error<Value>(c, "allgatherv count != recv_counts[rank]", "allgatherv", "count",
+                                    [&] { return c.allgatherv(p, 2, p + 2, ones, i64); });
+  std::vector<std::size_t> self_more = ones;
+  self_more[static_cast<std::size_t>(me)] = 2;
+  expect_error<Value>(c, "alltoallv self block 2 vs 1", "alltoallv", "recv_counts",
+                                    [&] { return c.alltoallv(p, self_more, p + 2 * n + 2, ones, i64); });
+  if (c.max_count() < SIZE_MAX)
+    expect_error<Value>(c, "count above max_count()", "allreduce", "count",
+                                      [&] { return c.allreduce(p, p, c.max_count() + 1, i64, ReduceOp::sum); });
+  // Types and ops outside the enumerations.
+  expect_error<Value>(c, "DataType 99", "allreduce", "type",
+                                    [&] { return c.allreduce(p, p, 1, static_cast<DataType>(99), ReduceOp::sum); });
+  expect_error<Value>(c, "ReduceOp 99", "reduce_scatter", "op",
+                                    [&] { return c.reduce_scatter(p, p + n, 1, i64, static_cast<ReduceOp>(99)); });
+  // Overlapping buffers where the operation does not allow it.
+  expect_error<Config>(c, "allgather in place", "allgather", "recv",
+                                     [&] { return c.allgather(p, p, 1, i64); });
+  expect_error<Config>(c, "alltoall in place", "alltoall", "recv",
+                                     [&] { return c.alltoall(p, p, 1, i64); });
+  expect_error<Config>(c, "allreduce, recv one element into send", "allreduce", "recv",
+                                     [&] { return c.allreduce(p, p + 1, 2, i64, ReduceOp::sum); });
+  expect_error<Config>(c, "reduce_scatter overlapping", "reduce_scatter", "recv",
+                                     [&] { return c.reduce_scatter(p, p + n - 1, 1, i64, ReduceOp::sum); });
+  const P2POp two_into_one[] = {P2POp::recv(p, 2, i64, me, 0), P2POp::recv(p + 1, 2, i64, me, 1)};
+  expect_error<Config>(c, "two receives into one buffer", "batch_isend_irecv", "buf",
+                                     [&] { return c.batch_isend_irecv(two_into_one); });
+  const P2POp send_into_recv[] = {P2POp::send(p, 3, i64, me, 0), P2POp::recv(p + 2, 3, i64, me, 0)};
+  expect_error<Config>(c, "a receive over a send's buffer", "batch_isend_irecv", "buf",
+                                     [&] { return c.batch_isend_irecv(send_into_recv); });
+  // Blocking point to point with this rank itself could only hang.
+  expect_error<Config>(c, "blocking send to itself", "send", "peer",
+                                     [&] { return c.send(p, 1, i64, me, 0); });
+  expect_error<Config>(c, "blocking recv from itself", "recv", "peer",
+                                     [&] { return c.recv(p, 1, i64, me, 0); });
+  // Creation arguments.
+  expect_error<Value>(c, "split color -1", "split", "color",
+                                    [&] { return c.split(std::int64_t{-1}, 0, "bad#0"); });
+  expect_error<Value>(c, "split key 2^40", "split", "key",
+                                    [&] { return c.split(std::int64_t{0}, std::int64_t{1} << 40, "bad#0"); });
+  const std::vector<int> none, outside = {me, n}, backwards = {n - 1, 0};
+  expect_error<Config>(c, "create_group of nobody", "create_group", "members",
+                                     [&] { return c.create_group(none, "bad#0"); });
+  expect_error<Range>(c, "create_group with rank size", "create_group", "members",
+                                    [&] { return c.create_group(outside, "bad#0"); });
+  if (n > 1) {
+    expect_error<Config>(c, "create_group_collective backwards", "create_group_collective",
+                                       "members", [&] { return c.create_group_collective(backwards, "bad#0"); });
+    const std::vector<int> others = {(me + 1) % n};
+    expect_error<Config>(c, "create_group without this rank", "create_group", "members",
+                                       [&] { return c.create_group(others, "bad#0"); });
+  }
+  check(c.creation_calls() == calls, c, "refused creations were counted as backend calls");
+  expect_error<Value>(c, "set_timeout(0)", "set_timeout", "timeout", [&] {
+    c.set_timeout(std::chrono::milliseconds(0));
+    return 0;
+  });
+  // Nothing above reached the backend: the communicator works as before.
+  std::int64_t one = 1;
+  c.allreduce(&one, &one, 1, i64, ReduceOp::sum)->wait();
+  check(one == n, c, "allreduce after the refused calls gave " + std::to_string(one));
 }
 
 /// The world's members are 0..W-1 and its ranks map both ways.

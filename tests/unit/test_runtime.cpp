@@ -90,25 +90,23 @@ class NamedGroup final : public Communicator {
   [[nodiscard]] std::string_view backend() const noexcept override { return "none"; }
   [[nodiscard]] int rank() const noexcept override { return 0; }
   [[nodiscard]] int size() const noexcept override { return size_; }
-  std::unique_ptr<Communicator> split(std::optional<std::int64_t>, std::int64_t, std::string) override { return fail(); }
-  std::unique_ptr<Communicator> create_group(std::span<const int>, std::string) override { return fail(); }
-  std::unique_ptr<Communicator> create_group_collective(std::span<const int>, std::string) override { return fail(); }
-  std::unique_ptr<Work> barrier() override { return fail_work(); }
-  std::unique_ptr<Work> broadcast(void*, std::size_t, DataType, int) override { return fail_work(); }
-  std::unique_ptr<Work> allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail_work(); }
-  std::unique_ptr<Work> allgather(const void*, void*, std::size_t, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail_work(); }
-  std::unique_ptr<Work> alltoall(const void*, void*, std::size_t, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> send(const void*, std::size_t, DataType, int, int) override { return fail_work(); }
-  std::unique_ptr<Work> recv(void*, std::size_t, DataType, int, int) override { return fail_work(); }
-  std::unique_ptr<Work> isend(const void*, std::size_t, DataType, int, int) override { return fail_work(); }
-  std::unique_ptr<Work> irecv(void*, std::size_t, DataType, int, int) override { return fail_work(); }
-  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp>) override { return fail_work(); }
-  std::unique_ptr<Work> alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> reduce(const void*, void*, std::size_t, DataType, ReduceOp, int) override { return fail_work(); }
-  std::unique_ptr<Work> gather(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
-  std::unique_ptr<Work> scatter(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
+
+ protected:
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t, std::string) override { return fail(); }
+  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override { return fail(); }
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>, std::string) override { return fail(); }
+  std::unique_ptr<Work> do_barrier() override { return fail_work(); }
+  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override { return fail_work(); }
+  std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail_work(); }
+  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override { return fail_work(); }
+  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail_work(); }
+  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override { return fail_work(); }
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override { return fail_work(); }
+  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
+  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
+  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp, int) override { return fail_work(); }
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
 
  private:
   static std::unique_ptr<Communicator> fail() { throw BackendError("none: no communication"); }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -152,12 +153,42 @@ struct P2POp {
   }
 };
 
-/// A communicator over a group of ranks. Every collective is collective: every rank of the
-/// group calls it with the same count, type, op and root. Buffers are host memory unless a
-/// backend says otherwise; send and receive buffers of a collective may be the same pointer
-/// only where a method says so. Every call has the communicator's timeout, checks the
-/// backend's return code and throws BackendError (TimeoutError) naming the backend, the
-/// operation and the group.
+/// A communicator over a group of ranks: the one contract every backend (MPI, Gloo, NCCL)
+/// implements.
+///
+/// Every collective is collective: every rank of the group calls it with the same count,
+/// type, op and root. Buffers are host memory unless a backend says otherwise.
+///
+/// **Arguments are checked here, once, the same way on every backend**, before the backend
+/// sees the call and before any communication, so that a mistake raises the same typed
+/// error (and the CLI the same exit code, 2) whatever the engine. The message is
+/// "<backend> <op> on <group>: <what is wrong, with the values>"; parameter() names the
+/// argument:
+///
+/// | mistake                                                          | error                 | parameter()               |
+/// |------------------------------------------------------------------|-----------------------|---------------------------|
+/// | null buffer with a count > 0                                     | ConfigError           | send, recv or buf         |
+/// | root, peer or member outside [0, size())                         | RankOutOfRangeError   | root, peer or members     |
+/// | tag < 0 or above max_tag()                                       | InvalidValueError     | tag                       |
+/// | a count above max_count(), a counts list of the wrong length,   | InvalidValueError     | count, send_counts,       |
+/// | allgatherv's count != recv_counts[rank()], alltoallv's block to  |                       | recv_counts               |
+/// | this rank sent and expected with different counts               |                       |                           |
+/// | a typed buffer of the wrong size                                 | InvalidValueError     | send or recv              |
+/// | a DataType or ReduceOp outside the enumeration                   | InvalidValueError     | type or op                |
+/// | send and recv overlapping (allreduce and reduce on root allow    | ConfigError           | recv                      |
+/// | the very same buffer); batch receives overlapping each other or  |                       |                           |
+/// | a send of the batch                                              |                       |                           |
+/// | a blocking send or recv to this rank itself (it could only hang) | ConfigError           | peer                      |
+/// | split color outside [0, 2^31), key outside int32                 | InvalidValueError     | color or key              |
+/// | members empty, not strictly ascending, or (create_group) without | ConfigError           | members                   |
+/// | this rank                                                        |                       |                           |
+/// | a timeout <= 0                                                   | InvalidValueError     | timeout                   |
+///
+/// What only happens on the wire is the backend's and is BackendError (TimeoutError when the
+/// communicator's timeout passes, naming the ranks that did not arrive where the backend can
+/// know them); every call has the communicator's timeout and checks the backend's return
+/// codes. A backend implements the protected do_* functions; they are called only with
+/// arguments that passed these checks.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -176,95 +207,107 @@ class Communicator {
   /// create_group* starts with its parent's timeout.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   /// Sets the timeout of every later call on this communicator (a call in flight keeps its
-  /// own). A backend whose engine keeps its own copy overrides this and calls the base.
-  virtual void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  /// own). Throws InvalidValueError for a timeout <= 0.
+  void set_timeout(std::chrono::milliseconds timeout);
   /// Number of communicator-creation calls this object made on the backend so far
   /// (split, create_group, create_group_collective), for benchmarks.
   [[nodiscard]] std::int64_t creation_calls() const noexcept { return creation_calls_; }
+  /// The largest tag point-to-point calls accept (MPI: the communicator's MPI_TAG_UB).
+  [[nodiscard]] virtual int max_tag() const noexcept { return INT_MAX; }
+  /// The largest element count (of one buffer, and of a counts list's sum) one call
+  /// accepts (MPI: INT_MAX, its count type).
+  [[nodiscard]] virtual std::size_t max_count() const noexcept { return SIZE_MAX; }
 
   /// Collective over this group: ranks with the same color form a new group, ordered by
   /// key (ties by rank). A rank passing no color takes part but gets nullptr. `name`
-  /// names the new group of this rank.
-  virtual std::unique_ptr<Communicator> split(std::optional<std::int64_t> color,
-                                              std::int64_t key, std::string name) = 0;
+  /// names the new group of this rank. color in [0, 2^31), key fits an int32.
+  [[nodiscard]] std::unique_ptr<Communicator> split(std::optional<std::int64_t> color,
+                                                    std::int64_t key, std::string name);
   /// Only the members call it: creates the group of `members` (ranks in this group,
   /// ascending, including this rank); ranks outside do nothing. `name` must be the same on
   /// every member and unique among the groups created from this communicator.
-  virtual std::unique_ptr<Communicator> create_group(std::span<const int> members,
-                                                     std::string name) = 0;
+  [[nodiscard]] std::unique_ptr<Communicator> create_group(std::span<const int> members,
+                                                           std::string name);
   /// Collective over this whole group (Megatron's new_group): every rank calls it with the
-  /// same members; members get the new communicator, others nullptr.
-  virtual std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
-                                                                std::string name) = 0;
+  /// same members (ascending); members get the new communicator, others nullptr. Ranks that
+  /// pass different members or names fail on every rank.
+  [[nodiscard]] std::unique_ptr<Communicator> create_group_collective(
+      std::span<const int> members, std::string name);
 
   /// Collective: returns when every rank has entered.
-  virtual std::unique_ptr<Work> barrier() = 0;
+  [[nodiscard]] std::unique_ptr<Work> barrier();
   /// Collective: `count` elements from root's buf to every rank's buf.
-  virtual std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
-                                          int root) = 0;
-  /// Collective: recv = op over every rank's send (count elements). send == recv allowed.
-  virtual std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
-                                          DataType type, ReduceOp op) = 0;
+  [[nodiscard]] std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
+                                                int root);
+  /// Collective: recv = op over every rank's send (count elements). send == recv allowed
+  /// (in place); otherwise they must not overlap.
+  [[nodiscard]] std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
+                                                DataType type, ReduceOp op);
   /// Collective: recv (size()*count elements) = every rank's send (count) in rank order.
-  virtual std::unique_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
-                                          DataType type) = 0;
+  [[nodiscard]] std::unique_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
+                                                DataType type);
   /// Collective: reduces send (size()*count elements) and leaves block rank() (count
   /// elements) in recv.
-  virtual std::unique_ptr<Work> reduce_scatter(const void* send, void* recv,
-                                               std::size_t count, DataType type,
-                                               ReduceOp op) = 0;
+  [[nodiscard]] std::unique_ptr<Work> reduce_scatter(const void* send, void* recv,
+                                                     std::size_t count, DataType type,
+                                                     ReduceOp op);
   /// Collective: block j (count elements) of send goes to rank j; block i of recv comes
   /// from rank i. Both hold size()*count elements.
-  virtual std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
-                                         DataType type) = 0;
+  [[nodiscard]] std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
+                                               DataType type);
   /// Collective: block j of send (send_counts[j] elements, blocks packed in rank order)
   /// goes to rank j; block i of recv (recv_counts[i] elements) comes from rank i. Both
   /// count lists have size() entries; zeros are allowed. recv_counts[i] on this rank must
-  /// equal send_counts[rank()] on rank i. send and recv must be different buffers.
-  virtual std::unique_ptr<Work> alltoallv(const void* send,
-                                          std::span<const std::size_t> send_counts, void* recv,
-                                          std::span<const std::size_t> recv_counts,
-                                          DataType type) = 0;
+  /// equal send_counts[rank()] on rank i (checked here for i == rank()).
+  [[nodiscard]] std::unique_ptr<Work> alltoallv(const void* send,
+                                                std::span<const std::size_t> send_counts,
+                                                void* recv,
+                                                std::span<const std::size_t> recv_counts,
+                                                DataType type);
   /// Collective: recv = every rank's send in rank order, rank i contributing
   /// recv_counts[i] elements (recv_counts[rank()] == count). Zeros allowed.
-  virtual std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
-                                           std::span<const std::size_t> recv_counts,
-                                           DataType type) = 0;
+  [[nodiscard]] std::unique_ptr<Work> allgatherv(const void* send, std::size_t count,
+                                                 void* recv,
+                                                 std::span<const std::size_t> recv_counts,
+                                                 DataType type);
   /// Collective: root's recv = op over every rank's send (count elements). recv is only
   /// written on root (other ranks may pass nullptr). send == recv allowed on root.
-  virtual std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count,
-                                       DataType type, ReduceOp op, int root) = 0;
+  [[nodiscard]] std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count,
+                                             DataType type, ReduceOp op, int root);
   /// Collective: root's recv (size()*count elements) = every rank's send (count) in rank
   /// order. recv is only used on root (other ranks may pass nullptr).
-  virtual std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count,
-                                       DataType type, int root) = 0;
+  [[nodiscard]] std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count,
+                                             DataType type, int root);
   /// Collective: block i (count elements) of root's send (size()*count elements) goes to
   /// rank i's recv. send is only read on root (other ranks may pass nullptr).
-  virtual std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count,
-                                        DataType type, int root) = 0;
+  [[nodiscard]] std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count,
+                                              DataType type, int root);
 
-  /// Point to point, blocking: sends count elements to peer (a rank of this group) with a
-  /// tag >= 0. On Gloo a send returns only when the receiver has the data (synchronous,
-  /// like MPI_Ssend): two ranks that both send first deadlock; use batch_isend_irecv.
-  virtual std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type,
-                                     int peer, int tag) = 0;
-  /// Point to point, blocking: receives exactly count elements from peer with a tag.
-  virtual std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
-                                     int tag) = 0;
+  /// Point to point, blocking: sends count elements to peer (a rank of this group, not this
+  /// rank) with a tag >= 0. On Gloo a send returns only when the receiver has the data
+  /// (synchronous, like MPI_Ssend): two ranks that both send first deadlock; use
+  /// batch_isend_irecv.
+  [[nodiscard]] std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type,
+                                           int peer, int tag);
+  /// Point to point, blocking: receives exactly count elements from peer (not this rank)
+  /// with a tag.
+  [[nodiscard]] std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type,
+                                           int peer, int tag);
   /// Point to point, nonblocking: posts the send and returns a pending Work. Messages
   /// between two ranks with the same tag are received in the order they were posted.
   /// peer may be this rank (matched with this rank's own irecv).
-  virtual std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type,
-                                      int peer, int tag) = 0;
+  [[nodiscard]] std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type,
+                                            int peer, int tag);
   /// Point to point, nonblocking: posts the receive and returns a pending Work.
-  virtual std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
-                                      int tag) = 0;
+  [[nodiscard]] std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type,
+                                            int peer, int tag);
   /// Posts every operation of the batch, then returns one pending Work for all of them
   /// (torch's batch_isend_irecv, NCCL's group calls). Because nothing waits before
   /// everything is posted, any mix of sends and receives to any peers completes when the
   /// peers post theirs: a symmetric exchange, a ring shift both ways, a peer that is both
-  /// next and previous stage. Not collective: only the ranks named take part.
-  virtual std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) = 0;
+  /// next and previous stage. Not collective: only the ranks named take part. A receive's
+  /// buffer must not overlap another operation's of the batch.
+  [[nodiscard]] std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops);
 
   // ---- members: group ranks and global ranks ---------------------------------------
   /// The global ranks (ranks of the world this communicator was created from) of the
@@ -281,104 +324,150 @@ class Communicator {
   // Sizes are checked before any communication: a mismatch is an InvalidValueError naming
   // the operation, the group and both sizes.
   template <CommElement T>
-  std::unique_ptr<Work> broadcast(std::span<T> buf, int root) {
+  [[nodiscard]] std::unique_ptr<Work> broadcast(std::span<T> buf, int root) {
     return broadcast(buf.data(), buf.size(), datatype_of<T>, root);
   }
   /// In place: buf = op over every rank's buf.
   template <CommElement T>
-  std::unique_ptr<Work> allreduce(std::span<T> buf, ReduceOp op) {
+  [[nodiscard]] std::unique_ptr<Work> allreduce(std::span<T> buf, ReduceOp op) {
     return allreduce(buf.data(), buf.data(), buf.size(), datatype_of<T>, op);
   }
   template <CommElement T>
-  std::unique_ptr<Work> allreduce(std::type_identity_t<std::span<const T>> send,
-                                  std::span<T> recv, ReduceOp op) {
+  [[nodiscard]] std::unique_ptr<Work> allreduce(std::type_identity_t<std::span<const T>> send,
+                                                std::span<T> recv, ReduceOp op) {
     check_typed("allreduce", "recv", recv.size(), send.size());
     return allreduce(send.data(), recv.data(), send.size(), datatype_of<T>, op);
   }
   /// recv holds size() * send.size() elements.
   template <CommElement T>
-  std::unique_ptr<Work> allgather(std::type_identity_t<std::span<const T>> send,
-                                  std::span<T> recv) {
+  [[nodiscard]] std::unique_ptr<Work> allgather(std::type_identity_t<std::span<const T>> send,
+                                                std::span<T> recv) {
     check_typed("allgather", "recv", recv.size(), send.size() * group_size());
     return allgather(send.data(), recv.data(), send.size(), datatype_of<T>);
   }
   /// send holds size() * recv.size() elements.
   template <CommElement T>
-  std::unique_ptr<Work> reduce_scatter(std::type_identity_t<std::span<const T>> send,
-                                       std::span<T> recv, ReduceOp op) {
+  [[nodiscard]] std::unique_ptr<Work> reduce_scatter(
+      std::type_identity_t<std::span<const T>> send, std::span<T> recv, ReduceOp op) {
     check_typed("reduce_scatter", "send", send.size(), recv.size() * group_size());
     return reduce_scatter(send.data(), recv.data(), recv.size(), datatype_of<T>, op);
   }
   /// send and recv hold size() * block elements each.
   template <CommElement T>
-  std::unique_ptr<Work> alltoall(std::type_identity_t<std::span<const T>> send,
-                                 std::span<T> recv) {
+  [[nodiscard]] std::unique_ptr<Work> alltoall(std::type_identity_t<std::span<const T>> send,
+                                               std::span<T> recv) {
     check_typed("alltoall", "recv", recv.size(), send.size());
     check_typed("alltoall", "send", send.size(), send.size() / group_size() * group_size());
     return alltoall(send.data(), recv.data(), send.size() / group_size(), datatype_of<T>);
   }
   template <CommElement T>
-  std::unique_ptr<Work> alltoallv(std::type_identity_t<std::span<const T>> send,
-                                  std::span<const std::size_t> send_counts, std::span<T> recv,
-                                  std::span<const std::size_t> recv_counts) {
+  [[nodiscard]] std::unique_ptr<Work> alltoallv(std::type_identity_t<std::span<const T>> send,
+                                                std::span<const std::size_t> send_counts,
+                                                std::span<T> recv,
+                                                std::span<const std::size_t> recv_counts) {
     check_counts("alltoallv", "send", send.size(), send_counts);
     check_counts("alltoallv", "recv", recv.size(), recv_counts);
     return alltoallv(send.data(), send_counts, recv.data(), recv_counts, datatype_of<T>);
   }
   template <CommElement T>
-  std::unique_ptr<Work> allgatherv(std::type_identity_t<std::span<const T>> send,
-                                   std::span<T> recv, std::span<const std::size_t> recv_counts) {
+  [[nodiscard]] std::unique_ptr<Work> allgatherv(std::type_identity_t<std::span<const T>> send,
+                                                 std::span<T> recv,
+                                                 std::span<const std::size_t> recv_counts) {
     check_counts("allgatherv", "recv", recv.size(), recv_counts);
     check_typed("allgatherv", "send", send.size(), recv_counts[static_cast<std::size_t>(rank())]);
     return allgatherv(send.data(), send.size(), recv.data(), recv_counts, datatype_of<T>);
   }
   /// recv is used on root only (other ranks may pass an empty span).
   template <CommElement T>
-  std::unique_ptr<Work> reduce(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                               ReduceOp op, int root) {
+  [[nodiscard]] std::unique_ptr<Work> reduce(std::type_identity_t<std::span<const T>> send,
+                                             std::span<T> recv, ReduceOp op, int root) {
     if (rank() == root) check_typed("reduce", "recv", recv.size(), send.size());
     return reduce(send.data(), recv.data(), send.size(), datatype_of<T>, op, root);
   }
   /// recv (root only) holds size() * send.size() elements.
   template <CommElement T>
-  std::unique_ptr<Work> gather(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                               int root) {
+  [[nodiscard]] std::unique_ptr<Work> gather(std::type_identity_t<std::span<const T>> send,
+                                             std::span<T> recv, int root) {
     if (rank() == root) check_typed("gather", "recv", recv.size(), send.size() * group_size());
     return gather(send.data(), recv.data(), send.size(), datatype_of<T>, root);
   }
   /// send (root only) holds size() * recv.size() elements.
   template <CommElement T>
-  std::unique_ptr<Work> scatter(std::type_identity_t<std::span<const T>> send, std::span<T> recv,
-                                int root) {
+  [[nodiscard]] std::unique_ptr<Work> scatter(std::type_identity_t<std::span<const T>> send,
+                                              std::span<T> recv, int root) {
     if (rank() == root) check_typed("scatter", "send", send.size(), recv.size() * group_size());
     return scatter(send.data(), recv.data(), recv.size(), datatype_of<T>, root);
   }
   template <CommElement T>
-  std::unique_ptr<Work> send(std::span<T> buf, int peer, int tag = 0) {
+  [[nodiscard]] std::unique_ptr<Work> send(std::span<T> buf, int peer, int tag = 0) {
     return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
     requires(!std::is_const_v<T>)
-  std::unique_ptr<Work> recv(std::span<T> buf, int peer, int tag = 0) {
+  [[nodiscard]] std::unique_ptr<Work> recv(std::span<T> buf, int peer, int tag = 0) {
     return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
-  std::unique_ptr<Work> isend(std::span<T> buf, int peer, int tag = 0) {
+  [[nodiscard]] std::unique_ptr<Work> isend(std::span<T> buf, int peer, int tag = 0) {
     return isend(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
     requires(!std::is_const_v<T>)
-  std::unique_ptr<Work> irecv(std::span<T> buf, int peer, int tag = 0) {
+  [[nodiscard]] std::unique_ptr<Work> irecv(std::span<T> buf, int peer, int tag = 0) {
     return irecv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
 
  protected:
   Communicator(std::string name, std::chrono::milliseconds timeout)
       : name_(std::move(name)), timeout_(timeout) {}
-  void count_creation() noexcept { ++creation_calls_; }
   /// The members' global ranks, ascending (a backend sets them when it creates a group;
   /// unset means 0 ... size()-1).
   void set_members(std::vector<std::int64_t> members) { members_ = std::move(members); }
+
+  // ---- what a backend implements: called only with checked arguments ------------------
+  /// Called after the timeout changed (set_timeout), for a backend whose engine keeps its
+  /// own copy.
+  virtual void timeout_changed(std::chrono::milliseconds /*timeout*/) {}
+  virtual std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color,
+                                                 std::int64_t key, std::string name) = 0;
+  virtual std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                        std::string name) = 0;
+  virtual std::unique_ptr<Communicator> do_create_group_collective(
+      std::span<const int> members, std::string name) = 0;
+  virtual std::unique_ptr<Work> do_barrier() = 0;
+  virtual std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
+                                             int root) = 0;
+  virtual std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
+                                             DataType type, ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
+                                             DataType type) = 0;
+  virtual std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv,
+                                                  std::size_t count, DataType type,
+                                                  ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> do_alltoall(const void* send, void* recv, std::size_t count,
+                                            DataType type) = 0;
+  virtual std::unique_ptr<Work> do_alltoallv(const void* send,
+                                             std::span<const std::size_t> send_counts,
+                                             void* recv,
+                                             std::span<const std::size_t> recv_counts,
+                                             DataType type) = 0;
+  virtual std::unique_ptr<Work> do_allgatherv(const void* send, std::size_t count, void* recv,
+                                              std::span<const std::size_t> recv_counts,
+                                              DataType type) = 0;
+  virtual std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count,
+                                          DataType type, ReduceOp op, int root) = 0;
+  virtual std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count,
+                                          DataType type, int root) = 0;
+  virtual std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count,
+                                           DataType type, int root) = 0;
+  /// Posts the batch (isend and irecv are batches of one); `op` is the public call's name
+  /// ("isend", "irecv", "batch_isend_irecv", or "send"/"recv" from the blocking defaults),
+  /// for messages.
+  virtual std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
+                                                     std::string_view op) = 0;
+  /// A blocking send or receive (peer != rank()). By default the batch of one, waited for.
+  virtual std::unique_ptr<Work> do_send(const P2POp& op);
+  virtual std::unique_ptr<Work> do_recv(const P2POp& op);
 
  private:
   [[nodiscard]] std::size_t group_size() const noexcept { return static_cast<std::size_t>(size()); }
@@ -387,29 +476,13 @@ class Communicator {
   /// Checks that counts has size() entries summing to `have`.
   void check_counts(const char* op, const char* what, std::size_t have,
                     std::span<const std::size_t> counts) const;
+  /// The checks of point-to-point operation `o` of the public call `op`.
+  void check_p2p(const P2POp& o, const char* op) const;
 
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::int64_t creation_calls_ = 0;
   mutable std::vector<std::int64_t> members_;
 };
-
-/// Brings a communicator's typed-buffer overloads into a derived class that declares the
-/// untyped virtual functions (which would otherwise hide them).
-#define COMMGRID_USING_TYPED_OVERLOADS                                                   \
-  using Communicator::broadcast;                                                         \
-  using Communicator::allreduce;                                                         \
-  using Communicator::allgather;                                                         \
-  using Communicator::reduce_scatter;                                                    \
-  using Communicator::alltoall;                                                          \
-  using Communicator::alltoallv;                                                         \
-  using Communicator::allgatherv;                                                        \
-  using Communicator::reduce;                                                            \
-  using Communicator::gather;                                                            \
-  using Communicator::scatter;                                                           \
-  using Communicator::send;                                                              \
-  using Communicator::recv;                                                              \
-  using Communicator::isend;                                                             \
-  using Communicator::irecv
 
 }  // namespace commgrid

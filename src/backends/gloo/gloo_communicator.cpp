@@ -504,13 +504,19 @@ class GlooCommunicator final : public Communicator {
   std::pair<std::shared_ptr<::gloo::Context>, std::uint32_t> take_collective_for_testing() {
     return {ctx_, next_tag()};
   }
-  COMMGRID_USING_TYPED_OVERLOADS;
   int rank() const noexcept override { return ctx_->rank; }
   int size() const noexcept override { return ctx_->size; }
 
-  std::unique_ptr<Communicator> split(std::optional<std::int64_t> color, std::int64_t key,
-                                      std::string name) override {
-    count_creation();
+  /// "peer rank 1 (global 5), tag 7", for messages.
+  std::string peer_text(int peer, int tag) const {
+    return "peer rank " + std::to_string(peer) + " (global " +
+           std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " +
+           std::to_string(tag);
+  }
+
+ protected:
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
+                                         std::string name) override {
     const auto deadline = Clock::now() + timeout();  // the exchange's and the creation's
     const auto n = static_cast<size_t>(size());
     std::array<std::int64_t, 3> mine{color ? 1 : 0, color.value_or(0), key};
@@ -531,10 +537,8 @@ class GlooCommunicator final : public Communicator {
                       "split", deadline);
   }
 
-  std::unique_ptr<Communicator> create_group(std::span<const int> members,
-                                             std::string name) override {
-    check_members("create_group", members, name, true);
-    count_creation();
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                std::string name) override {
     // Only members call this, so a per-name count (not a per-communicator sequence) is what
     // every member agrees on; it lets a group be destroyed and created again.
     const int generation = created_by_name_[name]++;
@@ -543,10 +547,8 @@ class GlooCommunicator final : public Communicator {
                       "create_group", Clock::now() + timeout());
   }
 
-  std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
-                                                        std::string name) override {
-    check_members("create_group_collective", members, name, false);
-    count_creation();
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+                                                           std::string name) override {
     const auto deadline = Clock::now() + timeout();  // the exchange's and the creation's
     // Every rank of this group takes part: exchanging a fingerprint of (members, name) both
     // waits for everyone (new_group's collective semantics) and catches ranks that passed
@@ -569,7 +571,7 @@ class GlooCommunicator final : public Communicator {
                       deadline);
   }
 
-  std::unique_ptr<Work> barrier() override {
+  std::unique_ptr<Work> do_barrier() override {
     if (size() > 1) {
       ::gloo::BarrierOptions opts(ctx_);
       opts.setTag(next_tag());
@@ -579,10 +581,8 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
-                                  int root) override {
-    check_rank("broadcast", "root", root);
-    check_buffer("broadcast", buf, count);
+  std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
+                                     int root) override {
     if (size() > 1 && count > 0) {
       ::gloo::BroadcastOptions opts(ctx_);
       opts.setOutput(static_cast<std::uint8_t*>(buf), bytes(count, type));
@@ -594,28 +594,22 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
-                                  DataType type, ReduceOp op) override {
-    check_buffer("allreduce", send, count);
-    check_buffer("allreduce", recv, count);
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
+                                     DataType type, ReduceOp op) override {
     if (count == 0) return std::make_unique<Work>();
     if (send != recv) std::memmove(recv, send, bytes(count, type));
     if (size() > 1) reduce_everywhere(recv, count, type, op);
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
-                                  DataType type) override {
-    check_buffer("allgather", send, count);
-    check_buffer("allgather", recv, count);
+  std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
+                                     DataType type) override {
     allgather_bytes("allgather", send, recv, bytes(count, type));
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
-                                       DataType type, ReduceOp op) override {
-    check_buffer("reduce_scatter", send, count);
-    check_buffer("reduce_scatter", recv, count);
+  std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                          DataType type, ReduceOp op) override {
     if (count == 0) return std::make_unique<Work>();
     const auto n = static_cast<size_t>(size());
     const size_t block = bytes(count, type);
@@ -627,31 +621,18 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
-                                 DataType type) override {
-    check_buffer("alltoall", send, count);
-    check_buffer("alltoall", recv, count);
-    if (send == recv && count > 0 && size() > 1)
-      throw ConfigError("buffer", "gloo alltoall on " + name() +
-                                      ": send and recv must be different buffers");
+  std::unique_ptr<Work> do_alltoall(const void* send, void* recv, std::size_t count,
+                                    DataType type) override {
     alltoall_bytes("alltoall", send, recv, bytes(count, type));
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                                  void* recv, std::span<const std::size_t> recv_counts,
-                                  DataType type) override {
-    check_counts_list("alltoallv", "send_counts", send_counts);
-    check_counts_list("alltoallv", "recv_counts", recv_counts);
+  std::unique_ptr<Work> do_alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                     void* recv, std::span<const std::size_t> recv_counts,
+                                     DataType type) override {
     const size_t send_total = total(send_counts), recv_total = total(recv_counts);
-    check_buffer("alltoallv", send, send_total);
-    check_buffer("alltoallv", recv, recv_total);
-    if (send == recv && send_total + recv_total > 0 && size() > 1)
-      throw ConfigError("buffer", "gloo alltoallv on " + name() +
-                                      ": send and recv must be different buffers");
     const size_t es = element_size(type);
     if (size() == 1) {
-      check_self_count("alltoallv", send_counts[0], recv_counts[0]);
       if (send_total > 0) std::memmove(recv, send, send_total * es);
       return std::make_unique<Work>();
     }
@@ -670,14 +651,10 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
-                                   std::span<const std::size_t> recv_counts,
-                                   DataType type) override {
-    check_counts_list("allgatherv", "recv_counts", recv_counts);
-    check_self_count("allgatherv", count, recv_counts[static_cast<size_t>(rank())]);
+  std::unique_ptr<Work> do_allgatherv(const void* send, std::size_t count, void* recv,
+                                      std::span<const std::size_t> recv_counts,
+                                      DataType type) override {
     const size_t recv_total = total(recv_counts);
-    check_buffer("allgatherv", send, count);
-    check_buffer("allgatherv", recv, recv_total);
     if (recv_total == 0) return std::make_unique<Work>();
     const size_t es = element_size(type);
     if (size() == 1) {
@@ -696,11 +673,8 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DataType type,
-                               ReduceOp op, int root) override {
-    check_rank("reduce", "root", root);
-    check_buffer("reduce", send, count);
-    if (rank() == root) check_buffer("reduce", recv, count);
+  std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                  ReduceOp op, int root) override {
     if (count == 0) return std::make_unique<Work>();
     // Root gathers every rank's input and reduces in rank order, as reduce_scatter does:
     // deterministic, and the same bits whatever the group's size.
@@ -711,20 +685,14 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count, DataType type,
-                               int root) override {
-    check_rank("gather", "root", root);
-    check_buffer("gather", send, count);
-    if (rank() == root) check_buffer("gather", recv, count);
+  std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
+                                  int root) override {
     gather_bytes("gather", send, recv, bytes(count, type), root);
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                int root) override {
-    check_rank("scatter", "root", root);
-    if (rank() == root) check_buffer("scatter", send, count);
-    check_buffer("scatter", recv, count);
+  std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                   int root) override {
     const size_t block = bytes(count, type);
     const std::uint64_t slot = rooted_slot(next_tag());
     if (block == 0) return std::make_unique<Work>();
@@ -743,43 +711,14 @@ class GlooCommunicator final : public Communicator {
     return std::make_unique<Work>();
   }
 
-  std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type, int peer,
-                             int tag) override {
-    check_blocking_peer("send", peer);
-    auto work = isend(buf, count, type, peer, tag);
-    work->wait();
-    return std::make_unique<Work>();
-  }
-
-  std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
-                             int tag) override {
-    check_blocking_peer("recv", peer);
-    auto work = irecv(buf, count, type, peer, tag);
-    work->wait();
-    return std::make_unique<Work>();
-  }
-
-  std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type, int peer,
-                              int tag) override {
-    const P2POp op = P2POp::send(buf, count, type, peer, tag);
-    return post_batch(std::span<const P2POp>(&op, 1), "isend");
-  }
-
-  std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
-                              int tag) override {
-    const P2POp op = P2POp::recv(buf, count, type, peer, tag);
-    return post_batch(std::span<const P2POp>(&op, 1), "irecv");
-  }
-
-  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override {
-    return post_batch(ops, "batch_isend_irecv");
-  }
-
-  /// "peer rank 1 (global 5), tag 7", for messages.
-  std::string peer_text(int peer, int tag) const {
-    return "peer rank " + std::to_string(peer) + " (global " +
-           std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " +
-           std::to_string(tag);
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> batch,
+                                             std::string_view op) override {
+    const auto deadline = Clock::now() + timeout();
+    std::vector<PendingP2P> ops;
+    ops.reserve(batch.size());
+    for (const P2POp& o : batch)
+      ops.push_back(post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
+    return std::make_unique<GlooP2PWork>(*this, std::string(op), std::move(ops), deadline, timeout());
   }
 
  private:
@@ -794,47 +733,6 @@ class GlooCommunicator final : public Communicator {
   // Collectives run in the same order on every rank of a group, so a counter gives every
   // rank the same tag for the same operation and keeps successive ones apart.
   std::uint32_t next_tag() { return tag_++ & 0xffffffu; }
-
-  void check_rank(std::string_view op, const char* what, int r) const {
-    if (r < 0 || r >= size())
-      throw RankOutOfRangeError(what, "gloo " + std::string(op) + " on " + name() + ": " + what +
-                                          " " + std::to_string(r) + " is not in [0, " +
-                                          std::to_string(size()) + ")");
-  }
-
-  void check_peer(std::string_view op, int peer, int tag) const {
-    check_rank(op, "peer", peer);
-    if (tag < 0)
-      throw InvalidValueError("tag", "gloo " + std::string(op) + " on " + name() +
-                                         ": tag must be >= 0, got " + std::to_string(tag));
-  }
-
-  // A blocking send or receive to this rank itself could never be matched.
-  void check_blocking_peer(std::string_view op, int peer) const {
-    if (peer == rank())
-      throw ConfigError("peer", "gloo " + std::string(op) + " on " + name() +
-                                    ": peer is this rank (" + std::to_string(peer) +
-                                    "); a blocking " + std::string(op) +
-                                    " to itself would deadlock: use isend/irecv or "
-                                    "batch_isend_irecv");
-  }
-
-  void check_counts_list(std::string_view op, const char* what,
-                         std::span<const std::size_t> counts) const {
-    if (counts.size() != static_cast<size_t>(size()))
-      throw InvalidValueError(what, "gloo " + std::string(op) + " on " + name() + ": " + what +
-                                        " has " + std::to_string(counts.size()) +
-                                        " entries, needs one per rank (" +
-                                        std::to_string(size()) + ")");
-  }
-
-  void check_self_count(std::string_view op, size_t mine, size_t listed) const {
-    if (mine != listed)
-      throw InvalidValueError("count", "gloo " + std::string(op) + " on " + name() + ": rank " +
-                                           std::to_string(rank()) + " sends " +
-                                           std::to_string(mine) + " elements to itself but " +
-                                           "expects " + std::to_string(listed));
-  }
 
   static size_t total(std::span<const std::size_t> counts) {
     return std::accumulate(counts.begin(), counts.end(), size_t{0});
@@ -868,20 +766,6 @@ class GlooCommunicator final : public Communicator {
       }, peer_text(peer, tag));
     }
     return p;
-  }
-
-  std::unique_ptr<Work> post_batch(std::span<const P2POp> batch, std::string_view op) {
-    const std::string where(op);
-    for (const P2POp& o : batch) {
-      check_peer(op, o.peer, o.tag);
-      check_buffer(op, o.buf, o.count);
-    }
-    const auto deadline = Clock::now() + timeout();
-    std::vector<PendingP2P> ops;
-    ops.reserve(batch.size());
-    for (const P2POp& o : batch)
-      ops.push_back(post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
-    return std::make_unique<GlooP2PWork>(*this, where, std::move(ops), deadline, timeout());
   }
 
   // Waits for internally posted operations (rooted collectives) at once.
@@ -950,31 +834,6 @@ class GlooCommunicator final : public Communicator {
       allreduce_typed<decltype(zero)>(buf, count, eop);
     });
     if (op == ReduceOp::avg) detail::divide_by(buf, count, type, size());
-  }
-
-  void check_buffer(std::string_view op, const void* p, size_t count) const {
-    if (p == nullptr && count > 0)
-      throw ConfigError("buffer", "gloo " + std::string(op) + " on " + name() +
-                                      ": null buffer for " + std::to_string(count) +
-                                      " elements");
-  }
-
-  void check_members(std::string_view op, std::span<const int> members, const std::string& name,
-                     bool must_contain_self) const {
-    auto fail = [&](const std::string& why) {
-      throw ConfigError("members", "gloo " + std::string(op) + " on " + this->name() + " for " +
-                                       name + ": " + why);
-    };
-    if (members.empty()) fail("members is empty");
-    for (size_t i = 0; i < members.size(); ++i) {
-      if (members[i] < 0 || members[i] >= size())
-        fail("member " + std::to_string(members[i]) + " is not in [0, " +
-             std::to_string(size()) + ")");
-      if (i > 0 && members[i] <= members[i - 1]) fail("members must be strictly ascending");
-    }
-    if (must_contain_self && !std::binary_search(members.begin(), members.end(), rank()))
-      fail("this rank (" + std::to_string(rank()) + ") is not among the members; only "
-           "members call create_group");
   }
 
   // Creates the group by `deadline`: split and create_group_collective exchange first, and

@@ -279,6 +279,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
   int rc = MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_rank(comm_, &rank_);
   if (rc == MPI_SUCCESS) rc = MPI_Comm_size(comm_, &size_);
+  if (rc == MPI_SUCCESS) tag_ub_ = tag_upper_bound(comm_);
   if (rc != MPI_SUCCESS) {
     MPI_Comm_free(&comm_);  // the destructor will not run
     throw BackendError("mpi adopt on " + this->name() + ": " + error_text(rc));
@@ -319,21 +320,6 @@ void MpiCommunicator::check_usable(const char* op) const {
   if (broken_)
     throw BackendError("mpi " + std::string(op) + " on " + name() +
                        ": the communicator is unusable after an earlier timeout");
-}
-
-int MpiCommunicator::checked_count(std::size_t count, const char* op) const {
-  check_usable(op);
-  if (count > static_cast<std::size_t>(INT_MAX))
-    throw BackendError("mpi " + std::string(op) + " on " + name() + ": count " +
-                       std::to_string(count) + " exceeds " + std::to_string(INT_MAX) +
-                       ", the largest count of an MPI call");
-  return static_cast<int>(count);
-}
-
-void MpiCommunicator::check_peer(int peer, const char* op) const {
-  if (peer < 0 || peer >= size_)
-    throw BackendError("mpi " + std::string(op) + " on " + name() + ": peer " +
-                       std::to_string(peer) + " out of range [0, " + std::to_string(size_) + ")");
 }
 
 void MpiCommunicator::wait(MPI_Request& request, const char* op, MPI_Status* status) {
@@ -378,15 +364,6 @@ std::unique_ptr<Communicator> MpiCommunicator::adopt(MPI_Comm comm, std::string 
 
 void MpiCommunicator::group_of_members(std::span<const int> members, const char* op,
                                        MPI_Group& out) const {
-  if (members.empty())
-    throw BackendError("mpi " + std::string(op) + " for a group of " + name() + ": no members");
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    check_peer(members[i], op);
-    if (i > 0 && members[i] <= members[i - 1])
-      throw BackendError("mpi " + std::string(op) + " on " + name() +
-                         ": members must be ascending and distinct, got " +
-                         std::to_string(members[i - 1]) + " before " + std::to_string(members[i]));
-  }
   GroupGuard all;
   check(MPI_Comm_group(comm_, &all.group), op);
   check(MPI_Group_incl(all.group, static_cast<int>(members.size()), members.data(), &out), op);
@@ -434,44 +411,33 @@ class CreationWatchdog {
 };
 }  // namespace
 
-std::unique_ptr<Communicator> MpiCommunicator::split(std::optional<std::int64_t> color,
-                                                     std::int64_t key, std::string name) {
+std::unique_ptr<Communicator> MpiCommunicator::do_split(std::optional<std::int64_t> color,
+                                                        std::int64_t key, std::string name) {
   check_usable("split");
-  if (color && (*color < 0 || *color > INT_MAX))
-    throw BackendError("mpi split on " + this->name() + " for " + name + ": color " +
-                       std::to_string(*color) + " out of range [0, " + std::to_string(INT_MAX) + "]");
-  if (key < INT_MIN || key > INT_MAX)
-    throw BackendError("mpi split on " + this->name() + " for " + name + ": key " +
-                       std::to_string(key) + " does not fit an int");
   MPI_Comm out = MPI_COMM_NULL;
   const CreationWatchdog watchdog(timeout(), "mpi split on " + this->name() + " for " + name);
   const int rc = MPI_Comm_split(comm_, color ? static_cast<int>(*color) : MPI_UNDEFINED,
                                 static_cast<int>(key), &out);
-  count_creation();
   if (rc != MPI_SUCCESS)
     throw BackendError("mpi split on " + this->name() + " for " + name + ": " + error_text(rc));
   return adopt(out, std::move(name));
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::create_group(std::span<const int> members,
-                                                            std::string name) {
+std::unique_ptr<Communicator> MpiCommunicator::do_create_group(std::span<const int> members,
+                                                               std::string name) {
   check_usable("create_group");
   GroupGuard group;
   group_of_members(members, "create_group", group.group);
-  if (!std::binary_search(members.begin(), members.end(), rank_))
-    throw BackendError("mpi create_group on " + this->name() + " for " + name + ": rank " +
-                       std::to_string(rank_) + " is not a member; only members call it");
   MPI_Comm out = MPI_COMM_NULL;
-  const int tag = create_group_tag(name, tag_upper_bound(comm_));
+  const int tag = create_group_tag(name, tag_ub_);
   const CreationWatchdog watchdog(timeout(), "mpi create_group on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create_group(comm_, group.group, tag, &out);
-  count_creation();
   if (rc != MPI_SUCCESS)
     throw BackendError("mpi create_group on " + this->name() + " for " + name + ": " + error_text(rc));
   return adopt(out, std::move(name));
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::create_group_collective(
+std::unique_ptr<Communicator> MpiCommunicator::do_create_group_collective(
     std::span<const int> members, std::string name) {
   check_usable("create_group_collective");
   GroupGuard group;
@@ -480,29 +446,20 @@ std::unique_ptr<Communicator> MpiCommunicator::create_group_collective(
   const CreationWatchdog watchdog(timeout(),
                                   "mpi create_group_collective on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create(comm_, group.group, &out);
-  count_creation();
   if (rc != MPI_SUCCESS)
     throw BackendError("mpi create_group_collective on " + this->name() + " for " + name + ": " +
                        error_text(rc));
   return adopt(out, std::move(name));
 }
 
+// ---- collectives -----------------------------------------------------------------------
+// Communicator checked every argument; counts fit MPI's ints (max_count()).
+
 namespace {
-void check_buffer(const void* buf, std::size_t count, const char* what, const char* op,
-                  const std::string& group) {
-  if (buf == nullptr && count > 0)
-    throw BackendError("mpi " + std::string(op) + " on " + group + ": " + what +
-                       " buffer is null with count " + std::to_string(count));
-}
-void check_distinct(const void* send, const void* recv, std::size_t count, const char* op,
-                    const std::string& group) {
-  if (send == recv && count > 0)
-    throw BackendError("mpi " + std::string(op) + " on " + group +
-                       ": send and recv are the same buffer; only allreduce allows that");
-}
+int as_int(std::size_t count) { return static_cast<int>(count); }
 }  // namespace
 
-std::unique_ptr<Work> MpiCommunicator::barrier() {
+std::unique_ptr<Work> MpiCommunicator::do_barrier() {
   check_usable("barrier");
   MPI_Request req = MPI_REQUEST_NULL;
   check(MPI_Ibarrier(comm_, &req), "barrier");
@@ -510,96 +467,153 @@ std::unique_ptr<Work> MpiCommunicator::barrier() {
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::broadcast(void* buf, std::size_t count, DataType type,
-                                                 int root) {
-  const int n = checked_count(count, "broadcast");
-  check_peer(root, "broadcast");
-  check_buffer(buf, count, "the", "broadcast", name());
+std::unique_ptr<Work> MpiCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
+                                                    int root) {
+  check_usable("broadcast");
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Ibcast(buf, n, mpi_type(type), root, comm_, &req), "broadcast");
+  check(MPI_Ibcast(buf, as_int(count), mpi_type(type), root, comm_, &req), "broadcast");
   wait(req, "broadcast");
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::allreduce(const void* send, void* recv, std::size_t count,
-                                                 DataType type, ReduceOp op) {
-  const int n = checked_count(count, "allreduce");
-  check_buffer(send, count, "send", "allreduce", name());
-  check_buffer(recv, count, "recv", "allreduce", name());
+std::unique_ptr<Work> MpiCommunicator::do_allreduce(const void* send, void* recv,
+                                                    std::size_t count, DataType type,
+                                                    ReduceOp op) {
+  check_usable("allreduce");
   MPI_Request req = MPI_REQUEST_NULL;
   const void* in = send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Iallreduce(in, recv, n, mpi_type(type), mpi_op(op, type), comm_, &req), "allreduce");
+  check(MPI_Iallreduce(in, recv, as_int(count), mpi_type(type), mpi_op(op, type), comm_, &req),
+        "allreduce");
   wait(req, "allreduce");
   if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::allgather(const void* send, void* recv, std::size_t count,
-                                                 DataType type) {
-  const int n = checked_count(count, "allgather");
-  check_buffer(send, count, "send", "allgather", name());
-  check_buffer(recv, count, "recv", "allgather", name());
-  check_distinct(send, recv, count, "allgather", name());
+std::unique_ptr<Work> MpiCommunicator::do_allgather(const void* send, void* recv,
+                                                    std::size_t count, DataType type) {
+  check_usable("allgather");
   MPI_Request req = MPI_REQUEST_NULL;
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Iallgather(send, n, t, recv, n, t, comm_, &req), "allgather");
+  check(MPI_Iallgather(send, as_int(count), t, recv, as_int(count), t, comm_, &req), "allgather");
   wait(req, "allgather");
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const void* send, void* recv,
-                                                      std::size_t count, DataType type,
-                                                      ReduceOp op) {
-  const int n = checked_count(count, "reduce_scatter");
-  check_buffer(send, count, "send", "reduce_scatter", name());
-  check_buffer(recv, count, "recv", "reduce_scatter", name());
-  check_distinct(send, recv, count, "reduce_scatter", name());
+std::unique_ptr<Work> MpiCommunicator::do_reduce_scatter(const void* send, void* recv,
+                                                         std::size_t count, DataType type,
+                                                         ReduceOp op) {
+  check_usable("reduce_scatter");
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter_block(send, recv, n, mpi_type(type), mpi_op(op, type), comm_, &req),
+  check(MPI_Ireduce_scatter_block(send, recv, as_int(count), mpi_type(type), mpi_op(op, type),
+                                  comm_, &req),
         "reduce_scatter");
   wait(req, "reduce_scatter");
   if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::alltoall(const void* send, void* recv, std::size_t count,
-                                                DataType type) {
-  const int n = checked_count(count, "alltoall");
-  check_buffer(send, count, "send", "alltoall", name());
-  check_buffer(recv, count, "recv", "alltoall", name());
-  check_distinct(send, recv, count, "alltoall", name());
+std::unique_ptr<Work> MpiCommunicator::do_alltoall(const void* send, void* recv,
+                                                   std::size_t count, DataType type) {
+  check_usable("alltoall");
   MPI_Request req = MPI_REQUEST_NULL;
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Ialltoall(send, n, t, recv, n, t, comm_, &req), "alltoall");
+  check(MPI_Ialltoall(send, as_int(count), t, recv, as_int(count), t, comm_, &req), "alltoall");
   wait(req, "alltoall");
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::send(const void* buf, std::size_t count, DataType type,
-                                            int peer, int tag) {
-  const int n = checked_count(count, "send");
-  check_peer(peer, "send");
-  check_buffer(buf, count, "the", "send", name());
-  if (tag < 0 || tag > tag_upper_bound(comm_))
-    throw BackendError("mpi send on " + name() + ": tag " + std::to_string(tag) +
-                       " out of range [0, " + std::to_string(tag_upper_bound(comm_)) + "]");
+void MpiCommunicator::v_layout(std::span<const std::size_t> counts, std::vector<int>& out_counts,
+                               std::vector<int>& out_displs) {
+  out_counts.resize(counts.size());
+  out_displs.resize(counts.size());
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    out_counts[i] = as_int(counts[i]);
+    out_displs[i] = as_int(offset);  // the sum is within max_count() too
+    offset += counts[i];
+  }
+}
+
+std::unique_ptr<Work> MpiCommunicator::do_alltoallv(const void* send,
+                                                    std::span<const std::size_t> send_counts,
+                                                    void* recv,
+                                                    std::span<const std::size_t> recv_counts,
+                                                    DataType type) {
+  check_usable("alltoallv");
+  std::vector<int> sc, sd, rc, rd;
+  v_layout(send_counts, sc, sd);
+  v_layout(recv_counts, rc, rd);
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Isend(buf, n, mpi_type(type), peer, tag, comm_, &req), "send");
-  wait(req, "send");
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_, &req),
+        "alltoallv");
+  wait(req, "alltoallv");
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::recv(void* buf, std::size_t count, DataType type,
-                                            int peer, int tag) {
-  const int n = checked_count(count, "recv");
-  check_peer(peer, "recv");
-  check_buffer(buf, count, "the", "recv", name());
-  if (tag < 0 || tag > tag_upper_bound(comm_))
-    throw BackendError("mpi recv on " + name() + ": tag " + std::to_string(tag) +
-                       " out of range [0, " + std::to_string(tag_upper_bound(comm_)) + "]");
+std::unique_ptr<Work> MpiCommunicator::do_allgatherv(const void* send, std::size_t count,
+                                                     void* recv,
+                                                     std::span<const std::size_t> recv_counts,
+                                                     DataType type) {
+  check_usable("allgatherv");
+  std::vector<int> rc, rd;
+  v_layout(recv_counts, rc, rd);
   MPI_Request req = MPI_REQUEST_NULL;
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Irecv(buf, n, t, peer, tag, comm_, &req), "recv");
+  check(MPI_Iallgatherv(send, as_int(count), t, recv, rc.data(), rd.data(), t, comm_, &req),
+        "allgatherv");
+  wait(req, "allgatherv");
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                                 DataType type, ReduceOp op, int root) {
+  check_usable("reduce");
+  const bool at_root = rank_ == root;
+  MPI_Request req = MPI_REQUEST_NULL;
+  const void* in = at_root && send == recv ? MPI_IN_PLACE : send;
+  check(MPI_Ireduce(in, at_root ? recv : nullptr, as_int(count), mpi_type(type),
+                    mpi_op(op, type), root, comm_, &req),
+        "reduce");
+  wait(req, "reduce");
+  if (at_root && op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::do_gather(const void* send, void* recv, std::size_t count,
+                                                 DataType type, int root) {
+  check_usable("gather");
+  const bool at_root = rank_ == root;
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Igather(send, as_int(count), t, at_root ? recv : nullptr, as_int(count), t, root,
+                    comm_, &req),
+        "gather");
+  wait(req, "gather");
+  return std::make_unique<Work>();
+}
+
+std::unique_ptr<Work> MpiCommunicator::do_scatter(const void* send, void* recv,
+                                                  std::size_t count, DataType type, int root) {
+  check_usable("scatter");
+  const bool at_root = rank_ == root;
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(type);
+  check(MPI_Iscatter(at_root ? send : nullptr, as_int(count), t, recv, as_int(count), t, root,
+                     comm_, &req),
+        "scatter");
+  wait(req, "scatter");
+  return std::make_unique<Work>();
+}
+
+// ---- point to point -------------------------------------------------------------------
+
+std::unique_ptr<Work> MpiCommunicator::do_recv(const P2POp& o) {
+  check_usable("recv");
+  const int n = as_int(o.count);
+  MPI_Request req = MPI_REQUEST_NULL;
+  const MPI_Datatype t = mpi_type(o.type);
+  check(MPI_Irecv(o.buf, n, t, o.peer, o.tag, comm_, &req), "recv");
   MPI_Status status;
   try {
     wait(req, "recv", &status);
@@ -611,53 +625,20 @@ std::unique_ptr<Work> MpiCommunicator::recv(void* buf, std::size_t count, DataTy
     MPI_Wait(&req, &cancel_status);
     int cancelled = 0;
     MPI_Test_cancelled(&cancel_status, &cancelled);
-    if (cancelled == 0) {  // the message arrived while we gave up: that is a success
-      broken_ = false;
-      status = cancel_status;
-    } else {
-      broken_ = false;
+    broken_ = false;
+    if (cancelled != 0)
       throw TimeoutError("mpi recv on " + name() + ": no message from rank " +
-                         std::to_string(peer) + " with tag " + std::to_string(tag) + " within " +
-                         std::to_string(timeout().count()) + " ms");
-    }
+                         std::to_string(o.peer) + " with tag " + std::to_string(o.tag) +
+                         " within " + std::to_string(timeout().count()) + " ms");
+    status = cancel_status;  // the message arrived while we gave up: that is a success
   }
   int received = 0;
   check(MPI_Get_count(&status, t, &received), "recv");
   if (received != n)
     throw BackendError("mpi recv on " + name() + ": received " + std::to_string(received) +
-                       " elements of " + std::string(datatype_name(type)) + " from rank " +
-                       std::to_string(peer) + ", expected " + std::to_string(n));
+                       " elements of " + std::string(datatype_name(o.type)) + " from rank " +
+                       std::to_string(o.peer) + ", expected " + std::to_string(n));
   return std::make_unique<Work>();
-}
-
-}  // namespace commgrid::mpi
-
-// ---- point to point, variable and rooted collectives -------------------------------
-
-namespace commgrid::mpi {
-
-void MpiCommunicator::check_tag(int tag, const char* op) const {
-  if (tag < 0 || tag > tag_upper_bound(comm_))
-    throw InvalidValueError("tag", "mpi " + std::string(op) + " on " + name() + ": tag " +
-                                       std::to_string(tag) + " out of range [0, " +
-                                       std::to_string(tag_upper_bound(comm_)) + "]");
-}
-
-void MpiCommunicator::v_layout(std::span<const std::size_t> counts, const char* what,
-                               const char* op, std::vector<int>& out_counts,
-                               std::vector<int>& out_displs) const {
-  if (counts.size() != static_cast<std::size_t>(size_))
-    throw InvalidValueError(what, "mpi " + std::string(op) + " on " + name() + ": " + what +
-                                      " has " + std::to_string(counts.size()) +
-                                      " entries, needs one per rank (" + std::to_string(size_) + ")");
-  out_counts.resize(counts.size());
-  out_displs.resize(counts.size());
-  std::size_t offset = 0;
-  for (std::size_t i = 0; i < counts.size(); ++i) {
-    out_counts[i] = checked_count(counts[i], op);
-    out_displs[i] = checked_count(offset, op);  // MPI's displacements are ints too
-    offset += counts[i];
-  }
 }
 
 /// The Work of isend, irecv and batch_isend_irecv: MPI requests tested against one deadline.
@@ -750,135 +731,22 @@ class MpiP2PWork final : public Work {
   bool waited_ = false;
 };
 
-std::unique_ptr<Work> MpiCommunicator::isend(const void* buf, std::size_t count, DataType type,
-                                             int peer, int tag) {
-  const P2POp op = P2POp::send(buf, count, type, peer, tag);
-  return batch_isend_irecv(std::span<const P2POp>(&op, 1));
-}
-
-std::unique_ptr<Work> MpiCommunicator::irecv(void* buf, std::size_t count, DataType type,
-                                             int peer, int tag) {
-  const P2POp op = P2POp::recv(buf, count, type, peer, tag);
-  return batch_isend_irecv(std::span<const P2POp>(&op, 1));
-}
-
-std::unique_ptr<Work> MpiCommunicator::batch_isend_irecv(std::span<const P2POp> ops) {
-  const char* op = ops.size() == 1 ? (ops[0].kind == P2POp::Kind::send ? "isend" : "irecv")
-                                   : "batch_isend_irecv";
-  check_usable(op);
-  for (const P2POp& o : ops) {
-    (void)checked_count(o.count, op);
-    check_peer(o.peer, op);
-    check_tag(o.tag, op);
-    check_buffer(o.buf, o.count, "the", op, name());
-  }
+std::unique_ptr<Work> MpiCommunicator::do_batch_isend_irecv(std::span<const P2POp> ops,
+                                                           std::string_view op_name) {
+  const std::string op(op_name);
+  check_usable(op.c_str());
   const auto deadline = Clock::now() + timeout();
   std::vector<MPI_Request> requests(ops.size(), MPI_REQUEST_NULL);
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const P2POp& o = ops[i];
-    const int n = static_cast<int>(o.count);
+    const int n = as_int(o.count);
     if (o.kind == P2POp::Kind::send)
-      check(MPI_Isend(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op);
+      check(MPI_Isend(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op.c_str());
     else
-      check(MPI_Irecv(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op);
+      check(MPI_Irecv(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op.c_str());
   }
   return std::make_unique<MpiP2PWork>(*this, op, std::vector<P2POp>(ops.begin(), ops.end()),
                                       std::move(requests), deadline);
-}
-
-std::unique_ptr<Work> MpiCommunicator::alltoallv(const void* send,
-                                                 std::span<const std::size_t> send_counts,
-                                                 void* recv,
-                                                 std::span<const std::size_t> recv_counts,
-                                                 DataType type) {
-  check_usable("alltoallv");
-  std::vector<int> sc, sd, rc, rd;
-  v_layout(send_counts, "send_counts", "alltoallv", sc, sd);
-  v_layout(recv_counts, "recv_counts", "alltoallv", rc, rd);
-  const auto send_total = static_cast<std::size_t>(sd.back()) + send_counts.back();
-  const auto recv_total = static_cast<std::size_t>(rd.back()) + recv_counts.back();
-  check_buffer(send, send_total, "send", "alltoallv", name());
-  check_buffer(recv, recv_total, "recv", "alltoallv", name());
-  check_distinct(send, recv, send_total + recv_total, "alltoallv", name());
-  MPI_Request req = MPI_REQUEST_NULL;
-  const MPI_Datatype t = mpi_type(type);
-  check(MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_, &req),
-        "alltoallv");
-  wait(req, "alltoallv");
-  return std::make_unique<Work>();
-}
-
-std::unique_ptr<Work> MpiCommunicator::allgatherv(const void* send, std::size_t count, void* recv,
-                                                  std::span<const std::size_t> recv_counts,
-                                                  DataType type) {
-  const int n = checked_count(count, "allgatherv");
-  std::vector<int> rc, rd;
-  v_layout(recv_counts, "recv_counts", "allgatherv", rc, rd);
-  if (recv_counts[static_cast<std::size_t>(rank_)] != count)
-    throw InvalidValueError("count", "mpi allgatherv on " + name() + ": rank " +
-                                         std::to_string(rank_) + " sends " + std::to_string(count) +
-                                         " elements but recv_counts[" + std::to_string(rank_) +
-                                         "] is " + std::to_string(recv_counts[static_cast<std::size_t>(rank_)]));
-  const auto recv_total = static_cast<std::size_t>(rd.back()) + recv_counts.back();
-  check_buffer(send, count, "send", "allgatherv", name());
-  check_buffer(recv, recv_total, "recv", "allgatherv", name());
-  check_distinct(send, recv, count, "allgatherv", name());
-  MPI_Request req = MPI_REQUEST_NULL;
-  const MPI_Datatype t = mpi_type(type);
-  check(MPI_Iallgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_, &req), "allgatherv");
-  wait(req, "allgatherv");
-  return std::make_unique<Work>();
-}
-
-std::unique_ptr<Work> MpiCommunicator::reduce(const void* send, void* recv, std::size_t count,
-                                              DataType type, ReduceOp op, int root) {
-  const int n = checked_count(count, "reduce");
-  check_peer(root, "reduce");
-  check_buffer(send, count, "send", "reduce", name());
-  const bool at_root = rank_ == root;
-  if (at_root) check_buffer(recv, count, "recv", "reduce", name());
-  MPI_Request req = MPI_REQUEST_NULL;
-  const void* in = at_root && send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Ireduce(in, at_root ? recv : nullptr, n, mpi_type(type), mpi_op(op, type), root, comm_,
-                    &req),
-        "reduce");
-  wait(req, "reduce");
-  if (at_root && op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
-  return std::make_unique<Work>();
-}
-
-std::unique_ptr<Work> MpiCommunicator::gather(const void* send, void* recv, std::size_t count,
-                                              DataType type, int root) {
-  const int n = checked_count(count, "gather");
-  check_peer(root, "gather");
-  check_buffer(send, count, "send", "gather", name());
-  const bool at_root = rank_ == root;
-  if (at_root) {
-    check_buffer(recv, count, "recv", "gather", name());
-    check_distinct(send, recv, count, "gather", name());
-  }
-  MPI_Request req = MPI_REQUEST_NULL;
-  const MPI_Datatype t = mpi_type(type);
-  check(MPI_Igather(send, n, t, at_root ? recv : nullptr, n, t, root, comm_, &req), "gather");
-  wait(req, "gather");
-  return std::make_unique<Work>();
-}
-
-std::unique_ptr<Work> MpiCommunicator::scatter(const void* send, void* recv, std::size_t count,
-                                               DataType type, int root) {
-  const int n = checked_count(count, "scatter");
-  check_peer(root, "scatter");
-  check_buffer(recv, count, "recv", "scatter", name());
-  const bool at_root = rank_ == root;
-  if (at_root) {
-    check_buffer(send, count, "send", "scatter", name());
-    check_distinct(send, recv, count, "scatter", name());
-  }
-  MPI_Request req = MPI_REQUEST_NULL;
-  const MPI_Datatype t = mpi_type(type);
-  check(MPI_Iscatter(at_root ? send : nullptr, n, t, recv, n, t, root, comm_, &req), "scatter");
-  wait(req, "scatter");
-  return std::make_unique<Work>();
 }
 
 }  // namespace commgrid::mpi

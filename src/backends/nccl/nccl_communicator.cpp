@@ -797,10 +797,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(std::shared_ptr<State>
 
 int NcclCommunicator::rank() const noexcept { return state_->rank; }
 int NcclCommunicator::size() const noexcept { return state_->size; }
-void NcclCommunicator::set_timeout(Ms timeout) {
-  Communicator::set_timeout(timeout);
-  state_->timeout = timeout;
-}
+void NcclCommunicator::timeout_changed(Ms timeout) { state_->timeout = timeout; }
 int NcclCommunicator::device() const noexcept { return state_->device; }
 CUstream_st* NcclCommunicator::stream() const noexcept { return state_->stream; }
 void NcclCommunicator::set_stream(CUstream_st* stream) noexcept {
@@ -812,53 +809,6 @@ std::string NcclCommunicator::abort_reason() const { return state_->reason(); }
 void NcclCommunicator::abort(const std::string& reason) noexcept { state_->abort(reason); }
 
 namespace {
-
-void need_rank(const State& s, const char* op, const char* what, int r) {
-  if (r < 0 || r >= s.size)
-    throw RankOutOfRangeError(what, "nccl " + std::string(op) + " on " + s.name + ": " + what +
-                                        " " + std::to_string(r) + " is not in [0, " +
-                                        std::to_string(s.size) + ")");
-}
-
-void need_buffer(const State& s, const char* op, const char* what, const void* p,
-                  std::size_t count) {
-  if (p == nullptr && count > 0)
-    throw ConfigError(what, "nccl " + std::string(op) + " on " + s.name + ": null " + what +
-                                " buffer for " + std::to_string(count) + " elements");
-}
-
-void need_tag(const State& s, const char* op, int tag) {
-  if (tag < 0)
-    throw ConfigError("tag", "nccl " + std::string(op) + " on " + s.name +
-                                 ": tag must be >= 0, got " + std::to_string(tag));
-}
-
-void need_counts(const State& s, const char* op, const char* what,
-                  std::span<const std::size_t> counts) {
-  if (counts.size() != static_cast<std::size_t>(s.size))
-    throw InvalidValueError(std::string(what) + "_counts",
-                            "nccl " + std::string(op) + " on " + s.name + ": " + what +
-                                "_counts has " + std::to_string(counts.size()) +
-                                " entries, needs one per rank (" + std::to_string(s.size) + ")");
-}
-
-void need_members(const State& s, const char* op, std::span<const int> members,
-                   const std::string& name, bool must_contain_self) {
-  auto fail = [&](const std::string& why) {
-    throw ConfigError("members", "nccl " + std::string(op) + " on " + s.name + " for " + name +
-                                     ": " + why);
-  };
-  if (members.empty()) fail("members is empty");
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    if (members[i] < 0 || members[i] >= s.size)
-      fail("member " + std::to_string(members[i]) + " is not in [0, " + std::to_string(s.size) +
-           ")");
-    if (i > 0 && members[i] <= members[i - 1]) fail("members must be strictly ascending");
-  }
-  if (must_contain_self && !std::binary_search(members.begin(), members.end(), s.rank))
-    fail("this rank (" + std::to_string(s.rank) +
-         ") is not among the members; only members call create_group");
-}
 
 // The state of a communicator made from `parent`; it owns `comm` (aborted if this throws)
 // and the name NCCL was given.
@@ -872,18 +822,10 @@ std::shared_ptr<State> new_state(ncclComm_t comm, const State& parent, const std
 
 // ---- creation -----------------------------------------------------------------------------
 
-std::unique_ptr<Communicator> NcclCommunicator::split(std::optional<std::int64_t> color,
-                                                      std::int64_t key, std::string name) {
+std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int64_t> color,
+                                                         std::int64_t key, std::string name) {
   State& s = *state_;
   s.check_usable("split");
-  if (color && (*color < 0 || *color > INT_MAX))
-    throw InvalidValueError("color", "nccl split on " + s.name + " for " + name + ": color " +
-                                         std::to_string(*color) + " is not in [0, " +
-                                         std::to_string(INT_MAX) + "]");
-  if (key < INT_MIN || key > INT_MAX)
-    throw InvalidValueError("key", "nccl split on " + s.name + " for " + name + ": key " +
-                                       std::to_string(key) + " does not fit an int");
-  count_creation();
   const DeviceGuard guard(s.device, "split", s.name);
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);  // outlives the child
   ncclConfig_t config = cfg.config;
@@ -944,15 +886,13 @@ std::unique_ptr<Communicator> NcclCommunicator::split(std::optional<std::int64_t
   return out;
 }
 
-std::unique_ptr<Communicator> NcclCommunicator::create_group(std::span<const int> members,
-                                                             std::string name) {
+std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const int> members,
+                                                                std::string name) {
   State& s = *state_;
-  need_members(s, "create_group", members, name, true);
   s.check_usable("create_group");
   if (s.bootstrap == nullptr)
     throw BackendError("nccl create_group on " + s.name + " for " + name +
                        ": no bootstrap communicator");
-  count_creation();
   std::vector<std::int64_t> global;
   std::vector<int> boot_ranks;
   for (int m : members) {
@@ -968,12 +908,10 @@ std::unique_ptr<Communicator> NcclCommunicator::create_group(std::span<const int
   return adopt(new_state(comm, s, name, cfg.name), timeout(), std::move(global));
 }
 
-std::unique_ptr<Communicator> NcclCommunicator::create_group_collective(std::span<const int> members,
-                                                                        std::string name) {
+std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
+    std::span<const int> members, std::string name) {
   State& s = *state_;
-  need_members(s, "create_group_collective", members, name, false);
   s.check_usable("create_group_collective");
-  count_creation();
   // One record per rank: [fingerprint, ok, id..., text...]; only the first member's id and
   // text are read.
   constexpr std::size_t kIdWords = nccl_host::kUniqueIdBytes / 8, kTextWords = 25;
@@ -1020,7 +958,7 @@ std::unique_ptr<Communicator> NcclCommunicator::create_group_collective(std::spa
 
 // ---- collectives --------------------------------------------------------------------------
 
-std::unique_ptr<Work> NcclCommunicator::barrier() {
+std::unique_ptr<Work> NcclCommunicator::do_barrier() {
   // One int allreduced in device memory of the operation's own, allocated, zeroed and freed
   // on the operation's stream.
   Staging st;
@@ -1031,10 +969,8 @@ std::unique_ptr<Work> NcclCommunicator::barrier() {
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::broadcast(void* buf, std::size_t count, DataType type,
-                                                  int root) {
-  need_rank(*state_, "broadcast", "root", root);
-  need_buffer(*state_, "broadcast", "buf", buf, count);
+std::unique_ptr<Work> NcclCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
+                                                     int root) {
   Staging st;
   st.inout(buf, bytes_of(count, type), "buf");
   return post(state_, timeout(), "broadcast", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
@@ -1043,10 +979,8 @@ std::unique_ptr<Work> NcclCommunicator::broadcast(void* buf, std::size_t count, 
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::allreduce(const void* send, void* recv, std::size_t count,
-                                                  DataType type, ReduceOp op) {
-  need_buffer(*state_, "allreduce", "send", send, count);
-  need_buffer(*state_, "allreduce", "recv", recv, count);
+std::unique_ptr<Work> NcclCommunicator::do_allreduce(const void* send, void* recv, std::size_t count,
+                                                     DataType type, ReduceOp op) {
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   st.out(recv, bytes_of(count, type), "recv");
@@ -1056,10 +990,8 @@ std::unique_ptr<Work> NcclCommunicator::allreduce(const void* send, void* recv, 
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::allgather(const void* send, void* recv, std::size_t count,
-                                                  DataType type) {
-  need_buffer(*state_, "allgather", "send", send, count);
-  need_buffer(*state_, "allgather", "recv", recv, count);
+std::unique_ptr<Work> NcclCommunicator::do_allgather(const void* send, void* recv, std::size_t count,
+                                                     DataType type) {
   const auto n = static_cast<std::size_t>(size());
   Staging st;
   st.in(send, bytes_of(count, type), "send");
@@ -1069,11 +1001,9 @@ std::unique_ptr<Work> NcclCommunicator::allgather(const void* send, void* recv, 
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::reduce_scatter(const void* send, void* recv,
-                                                       std::size_t count, DataType type,
-                                                       ReduceOp op) {
-  need_buffer(*state_, "reduce_scatter", "send", send, count);
-  need_buffer(*state_, "reduce_scatter", "recv", recv, count);
+std::unique_ptr<Work> NcclCommunicator::do_reduce_scatter(const void* send, void* recv,
+                                                          std::size_t count, DataType type,
+                                                          ReduceOp op) {
   const auto n = static_cast<std::size_t>(size());
   Staging st;
   st.in(send, bytes_of(count * n, type), "send");
@@ -1084,13 +1014,8 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter(const void* send, void* r
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::alltoall(const void* send, void* recv, std::size_t count,
-                                                 DataType type) {
-  need_buffer(*state_, "alltoall", "send", send, count);
-  need_buffer(*state_, "alltoall", "recv", recv, count);
-  if (send == recv && count > 0 && size() > 1)
-    throw ConfigError("buffer", "nccl alltoall on " + name() +
-                                    ": send and recv must be different buffers");
+std::unique_ptr<Work> NcclCommunicator::do_alltoall(const void* send, void* recv, std::size_t count,
+                                                    DataType type) {
   const auto n = static_cast<std::size_t>(size());
   Staging st;
   st.in(send, bytes_of(count * n, type), "send");
@@ -1116,21 +1041,13 @@ std::unique_ptr<Work> NcclCommunicator::alltoall(const void* send, void* recv, s
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::alltoallv(const void* send,
-                                                  std::span<const std::size_t> send_counts,
-                                                  void* recv,
-                                                  std::span<const std::size_t> recv_counts,
-                                                  DataType type) {
-  const State& s = *state_;
-  need_counts(s, "alltoallv", "send", send_counts);
-  need_counts(s, "alltoallv", "recv", recv_counts);
+std::unique_ptr<Work> NcclCommunicator::do_alltoallv(const void* send,
+                                                     std::span<const std::size_t> send_counts,
+                                                     void* recv,
+                                                     std::span<const std::size_t> recv_counts,
+                                                     DataType type) {
   const std::size_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
   const std::size_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
-  need_buffer(s, "alltoallv", "send", send, send_total);
-  need_buffer(s, "alltoallv", "recv", recv, recv_total);
-  if (send == recv && send != nullptr && send_total + recv_total > 0)
-    throw ConfigError("buffer", "nccl alltoallv on " + name() +
-                                    ": send and recv must be different buffers");
   Staging st;
   st.in(send, bytes_of(send_total, type), "send");
   st.out(recv, bytes_of(recv_total, type), "recv");
@@ -1155,19 +1072,10 @@ std::unique_ptr<Work> NcclCommunicator::alltoallv(const void* send,
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::allgatherv(const void* send, std::size_t count, void* recv,
-                                                   std::span<const std::size_t> recv_counts,
-                                                   DataType type) {
-  const State& s = *state_;
-  need_counts(s, "allgatherv", "recv", recv_counts);
-  const std::size_t mine = recv_counts[static_cast<std::size_t>(rank())];
-  if (count != mine)
-    throw InvalidValueError("count", "nccl allgatherv on " + name() + ": count " +
-                                         std::to_string(count) + " differs from recv_counts[" +
-                                         std::to_string(rank()) + "] = " + std::to_string(mine));
+std::unique_ptr<Work> NcclCommunicator::do_allgatherv(const void* send, std::size_t count, void* recv,
+                                                      std::span<const std::size_t> recv_counts,
+                                                      DataType type) {
   const std::size_t total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
-  need_buffer(s, "allgatherv", "send", send, count);
-  need_buffer(s, "allgatherv", "recv", recv, total);
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   st.out(recv, bytes_of(total, type), "recv");
@@ -1193,11 +1101,8 @@ std::unique_ptr<Work> NcclCommunicator::allgatherv(const void* send, std::size_t
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::reduce(const void* send, void* recv, std::size_t count,
-                                               DataType type, ReduceOp op, int root) {
-  need_rank(*state_, "reduce", "root", root);
-  need_buffer(*state_, "reduce", "send", send, count);
-  if (rank() == root) need_buffer(*state_, "reduce", "recv", recv, count);
+std::unique_ptr<Work> NcclCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
+                                                  DataType type, ReduceOp op, int root) {
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   if (rank() == root) st.out(recv, bytes_of(count, type), "recv");
@@ -1207,12 +1112,9 @@ std::unique_ptr<Work> NcclCommunicator::reduce(const void* send, void* recv, std
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::gather(const void* send, void* recv, std::size_t count,
-                                               DataType type, int root) {
-  need_rank(*state_, "gather", "root", root);
-  need_buffer(*state_, "gather", "send", send, count);
+std::unique_ptr<Work> NcclCommunicator::do_gather(const void* send, void* recv, std::size_t count,
+                                                  DataType type, int root) {
   const bool is_root = rank() == root;
-  if (is_root) need_buffer(*state_, "gather", "recv", recv, count);
   const auto n = static_cast<std::size_t>(size());
   Staging st;
   st.in(send, bytes_of(count, type), "send");
@@ -1233,12 +1135,9 @@ std::unique_ptr<Work> NcclCommunicator::gather(const void* send, void* recv, std
   });
 }
 
-std::unique_ptr<Work> NcclCommunicator::scatter(const void* send, void* recv, std::size_t count,
-                                                DataType type, int root) {
-  need_rank(*state_, "scatter", "root", root);
-  need_buffer(*state_, "scatter", "recv", recv, count);
+std::unique_ptr<Work> NcclCommunicator::do_scatter(const void* send, void* recv, std::size_t count,
+                                                   DataType type, int root) {
   const bool is_root = rank() == root;
-  if (is_root) need_buffer(*state_, "scatter", "send", send, count);
   const auto n = static_cast<std::size_t>(size());
   Staging st;
   if (is_root) st.in(send, bytes_of(count * n, type), "send");
@@ -1262,48 +1161,16 @@ std::unique_ptr<Work> NcclCommunicator::scatter(const void* send, void* recv, st
 
 // ---- point to point -------------------------------------------------------------------
 
-std::unique_ptr<Work> NcclCommunicator::send(const void* buf, std::size_t count, DataType type,
-                                             int peer, int tag) {
-  auto w = isend(buf, count, type, peer, tag);
-  w->wait();
-  return w;
-}
-
-std::unique_ptr<Work> NcclCommunicator::recv(void* buf, std::size_t count, DataType type, int peer,
-                                             int tag) {
-  auto w = irecv(buf, count, type, peer, tag);
-  w->wait();
-  return w;
-}
-
-std::unique_ptr<Work> NcclCommunicator::isend(const void* buf, std::size_t count, DataType type,
-                                              int peer, int tag) {
-  const P2POp op = P2POp::send(buf, count, type, peer, tag);
-  return batch_isend_irecv(std::span<const P2POp>(&op, 1));
-}
-
-std::unique_ptr<Work> NcclCommunicator::irecv(void* buf, std::size_t count, DataType type,
-                                              int peer, int tag) {
-  const P2POp op = P2POp::recv(buf, count, type, peer, tag);
-  return batch_isend_irecv(std::span<const P2POp>(&op, 1));
-}
-
-std::unique_ptr<Work> NcclCommunicator::batch_isend_irecv(std::span<const P2POp> ops) {
-  const State& s = *state_;
+std::unique_ptr<Work> NcclCommunicator::do_batch_isend_irecv(std::span<const P2POp> ops,
+                                                             std::string_view op_name) {
   Staging st;
   for (const P2POp& op : ops) {
-    const char* what = op.kind == P2POp::Kind::send ? "send" : "recv";
-    need_rank(s, what, "peer", op.peer);
-    need_tag(s, what, op.tag);
-    need_buffer(s, what, "buf", op.buf, op.count);
     if (op.kind == P2POp::Kind::send)
       st.in(op.buf, bytes_of(op.count, op.type), "buf");
     else
       st.out(op.buf, bytes_of(op.count, op.type), "buf");
   }
-  const char* name_of_op = ops.size() == 1 ? (ops[0].kind == P2POp::Kind::send ? "send" : "recv")
-                                           : "batch_isend_irecv";
-  return post(state_, timeout(), name_of_op, std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+  return post(state_, timeout(), std::string(op_name), std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
     return grouped([&] {
       for (const P2POp& op : ops) {
         if (op.count == 0) continue;

@@ -139,7 +139,7 @@ TEST(GlooCollectives, CallerErrorsNameBackendOperationAndGroup) {
   run_ranks(2, [](Communicator& w) {
     int x = 0;
     try {
-      w.broadcast(&x, 1, DataType::int32, 2);
+      w.broadcast(&x, 1, DataType::int32, 2)->wait();
       ADD_FAILURE() << "broadcast with root 2 of 2 did not throw";
     } catch (const RankOutOfRangeError& e) {
       EXPECT_NE(std::string(e.what()).find("gloo broadcast on world: root 2"), std::string::npos)

@@ -18,7 +18,6 @@ namespace {
 class RecordingWorld final : public Communicator {
  public:
   explicit RecordingWorld(Communicator& inner) : Communicator("world", inner.timeout()), inner_(inner) {}
-  COMMGRID_USING_TYPED_OVERLOADS;
 
   struct Call {
     std::vector<int> members;
@@ -29,74 +28,58 @@ class RecordingWorld final : public Communicator {
   std::string_view backend() const noexcept override { return inner_.backend(); }
   int rank() const noexcept override { return inner_.rank(); }
   int size() const noexcept override { return inner_.size(); }
-  void set_timeout(std::chrono::milliseconds t) override {
-    Communicator::set_timeout(t);
-    inner_.set_timeout(t);
-  }
-  std::unique_ptr<Communicator> split(std::optional<std::int64_t> color, std::int64_t key,
-                                      std::string name) override {
-    count_creation();
+
+ protected:
+  void timeout_changed(std::chrono::milliseconds t) override { inner_.set_timeout(t); }
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
+                                         std::string name) override {
     return inner_.split(color, key, std::move(name));
   }
-  std::unique_ptr<Communicator> create_group(std::span<const int> members, std::string name) override {
-    count_creation();
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members, std::string name) override {
     return inner_.create_group(members, std::move(name));
   }
-  std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
-                                                        std::string name) override {
-    count_creation();
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+                                                           std::string name) override {
     calls_.push_back({{members.begin(), members.end()}, name});
     return inner_.create_group_collective(members, std::move(name));
   }
-  std::unique_ptr<Work> barrier() override { return inner_.barrier(); }
-  std::unique_ptr<Work> broadcast(void* b, std::size_t n, DataType t, int root) override {
+  std::unique_ptr<Work> do_barrier() override { return inner_.barrier(); }
+  std::unique_ptr<Work> do_broadcast(void* b, std::size_t n, DataType t, int root) override {
     return inner_.broadcast(b, n, t, root);
   }
-  std::unique_ptr<Work> allreduce(const void* s, void* r, std::size_t n, DataType t,
-                                  ReduceOp op) override {
+  std::unique_ptr<Work> do_allreduce(const void* s, void* r, std::size_t n, DataType t,
+                                     ReduceOp op) override {
     return inner_.allreduce(s, r, n, t, op);
   }
-  std::unique_ptr<Work> allgather(const void* s, void* r, std::size_t n, DataType t) override {
+  std::unique_ptr<Work> do_allgather(const void* s, void* r, std::size_t n, DataType t) override {
     return inner_.allgather(s, r, n, t);
   }
-  std::unique_ptr<Work> reduce_scatter(const void* s, void* r, std::size_t n, DataType t,
-                                       ReduceOp op) override {
+  std::unique_ptr<Work> do_reduce_scatter(const void* s, void* r, std::size_t n, DataType t,
+                                          ReduceOp op) override {
     return inner_.reduce_scatter(s, r, n, t, op);
   }
-  std::unique_ptr<Work> alltoall(const void* s, void* r, std::size_t n, DataType t) override {
+  std::unique_ptr<Work> do_alltoall(const void* s, void* r, std::size_t n, DataType t) override {
     return inner_.alltoall(s, r, n, t);
   }
-  std::unique_ptr<Work> alltoallv(const void* s, std::span<const std::size_t> sc, void* r,
-                                  std::span<const std::size_t> rc, DataType t) override {
+  std::unique_ptr<Work> do_alltoallv(const void* s, std::span<const std::size_t> sc, void* r,
+                                     std::span<const std::size_t> rc, DataType t) override {
     return inner_.alltoallv(s, sc, r, rc, t);
   }
-  std::unique_ptr<Work> allgatherv(const void* s, std::size_t n, void* r,
-                                   std::span<const std::size_t> rc, DataType t) override {
+  std::unique_ptr<Work> do_allgatherv(const void* s, std::size_t n, void* r,
+                                      std::span<const std::size_t> rc, DataType t) override {
     return inner_.allgatherv(s, n, r, rc, t);
   }
-  std::unique_ptr<Work> reduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op,
-                               int root) override {
+  std::unique_ptr<Work> do_reduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op,
+                                  int root) override {
     return inner_.reduce(s, r, n, t, op, root);
   }
-  std::unique_ptr<Work> gather(const void* s, void* r, std::size_t n, DataType t, int root) override {
+  std::unique_ptr<Work> do_gather(const void* s, void* r, std::size_t n, DataType t, int root) override {
     return inner_.gather(s, r, n, t, root);
   }
-  std::unique_ptr<Work> scatter(const void* s, void* r, std::size_t n, DataType t, int root) override {
+  std::unique_ptr<Work> do_scatter(const void* s, void* r, std::size_t n, DataType t, int root) override {
     return inner_.scatter(s, r, n, t, root);
   }
-  std::unique_ptr<Work> send(const void* b, std::size_t n, DataType t, int peer, int tag) override {
-    return inner_.send(b, n, t, peer, tag);
-  }
-  std::unique_ptr<Work> recv(void* b, std::size_t n, DataType t, int peer, int tag) override {
-    return inner_.recv(b, n, t, peer, tag);
-  }
-  std::unique_ptr<Work> isend(const void* b, std::size_t n, DataType t, int peer, int tag) override {
-    return inner_.isend(b, n, t, peer, tag);
-  }
-  std::unique_ptr<Work> irecv(void* b, std::size_t n, DataType t, int peer, int tag) override {
-    return inner_.irecv(b, n, t, peer, tag);
-  }
-  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override {
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops, std::string_view) override {
     return inner_.batch_isend_irecv(ops);
   }
 

@@ -55,7 +55,7 @@ std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause,
     Outcome& o = out[static_cast<size_t>(w.rank())];
     std::vector<std::int64_t> buf(kCount);
     for (size_t i = 0; i < kCount; ++i) buf[i] = input(w.rank(), i);
-    w.barrier();  // every rank starts the allreduce at about the same time
+    w.barrier()->wait();  // every rank starts the allreduce at about the same time
     const auto t0 = Clock::now();
     try {
       if (w.rank() == kSlowRank) {
@@ -72,7 +72,7 @@ std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause,
         opts.setTimeout(w.timeout());
         ::gloo::allreduce(opts);
       } else {
-        w.allreduce(buf.data(), buf.data(), kCount, DataType::int64, ReduceOp::sum);
+        w.allreduce(buf.data(), buf.data(), kCount, DataType::int64, ReduceOp::sum)->wait();
       }
       o.sum_ok = true;
       for (size_t i = 0; i < kCount; ++i) o.sum_ok = o.sum_ok && buf[i] == expected_sum(i);
@@ -86,7 +86,7 @@ std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause,
     if (!then_barrier || w.rank() == kSlowRank || o.error.empty()) return;
     const auto t1 = Clock::now();
     try {
-      w.barrier();
+      w.barrier()->wait();
     } catch (const std::exception& e) {
       o.after = e.what();
     }
@@ -148,22 +148,22 @@ TEST(GlooDeadline, AStormOfCollectivesStillPasses) {
     const int me = w.rank();
     for (int k = 0; k < kRounds; ++k) {
       std::int64_t v = me + k, sum = 0;
-      w.allreduce(&v, &sum, 1, DataType::int64, ReduceOp::sum);
+      w.allreduce(&v, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
       ASSERT_EQ(sum, 4 * k + 6) << "round " << k;
       std::int32_t mine = me * 10 + k % 7;
       std::vector<std::int32_t> all(kN);
-      w.allgather(&mine, all.data(), 1, DataType::int32);
+      w.allgather(&mine, all.data(), 1, DataType::int32)->wait();
       for (int r = 0; r < kN; ++r) ASSERT_EQ(all[static_cast<size_t>(r)], r * 10 + k % 7);
       std::vector<std::int32_t> send(kN), recv(kN);
       for (int r = 0; r < kN; ++r) send[static_cast<size_t>(r)] = me * 100 + r;
-      w.alltoall(send.data(), recv.data(), 1, DataType::int32);
+      w.alltoall(send.data(), recv.data(), 1, DataType::int32)->wait();
       for (int r = 0; r < kN; ++r) ASSERT_EQ(recv[static_cast<size_t>(r)], r * 100 + me);
       std::int64_t b = me == k % kN ? k : -1;
-      w.broadcast(&b, 1, DataType::int64, k % kN);
+      w.broadcast(&b, 1, DataType::int64, k % kN)->wait();
       ASSERT_EQ(b, k);
       // A rooted collective (point to point under the hood) and a ring exchange.
       std::vector<std::int32_t> gathered(kN);
-      w.gather(&mine, gathered.data(), 1, DataType::int32, k % kN);
+      w.gather(&mine, gathered.data(), 1, DataType::int32, k % kN)->wait();
       if (me == k % kN)
         for (int r = 0; r < kN; ++r) ASSERT_EQ(gathered[static_cast<size_t>(r)], r * 10 + k % 7);
       std::int32_t from_left = -1;
@@ -171,7 +171,7 @@ TEST(GlooDeadline, AStormOfCollectivesStillPasses) {
                             P2POp::recv(&from_left, 1, DataType::int32, (me + kN - 1) % kN, k)};
       w.batch_isend_irecv(ring)->wait();
       ASSERT_EQ(from_left, ((me + kN - 1) % kN) * 10 + k % 7);
-      if (k % 10 == 0) w.barrier();
+      if (k % 10 == 0) w.barrier()->wait();
     }
   }, test_options(20s));
 }
@@ -183,13 +183,13 @@ TEST(GlooDeadline, ABatchWhosePeerSendsSlowlyEndsAtItsDeadline) {
   double took = 0;
   auto r = run_local_ranks_collect(2, [&](Communicator& w) {
     std::vector<std::int32_t> v(8, -1);
-    w.barrier();
+    w.barrier()->wait();
     if (w.rank() == 1) {
       try {
         for (int k = 0; k < 8; ++k) {
           std::this_thread::sleep_for(300ms);
           v[static_cast<size_t>(k)] = k;
-          w.send(&v[static_cast<size_t>(k)], 1, DataType::int32, 0, k);
+          w.send(&v[static_cast<size_t>(k)], 1, DataType::int32, 0, k)->wait();
         }
       } catch (const std::exception&) {
         // Expected once rank 0 gave up and closed its connections.

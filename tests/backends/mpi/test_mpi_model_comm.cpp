@@ -18,6 +18,7 @@ TEST(MpiModelComm, PointToPointVariableRootedTypedAndMembers) {
     suite::alltoallv_random(*world, 11);
     suite::allgatherv_random(*world, 12);
     suite::typed_size_errors(*world);
+    suite::argument_errors(*world);
     suite::every_type(*world);
   });
 }

@@ -23,6 +23,7 @@
 #include "commgrid/nccl.hpp"
 #include "commgrid/process_groups.hpp"
 #include "nccl_host.hpp"
+#include "../comm_suite.hpp"
 
 namespace commgrid {
 namespace {
@@ -357,13 +358,13 @@ TEST_F(NcclDevice, PointToPointRingBatchesAndSelf) {
     if (n > 1) {  // blocking send and recv, as verify's pipeline ring does
       std::int64_t token = r == 0 ? 1 : 0;
       if (r == 0) {
-        w.send(&token, 1, DataType::int64, next, 0);
-        w.recv(&token, 1, DataType::int64, prev, 0);
+        w.send(&token, 1, DataType::int64, next, 0)->wait();
+        w.recv(&token, 1, DataType::int64, prev, 0)->wait();
         EXPECT_EQ(token, std::int64_t{1} << (n - 1)) << "each other stage doubled it";
       } else {
-        w.recv(&token, 1, DataType::int64, prev, 0);
+        w.recv(&token, 1, DataType::int64, prev, 0)->wait();
         token *= 2;
-        w.send(&token, 1, DataType::int64, next, 0);
+        w.send(&token, 1, DataType::int64, next, 0)->wait();
       }
     }
     w.barrier()->wait();
@@ -570,7 +571,7 @@ TEST_F(NcclDevice, ASplitThatTimesOutAbortsTheParentAndSaysWhich) {
     w.set_timeout(1ms);
     std::string msg;
     try {
-      w.split(0, w.rank(), "tp#0");
+      (void)w.split(0, w.rank(), "tp#0");
       msg = "(completed)";
     } catch (const TimeoutError& e) {
       msg = e.what();
@@ -605,7 +606,7 @@ TEST_F(NcclDeviceMulti, MemberCreationWithAMissingMemberTimesOutNamingTheMembers
       // Rank 1 takes part in the id exchange (so rank 0 reaches NCCL's init) but not in it.
       std::string msg;
       try {
-        w.create_group(members, "tp#0");
+        (void)w.create_group(members, "tp#0");
       } catch (const TimeoutError& e) {
         msg = e.what();
       }
@@ -632,7 +633,7 @@ TEST_F(NcclDeviceMulti, AnotherDevicesBufferIsRefusedAndTheCommunicatorLives) {
     Device mine(8);
     std::string msg;
     try {
-      w.allreduce(foreign, mine.get(), 1, DataType::int64, ReduceOp::sum);
+      w.allreduce(foreign, mine.get(), 1, DataType::int64, ReduceOp::sum)->wait();
     } catch (const ConfigError& e) {
       msg = e.what();
       EXPECT_EQ(e.parameter(), "send");
@@ -645,6 +646,24 @@ TEST_F(NcclDeviceMulti, AnotherDevicesBufferIsRefusedAndTheCommunicatorLives) {
     w.allreduce(&v, &v, 1, DataType::int64, ReduceOp::sum)->wait();  // still usable
     EXPECT_EQ(v, w.size());
     cudaFree(foreign);
+  });
+}
+
+// The backend-neutral suite (tests/backends/comm_suite.hpp) on the NCCL world, host buffers
+// staged as always: the same argument errors as on MPI and Gloo (typed, named, before any
+// communication), then point to point, the variable collectives and the rank mapping.
+// (Every type and op against a host reference is AllreduceAndReduceEveryTypeAndOp... above.)
+TEST_F(NcclDevice, TheBackendNeutralSuiteOnHostBuffers) {
+  run([&](Communicator&, NcclCommunicator& w) {
+    EXPECT_NO_THROW({
+      suite::argument_errors(w);
+      suite::typed_size_errors(w);
+      suite::world_members(w);
+      suite::symmetric_and_ring(w);
+      suite::alltoallv_random(w, 11);
+      suite::allgatherv_random(w, 12);
+    });
+    EXPECT_FALSE(w.aborted()) << w.abort_reason();
   });
 }
 

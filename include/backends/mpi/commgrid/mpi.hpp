@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <climits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -59,15 +60,20 @@ class MpiEnvironment {
 };
 
 /// A Communicator over an MPI communicator that it owns (freed in the destructor).
-/// Every call sets MPI_ERRORS_RETURN, checks the return code and throws BackendError
-/// "mpi <operation> on <group>: <MPI_Error_string>". Collectives and point-to-point calls
-/// are nonblocking MPI calls polled with MPI_Test until they complete or the
-/// communicator's timeout passes (TimeoutError); after a timeout the communicator is
-/// unusable, because MPI cannot cancel a started collective, and every later call throws.
-/// Creating groups (split, create_group*) uses MPI's blocking calls, which cannot be
-/// cancelled: a watchdog bounds each by the timeout and, past it, prints which call and
-/// group did not complete and aborts the whole job (MPI_Abort).
-/// Every call completes before returning: the returned Work is already done.
+/// Arguments are checked by Communicator (the same errors as every backend); what MPI
+/// itself reports throws BackendError "mpi <operation> on <group>: <MPI_Error_string>"
+/// (MPI_ERRORS_RETURN is set and every return code is checked). Counts are MPI ints:
+/// max_count() is INT_MAX, max_tag() the communicator's MPI_TAG_UB.
+/// Collectives and point-to-point calls are nonblocking MPI calls polled with MPI_Test until
+/// they complete or the communicator's timeout passes (TimeoutError; MPI cannot tell which
+/// ranks did not arrive, so the message names the group and this rank only); after a
+/// collective's timeout the communicator is unusable, because MPI cannot cancel a started
+/// collective, and every later call throws. Creating groups (split, create_group*) uses
+/// MPI's blocking calls, which cannot be cancelled: one process-wide watchdog thread bounds
+/// each by the timeout and, past it, prints which call and group did not complete and
+/// aborts the whole job (MPI_Abort).
+/// Every call completes before returning: the returned Work is already done, except for
+/// isend, irecv and batch_isend_irecv.
 class MpiP2PWork;
 
 class MpiCommunicator final : public Communicator {
@@ -79,8 +85,8 @@ class MpiCommunicator final : public Communicator {
 
   /// A Communicator over a duplicate of `comm` (MPI_Comm_dup: traffic on it never mixes
   /// with the caller's). Collective over `comm`.
-  static std::unique_ptr<MpiCommunicator> duplicate(MPI_Comm comm, std::string name,
-                                                    std::chrono::milliseconds timeout);
+  [[nodiscard]] static std::unique_ptr<MpiCommunicator> duplicate(
+      MPI_Comm comm, std::string name, std::chrono::milliseconds timeout);
 
   /// The MPI communicator, for passing to other MPI code; it stays owned by this object.
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
@@ -88,65 +94,57 @@ class MpiCommunicator final : public Communicator {
   [[nodiscard]] std::string_view backend() const noexcept override { return "mpi"; }
   [[nodiscard]] int rank() const noexcept override { return rank_; }
   [[nodiscard]] int size() const noexcept override { return size_; }
-
-  /// MPI_Comm_split; no color is MPI_UNDEFINED. Color and key must fit an int, color >= 0.
-  std::unique_ptr<Communicator> split(std::optional<std::int64_t> color, std::int64_t key,
-                                      std::string name) override;
-  /// MPI_Comm_create_group. The tag comes from the name's prefix before its last '#' (the
-  /// kind in commgrid's "kind#index" names), so the groups of one prefix share a tag: they
-  /// must be disjoint (as the groups of one kind are) or created one after another. Members
-  /// must be ascending and include this rank; their order is the new communicator's.
-  std::unique_ptr<Communicator> create_group(std::span<const int> members,
-                                             std::string name) override;
-  /// MPI_Comm_create over this whole communicator; non-members get nullptr. Members must be
-  /// ascending.
-  std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
-                                                        std::string name) override;
-
-  std::unique_ptr<Work> barrier() override;
-  std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
-                                  int root) override;
-  std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
-                                  DataType type, ReduceOp op) override;
-  std::unique_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
-                                  DataType type) override;
-  std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
-                                       DataType type, ReduceOp op) override;
-  std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
-                                 DataType type) override;
-  std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type, int peer,
-                             int tag) override;
-  std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
-                             int tag) override;
-  std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type, int peer,
-                              int tag) override;
-  std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
-                              int tag) override;
-  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override;
-  std::unique_ptr<Work> alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                                  void* recv, std::span<const std::size_t> recv_counts,
-                                  DataType type) override;
-  std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
-                                   std::span<const std::size_t> recv_counts,
-                                   DataType type) override;
-  std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DataType type,
-                               ReduceOp op, int root) override;
-  std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count, DataType type,
-                               int root) override;
-  std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                int root) override;
-  COMMGRID_USING_TYPED_OVERLOADS;
+  [[nodiscard]] int max_tag() const noexcept override { return tag_ub_; }
+  [[nodiscard]] std::size_t max_count() const noexcept override { return INT_MAX; }
 
  private:
   friend class MpiP2PWork;
+  /// MPI_Comm_split; no color is MPI_UNDEFINED.
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
+                                         std::string name) override;
+  /// MPI_Comm_create_group. The tag comes from the name's prefix before its last '#' (the
+  /// kind in commgrid's "kind#index" names), so the groups of one prefix share a tag: they
+  /// must be disjoint (as the groups of one kind are) or created one after another. Their
+  /// order is the new communicator's.
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                std::string name) override;
+  /// MPI_Comm_create over this whole communicator; non-members get nullptr.
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+                                                           std::string name) override;
+  std::unique_ptr<Work> do_barrier() override;
+  std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
+                                     int root) override;
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
+                                     DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
+                                     DataType type) override;
+  std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                          DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_alltoall(const void* send, void* recv, std::size_t count,
+                                    DataType type) override;
+  std::unique_ptr<Work> do_alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                     void* recv, std::span<const std::size_t> recv_counts,
+                                     DataType type) override;
+  std::unique_ptr<Work> do_allgatherv(const void* send, std::size_t count, void* recv,
+                                      std::span<const std::size_t> recv_counts,
+                                      DataType type) override;
+  std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                  ReduceOp op, int root) override;
+  std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
+                                  int root) override;
+  std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                   int root) override;
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
+                                             std::string_view op) override;
+  /// A receive that times out is cancelled (MPI_Cancel), which gives its buffer back and
+  /// leaves the communicator usable.
+  std::unique_ptr<Work> do_recv(const P2POp& op) override;
+
   void check(int rc, const char* op) const;
-  void check_tag(int tag, const char* op) const;
-  /// Counts and displacements of a v-collective, checked to fit MPI's ints.
-  void v_layout(std::span<const std::size_t> counts, const char* what, const char* op,
-                std::vector<int>& out_counts, std::vector<int>& out_displs) const;
+  /// MPI's counts and displacements of a v-collective (Communicator checked they fit).
+  static void v_layout(std::span<const std::size_t> counts, std::vector<int>& out_counts,
+                       std::vector<int>& out_displs);
   void check_usable(const char* op) const;
-  int checked_count(std::size_t count, const char* op) const;
-  void check_peer(int peer, const char* op) const;
   void wait(MPI_Request& request, const char* op, MPI_Status* status = nullptr);
   std::unique_ptr<Communicator> adopt(MPI_Comm comm, std::string name);
   void group_of_members(std::span<const int> members, const char* op, MPI_Group& out) const;
@@ -154,6 +152,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 0;
+  int tag_ub_ = 32767;   ///< MPI_TAG_UB of comm_
   bool broken_ = false;  ///< set by a timeout; every later call throws
 };
 

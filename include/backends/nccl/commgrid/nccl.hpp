@@ -84,9 +84,6 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] int rank() const noexcept override;
   [[nodiscard]] int size() const noexcept override;
 
-  /// Also bounds the finalization of the NCCL communicator when it is destroyed.
-  void set_timeout(std::chrono::milliseconds timeout) override;
-
   /// The CUDA device of this rank.
   [[nodiscard]] int device() const noexcept;
   /// The stream operations are enqueued on: the communicator's own unless set_stream chose
@@ -112,63 +109,57 @@ class NcclCommunicator final : public Communicator {
   /// (also when another thread's abort came first; then `reason` is dropped).
   void abort(const std::string& reason) noexcept;
 
+ private:
+  /// Also bounds the finalization of the NCCL communicator when it is destroyed.
+  void timeout_changed(std::chrono::milliseconds timeout) override;
   /// ncclCommSplit of this communicator: color = group index (nullopt: NCCL_SPLIT_NOCOLOR,
   /// the rank gets nullptr), key orders the new group. Color must be in [0, 2^31), key must
   /// fit an int. The members' global ranks are exchanged over the new group (one allgather).
-  std::unique_ptr<Communicator> split(std::optional<std::int64_t> color, std::int64_t key,
-                                      std::string name) override;
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
+                                         std::string name) override;
   /// Only the members call it: the first member makes an ncclUniqueId and sends it to the
   /// others through the bootstrap communicator (point to point, with the name's hash, so that
   /// members disagreeing on the name fail instead of joining the wrong group), then the
   /// members initialize (ncclCommInitRankConfig). The bootstrap must still be alive.
-  std::unique_ptr<Communicator> create_group(std::span<const int> members,
-                                             std::string name) override;
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                std::string name) override;
   /// Collective over this whole group (Megatron's new_group): one allgather over this
   /// communicator carries every rank's fingerprint of (members, name) and the first member's
   /// ncclUniqueId; ranks that passed different arguments fail on every rank; then the members
   /// initialize, the others get nullptr.
-  std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
-                                                        std::string name) override;
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+                                                           std::string name) override;
 
   /// An allreduce of one int on a device buffer (NCCL has no barrier).
-  std::unique_ptr<Work> barrier() override;
-  std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
-                                  int root) override;
-  std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
-                                  DataType type, ReduceOp op) override;
-  std::unique_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
-                                  DataType type) override;
-  std::unique_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t count,
-                                       DataType type, ReduceOp op) override;
-  std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
-                                 DataType type) override;
+  std::unique_ptr<Work> do_barrier() override;
+  std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
+                                     int root) override;
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
+                                     DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
+                                     DataType type) override;
+  std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                          DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_alltoall(const void* send, void* recv, std::size_t count,
+                                    DataType type) override;
   /// Grouped ncclSend/ncclRecv (ncclGroupStart/End), one pair per peer with a count > 0.
-  std::unique_ptr<Work> alltoallv(const void* send, std::span<const std::size_t> send_counts,
-                                  void* recv, std::span<const std::size_t> recv_counts,
-                                  DataType type) override;
+  std::unique_ptr<Work> do_alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                     void* recv, std::span<const std::size_t> recv_counts,
+                                     DataType type) override;
   /// Grouped ncclBroadcast, one per rank with a count > 0, into recv's blocks.
-  std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
-                                   std::span<const std::size_t> recv_counts,
-                                   DataType type) override;
-  std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DataType type,
-                               ReduceOp op, int root) override;
-  std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count, DataType type,
-                               int root) override;
-  std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                int root) override;
-  std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type, int peer,
-                             int tag) override;
-  std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
-                             int tag) override;
-  std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type, int peer,
-                              int tag) override;
-  std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
-                              int tag) override;
+  std::unique_ptr<Work> do_allgatherv(const void* send, std::size_t count, void* recv,
+                                      std::span<const std::size_t> recv_counts,
+                                      DataType type) override;
+  std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                  ReduceOp op, int root) override;
+  std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
+                                  int root) override;
+  std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                   int root) override;
   /// ncclGroupStart, every operation, ncclGroupEnd: one Work for all. A peer may be this rank.
-  std::unique_ptr<Work> batch_isend_irecv(std::span<const P2POp> ops) override;
-  COMMGRID_USING_TYPED_OVERLOADS;
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
+                                             std::string_view op) override;
 
- private:
   friend std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
                                                            const NcclOptions& options);
   NcclCommunicator(std::string name, std::shared_ptr<State> state,
