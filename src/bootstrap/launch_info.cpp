@@ -179,4 +179,40 @@ LaunchInfo read_launch_info(const EnvLookup& lookup) {
 
 LaunchInfo read_launch_info() { return read_launch_info(process_env); }
 
+std::shared_ptr<Store> open_launch_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
+  StoreOptions so;
+  so.job_id = info.job_id;
+  so.token = info.token;
+  so.timeout = timeout;
+  so.serve = info.rank == 0;
+  return open_store(info.store, so);
+}
+
+namespace {
+std::string required(const char* name) {
+  std::optional<std::string> v = process_env(name);
+  if (!v)
+    throw ConfigError(name, std::string(name) +
+                                " is not set (commgrid launch sets COMMGRID_RANK, "
+                                "COMMGRID_WORLD_SIZE and COMMGRID_STORE)");
+  if (v->empty()) throw ConfigError(name, std::string(name) + " is set but empty");
+  return *v;
+}
+}  // namespace
+
+bool world_env_present() { return std::getenv("COMMGRID_RANK") != nullptr; }
+
+WorldEnv read_world_env() {
+  WorldEnv out;
+  out.rank = parse_int("COMMGRID_RANK", required("COMMGRID_RANK"), 0);
+  out.size = parse_int("COMMGRID_WORLD_SIZE", required("COMMGRID_WORLD_SIZE"), 1);
+  if (out.rank >= out.size)
+    throw RankOutOfRangeError("COMMGRID_RANK", "COMMGRID_RANK=" + std::to_string(out.rank) +
+                                                   " is not below COMMGRID_WORLD_SIZE=" +
+                                                   std::to_string(out.size));
+  out.store = required("COMMGRID_STORE");
+  if (auto t = process_env("COMMGRID_TIMEOUT")) out.timeout = parse_timeout(*t);
+  return out;
+}
+
 }  // namespace commgrid

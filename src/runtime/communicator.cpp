@@ -11,7 +11,6 @@
 #include <type_traits>
 
 #include "commgrid/error.hpp"
-#include "reduce_util.hpp"
 
 namespace commgrid {
 
@@ -100,44 +99,6 @@ std::uint16_t float_to_fp16(float f) noexcept {
   const std::uint32_t rounded = rebased + 0xfffU + ((rebased >> 13) & 1U);
   return static_cast<std::uint16_t>(sign | (rounded >> 13));
 }
-
-namespace detail {
-
-std::vector<float> widen_half(const void* buf, std::size_t count, DataType type) {
-  const auto* p = static_cast<const std::uint16_t*>(buf);
-  std::vector<float> wide(count);
-  for (std::size_t i = 0; i < count; ++i)
-    wide[i] = type == DataType::bfloat16 ? bf16_to_float(p[i]) : fp16_to_float(p[i]);
-  return wide;
-}
-
-void narrow_half(const float* wide, void* buf, std::size_t count, DataType type) {
-  auto* p = static_cast<std::uint16_t*>(buf);
-  for (std::size_t i = 0; i < count; ++i)
-    p[i] = type == DataType::bfloat16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
-}
-
-void divide_by(void* buf, std::size_t count, DataType type, int n) {
-  if (n <= 1 || count == 0) return;
-  if (is_half(type)) {
-    std::vector<float> wide = widen_half(buf, count, type);
-    for (float& v : wide) v /= static_cast<float>(n);
-    narrow_half(wide.data(), buf, count, type);
-    return;
-  }
-  dispatch_native(type, [&](auto zero) {
-    using T = decltype(zero);
-    auto* p = static_cast<T*>(buf);
-    if constexpr (std::is_integral_v<T>) {
-      for (std::size_t i = 0; i < count; ++i)
-        p[i] = static_cast<T>(static_cast<std::int64_t>(p[i]) / n);
-    } else {
-      for (std::size_t i = 0; i < count; ++i) p[i] = p[i] / static_cast<T>(n);
-    }
-  });
-}
-
-}  // namespace detail
 
 const std::vector<std::int64_t>& Communicator::members() const {
   if (members_.empty()) {

@@ -1,4 +1,5 @@
-// Helpers that CPU backends share for reductions. Not installed: backends are built in this
+// The reduction kernels CPU backends share (Gloo's reductions, MPI's 16-bit float ops), so
+// that a reduction gives the same bits on each. Not installed: backends are built in this
 // tree, and users reach these through the Communicator only.
 #pragma once
 
@@ -28,6 +29,50 @@ void narrow_half(const float* wide, void* buf, std::size_t count, DataType type)
 /// buf[i] /= n for count elements of `type` (avg after a sum). Integers truncate toward
 /// zero; 16-bit floats are divided in float32 and rounded once.
 void divide_by(void* buf, std::size_t count, DataType type, int n);
+
+/// One element of `Op` (not avg, which runs as engine_op(avg) = sum, then divide_by).
+/// Integer sums and products wrap (two's complement) instead of overflowing, which would be
+/// undefined behaviour; floating-point max and min keep NaN whichever side it is on, so a
+/// NaN gradient is never hidden.
+template <ReduceOp Op, class T>
+T combine(T a, T b) noexcept {
+  static_assert(Op != ReduceOp::avg, "avg is a sum followed by divide_by");
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    if constexpr (Op == ReduceOp::sum) return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    if constexpr (Op == ReduceOp::prod) return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    if constexpr (Op == ReduceOp::max) return a > b ? a : b;
+    if constexpr (Op == ReduceOp::min) return a < b ? a : b;
+  } else {
+    if constexpr (Op == ReduceOp::sum) return a + b;
+    if constexpr (Op == ReduceOp::prod) return a * b;
+    if constexpr (Op == ReduceOp::max) return a != a || a > b ? a : b;  // a != a: NaN
+    if constexpr (Op == ReduceOp::min) return a != a || a < b ? a : b;
+  }
+}
+
+/// out[i] = combine(a[i], b[i]) for n elements of a native type (out may be a or b).
+/// Throws InternalError for avg (not elementwise).
+template <class T>
+void reduce_block(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) {
+  auto run = [&]<ReduceOp Op>() {
+    for (std::size_t i = 0; i < n; ++i) out[i] = combine<Op>(a[i], b[i]);
+  };
+  switch (op) {
+    case ReduceOp::sum: return run.template operator()<ReduceOp::sum>();
+    case ReduceOp::prod: return run.template operator()<ReduceOp::prod>();
+    case ReduceOp::max: return run.template operator()<ReduceOp::max>();
+    case ReduceOp::min: return run.template operator()<ReduceOp::min>();
+    case ReduceOp::avg: break;
+  }
+  COMMGRID_ENFORCE(false, "avg reaches the elementwise reduction");
+}
+
+/// Reduces n blocks of `count` elements each (laid out in rank order) into out, in rank
+/// order, so that the result is deterministic and the same whatever the group's layout:
+/// 16-bit floats in float32, rounded once at the end; avg divides the sum by n.
+void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type,
+                   ReduceOp op, int n);
 
 /// Calls fn(T{}) with the C++ type that holds one element of a type that is not 16-bit
 /// float (float, double, int32, int64, int8, uint8).

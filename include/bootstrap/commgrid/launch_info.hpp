@@ -10,6 +10,7 @@
 #include <string>
 
 #include "commgrid/communicator.hpp"
+#include "commgrid/store.hpp"
 
 namespace commgrid {
 
@@ -56,5 +57,30 @@ LaunchInfo read_launch_info();
 bool launched(const EnvLookup& lookup);
 /// launched over this process's environment.
 bool launched();
+
+/// Opens the job's rendezvous store as every launched rank does: info.store under
+/// info.job_id with info.token, each request bounded by `timeout`; a tcp:// store is served
+/// by rank 0 (it listens on its port). The errors of open_store.
+[[nodiscard]] std::shared_ptr<Store> open_launch_store(const LaunchInfo& info,
+                                                       std::chrono::milliseconds timeout);
+
+/// The rank, size, store and timeout that commgrid launch (or a user's own script) put in
+/// COMMGRID_* variables: the store-based launcher's part of LaunchInfo.
+struct WorldEnv {
+  int rank = 0;              ///< COMMGRID_RANK, 0 ... size-1
+  int size = 1;              ///< COMMGRID_WORLD_SIZE, >= 1
+  std::string store;         ///< COMMGRID_STORE, e.g. file:///tmp/x or redis://host:6379
+  /// COMMGRID_TIMEOUT in seconds (a positive decimal), when set.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// Reads COMMGRID_RANK, COMMGRID_WORLD_SIZE, COMMGRID_STORE and the optional
+/// COMMGRID_TIMEOUT. Throws ConfigError naming the variable and its text when one is
+/// missing or malformed ("COMMGRID_RANK=3 is not below COMMGRID_WORLD_SIZE=2").
+WorldEnv read_world_env();
+
+/// Whether COMMGRID_RANK is set: the process was started by a store-based launcher
+/// (commgrid launch, or a user's own script exporting the variables).
+bool world_env_present();
 
 }  // namespace commgrid

@@ -8,11 +8,19 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "commgrid/communicator.hpp"
 #include "commgrid/store.hpp"
 
 namespace commgrid::gloo_backend {
+
+/// "1, 4, 7": ranks in a message.
+inline std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out;
+}
 
 /// Gloo prefixes its messages with "[file.cc:123] ", sometimes twice; the location inside
 /// Gloo helps nobody reading a commgrid error, the rest of the text does.

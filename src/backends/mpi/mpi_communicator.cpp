@@ -42,34 +42,21 @@ MPI_Datatype mpi_type(DataType t) {
   COMMGRID_ENFORCE(false, "unknown DataType " + std::to_string(static_cast<int>(t)));
 }
 
-// ---- bfloat16 reductions ----------------------------------------------------------
-// MPI has no bfloat16, so bfloat16 travels as 16-bit integers and is reduced by user ops
-// that widen each pair to float32, reduce and round back (as NCCL does at each step of a
-// ring). NaN propagates through max and min, so a NaN gradient is never hidden.
+// ---- bfloat16 and float16 reductions ------------------------------------------------
+// MPI has no bfloat16 (nor, portably, float16), so 16-bit floats travel as 16-bit integers
+// and are reduced by user ops that widen each pair to float32, reduce with the kernels every
+// CPU backend shares (detail::combine: max and min keep NaN, so a NaN gradient is never
+// hidden) and round back, as NCCL does at each step of a ring.
 
-struct Sum { float operator()(float a, float b) const noexcept { return a + b; } };
-struct Prod { float operator()(float a, float b) const noexcept { return a * b; } };
-struct Max {
-  float operator()(float a, float b) const noexcept {
-    return std::isnan(a) || a > b ? a : b;
-  }
-};
-struct Min {
-  float operator()(float a, float b) const noexcept {
-    return std::isnan(a) || a < b ? a : b;
-  }
-};
-
-template <class F, bool Bf16>
+template <ReduceOp Op, bool Bf16>
 void half_reduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
-  const F f;
   for (int i = 0; i < *len; ++i) {
     if constexpr (Bf16)
-      b[i] = float_to_bf16(f(bf16_to_float(a[i]), bf16_to_float(b[i])));
+      b[i] = float_to_bf16(detail::combine<Op>(bf16_to_float(a[i]), bf16_to_float(b[i])));
     else
-      b[i] = float_to_fp16(f(fp16_to_float(a[i]), fp16_to_float(b[i])));
+      b[i] = float_to_fp16(detail::combine<Op>(fp16_to_float(a[i]), fp16_to_float(b[i])));
   }
 }
 
@@ -94,10 +81,10 @@ MPI_Op half_op(ReduceOp op, DataType t) {
   std::lock_guard lock(g_ops_mutex);
   if (!g_half_ops_created) {
     MPI_User_function* fns[2][4] = {
-        {&half_reduce<Sum, true>, &half_reduce<Max, true>, &half_reduce<Min, true>,
-         &half_reduce<Prod, true>},
-        {&half_reduce<Sum, false>, &half_reduce<Max, false>, &half_reduce<Min, false>,
-         &half_reduce<Prod, false>}};
+        {&half_reduce<ReduceOp::sum, true>, &half_reduce<ReduceOp::max, true>,
+         &half_reduce<ReduceOp::min, true>, &half_reduce<ReduceOp::prod, true>},
+        {&half_reduce<ReduceOp::sum, false>, &half_reduce<ReduceOp::max, false>,
+         &half_reduce<ReduceOp::min, false>, &half_reduce<ReduceOp::prod, false>}};
     for (int k = 0; k < 2; ++k)
       for (int i = 0; i < 4; ++i) {
         int rc = MPI_Op_create(fns[k][i], /*commute=*/1, &g_half_ops[k][i]);

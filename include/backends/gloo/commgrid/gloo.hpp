@@ -42,24 +42,6 @@ struct GlooOptions {
                                                             int size,
                                                             const GlooOptions& options = {});
 
-/// The rank, size, store and timeout that a launcher put in the environment.
-struct WorldEnv {
-  int rank = 0;              ///< COMMGRID_RANK, 0 ... size-1
-  int size = 1;              ///< COMMGRID_WORLD_SIZE, >= 1
-  std::string store;         ///< COMMGRID_STORE, e.g. file:///tmp/x or redis://host:6379
-  /// COMMGRID_TIMEOUT in seconds (a positive decimal), when set.
-  std::optional<std::chrono::milliseconds> timeout;
-};
-
-/// Reads COMMGRID_RANK, COMMGRID_WORLD_SIZE, COMMGRID_STORE and the optional
-/// COMMGRID_TIMEOUT. Throws ConfigError naming the variable and its text when one is
-/// missing or malformed ("COMMGRID_RANK=3 is not below COMMGRID_WORLD_SIZE=2").
-WorldEnv read_world_env();
-
-/// Whether COMMGRID_RANK is set: the process was started by a store-based launcher
-/// (commgrid launch, or a user's own script exporting the variables).
-bool world_env_present();
-
 /// Creates the Gloo world of this process from whichever launcher started it (commgrid
 /// launch, torchrun, srun, mpirun, Hydra: read_launch_info), with the store from its URL
 /// under the job id and the job's token. COMMGRID_TIMEOUT, when set, overrides

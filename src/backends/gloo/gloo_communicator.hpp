@@ -1,0 +1,183 @@
+// The Gloo communicator: every Communicator call on Gloo's TCP transport (collectives through
+// Gloo's algorithms under one deadline each, point to point through unbound buffers, rooted
+// collectives and reduce_scatter as point to point or alltoall reduced here in rank order),
+// and groups made by member-only rendezvous through the store (split exchanges colors
+// first). Private to the gloo backend; users see it as a Communicator.
+#pragma once
+
+#include <gloo/context.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "commgrid/communicator.hpp"
+#include "connection.hpp"
+#include "deadline.hpp"
+#include "gloo_errors.hpp"
+#include "p2p_work.hpp"
+
+namespace commgrid::gloo_backend {
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::string name, std::shared_ptr<Shared> shared,
+                   std::shared_ptr<::gloo::Context> ctx, std::vector<int> global_ranks,
+                   std::string prefix, Ms timeout)
+      : Communicator(std::move(name), timeout), shared_(std::move(shared)),
+        ctx_(std::move(ctx)), global_ranks_(std::move(global_ranks)),
+        prefix_(std::move(prefix)) {
+    set_members({global_ranks_.begin(), global_ranks_.end()});
+  }
+  std::string_view backend() const noexcept override { return "gloo"; }
+
+  /// Maps the peer address in a Gloo error ("Connection closed by peer
+  /// [127.0.0.1]:29891") back to the peer's rank in this group and its global rank, from
+  /// the addresses the members recorded at creation; "" when no member's address matches.
+  std::string peer_named_in(const std::string& text) const;
+
+  /// guard() for calls on this group's connections: a peer that closed its connection
+  /// (it died or exited) is named by its rank, not only by its address.
+  template <typename F>
+  void call(std::string_view op, F&& fn, const std::string& hint = "") {
+    try {
+      guard(op, name(), std::forward<F>(fn), hint);
+    } catch (const AbortedError& e) {
+      const std::string who = peer_named_in(e.what());
+      if (who.empty()) throw;
+      throw AbortedError(std::string(e.what()) + "; the peer that closed the connection is " + who);
+    }
+  }
+
+  /// call() for one Gloo collective. Gloo applies the timeout to each of its internal waits;
+  /// a deadline for the whole operation (timeout() from now) keeps a collective whose peers
+  /// progress slowly, step after step, within the timeout too.
+  template <typename F>
+  void call_collective(std::string_view op, F&& fn) {
+    call(op, [&] { with_deadline(ctx_, op, name(), timeout(), std::forward<F>(fn)); });
+  }
+
+  /// This group's Gloo context (for the deadline of a pending Work).
+  const std::shared_ptr<::gloo::Context>& context() const noexcept { return ctx_; }
+
+  /// For tests that play a slow peer with Gloo's own algorithms: this group's Gloo context
+  /// and the tag of its next collective (taken, as a collective would take it).
+  std::pair<std::shared_ptr<::gloo::Context>, std::uint32_t> take_collective_for_testing() {
+    return {ctx_, next_tag()};
+  }
+  int rank() const noexcept override { return ctx_->rank; }
+  int size() const noexcept override { return ctx_->size; }
+
+  /// "peer rank 1 (global 5), tag 7", for messages.
+  std::string peer_text(int peer, int tag) const;
+
+ protected:
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
+                                         std::string name) override;
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                std::string name) override;
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+                                                           std::string name) override;
+  std::unique_ptr<Work> do_barrier() override;
+  std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
+                                     int root) override;
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
+                                     DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
+                                     DataType type) override {
+    allgather_bytes("allgather", send, recv, bytes(count, type));
+    return std::make_unique<Work>();
+  }
+  std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                          DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_alltoall(const void* send, void* recv, std::size_t count,
+                                    DataType type) override {
+    alltoall_bytes("alltoall", send, recv, bytes(count, type));
+    return std::make_unique<Work>();
+  }
+  std::unique_ptr<Work> do_alltoallv(const void* send, std::span<const std::size_t> send_counts,
+                                     void* recv, std::span<const std::size_t> recv_counts,
+                                     DataType type) override;
+  std::unique_ptr<Work> do_allgatherv(const void* send, std::size_t count, void* recv,
+                                      std::span<const std::size_t> recv_counts,
+                                      DataType type) override;
+  std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
+                                  ReduceOp op, int root) override;
+  std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
+                                  int root) override {
+    gather_bytes("gather", send, recv, bytes(count, type), root);
+    return std::make_unique<Work>();
+  }
+  std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
+                                   int root) override;
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> batch,
+                                             std::string_view op) override;
+
+ private:
+  static size_t bytes(size_t count, DataType type) { return count * element_size(type); }
+
+  // Gloo's collectives use slot prefixes 0x01-0x08 in the top byte; point-to-point uses its
+  // own prefix so that a user's tag can never match a collective's message.
+  static std::uint64_t p2p_slot(int tag) {
+    return (std::uint64_t{0x40} << 56) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag)) << 24);
+  }
+
+  // Collectives run in the same order on every rank of a group, so a counter gives every
+  // rank the same tag for the same operation and keeps successive ones apart.
+  std::uint32_t next_tag() { return tag_++ & 0xffffffu; }
+  static size_t total(std::span<const std::size_t> counts) {
+    return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  }
+
+  // Point-to-point slots: a user's tag under prefix 0x40, commgrid's own rooted
+  // collectives under 0x41 with the collective counter, so neither can match the other or
+  // Gloo's collectives (prefixes 0x01-0x08).
+  static std::uint64_t rooted_slot(std::uint32_t tag) {
+    return (std::uint64_t{0x41} << 56) | (static_cast<std::uint64_t>(tag) << 24);
+  }
+  PendingP2P post_one(P2POp::Kind kind, void* buf, size_t nbytes, int peer, int tag,
+                      std::uint64_t slot, std::string_view op);
+
+  // Waits for internally posted operations (rooted collectives) at once.
+  void finish(std::vector<PendingP2P> ops, std::string_view op) {
+    GlooP2PWork work(*this, std::string(op), std::move(ops), Clock::now() + timeout(), timeout());
+    work.wait();
+  }
+
+  // Root receives `block` bytes from every rank into recv (rank order); the others send.
+  void gather_bytes(std::string_view op, const void* send, void* recv, size_t block, int root);
+
+  // allreduce of buf in place on every rank (size() > 1).
+  void reduce_everywhere(void* buf, size_t count, DataType type, ReduceOp op);
+
+  // Creates the group by `deadline`: split and create_group_collective exchange first, and
+  // the whole call is one operation with one deadline.
+  std::unique_ptr<Communicator> make_group(const std::vector<int>& members, std::string name,
+                                           const std::string& prefix, const std::string& op,
+                                           Clock::time_point deadline);
+
+  // One Gloo allreduce of count elements of T in place (a native type or float32).
+  template <typename T>
+  void allreduce_typed(void* buf, size_t count, ReduceOp op);
+  void allgather_bytes(std::string_view op, const void* send, void* recv, size_t block);
+  void alltoall_bytes(std::string_view op, const void* send, void* recv, size_t block);
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<::gloo::Context> ctx_;
+  std::vector<int> global_ranks_;  // world rank of each rank of this group
+  std::string prefix_;             // this group's key prefix in the store
+  std::uint64_t split_seq_ = 0;
+  std::uint64_t collective_seq_ = 0;
+  std::map<std::string, int> created_by_name_;
+  std::uint32_t tag_ = 1;
+  SelfMailbox self_;
+};
+
+}  // namespace commgrid::gloo_backend

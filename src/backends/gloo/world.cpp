@@ -1,0 +1,181 @@
+// Starting a Gloo world: the world-size check, the TCP device, the world's connections;
+// and the world of a launched process (the launcher's environment, its store).
+#include <signal.h>
+
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <thread>
+
+#include "commgrid/gloo.hpp"
+#include "commgrid/launch_info.hpp"
+#include "connection.hpp"
+#include "gloo_communicator.hpp"
+#include "gloo_errors.hpp"
+#include "time_text.hpp"
+
+namespace commgrid {
+namespace gloo_backend {
+namespace {
+
+using Ms = std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// Listeners bind only to the interface the job uses: the local end of this rank's
+// connection to the store (127.0.0.1 for the memory and file stores).
+std::string default_hostname(const commgrid::Store& store) { return store.local_address(); }
+
+// Every rank records the world size it was given before Gloo exchanges addresses (whose
+// layout depends on the size), so that a mismatch is named instead of failing inside Gloo.
+// Rank 0 alone reads every rank's size and then publishes its verdict; every other rank
+// reads only rank 0's size and that verdict: O(size) store reads in all, not O(size^2).
+void check_world_size(commgrid::Store& store, const std::string& prefix, int rank, int size,
+                      Ms timeout, Clock::time_point deadline) {
+  auto key = [&](int r) { return prefix + "/size/" + std::to_string(r); };
+  const std::string verdict_key = prefix + "/size/verdict";
+  const std::string mine = std::to_string(size);
+  auto read = [&](const std::string& k) {
+    const std::vector<char> v = store.get(k);
+    return std::string(v.begin(), v.end());
+  };
+  auto left = [&] {
+    return std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
+  };
+  auto mismatch = [](int r, const std::string& theirs, const std::string& zeros) {
+    return IncompatibleError("world_size", "gloo create world: rank " + std::to_string(r) +
+                                               " says world size " + theirs + ", rank 0 says " +
+                                               zeros);
+  };
+  auto timed_out = [&](const std::string& waiting_for) {
+    return TimeoutError("gloo create world on world: timed out after " + seconds_text(timeout) +
+                        " waiting for " + waiting_for + " (store " + store.uri() + ", keys " +
+                        prefix + "/*)");
+  };
+  auto missing_ranks = [&](const std::vector<int>& missing) {
+    // World ranks are global ranks: both lists are the same, written as everywhere else.
+    return std::string(missing.size() == 1 ? "rank " : "ranks ") + join_ints(missing) +
+           " (global " + join_ints(missing) + ") of " + std::to_string(size) + " to arrive";
+  };
+  guard("create world", "world",
+        [&] { store.set(key(rank), std::span<const char>(mine.data(), mine.size())); });
+  if (rank == 0) {
+    // The verdict ("o" ok, "i" or "t" and the error) lets every rank report the same error.
+    auto publish = [&](char kind, const std::string& text) {
+      const std::string v = kind + text;
+      guard("create world", "world",
+            [&] { store.set(verdict_key, std::span<const char>(v.data(), v.size())); });
+    };
+    // Ranks are checked in order: each round polls only the first missing one, so the reads
+    // are one per rank plus one per pause, not one per rank per pause.
+    int next = 1;
+    auto pause = Ms(1);
+    while (next < size) {
+      if (store.aborted()) (void)store.wait_for({}, Ms(0));  // throws AbortedError
+      if (store.has(key(next))) {
+        if (const std::string theirs = read(key(next)); theirs != mine) {
+          const IncompatibleError e = mismatch(next, theirs, mine);
+          publish('i', e.what());
+          throw e;
+        }
+        ++next;
+        pause = Ms(1);
+        continue;
+      }
+      if (Clock::now() >= deadline) {
+        // Name every rank still missing, or a later rank that did arrive with another size.
+        std::vector<int> missing;
+        for (int r = next; r < size; ++r) {
+          if (!store.has(key(r))) {
+            missing.push_back(r);
+          } else if (const std::string theirs = read(key(r)); theirs != mine) {
+            const IncompatibleError e = mismatch(r, theirs, mine);
+            publish('i', e.what());
+            throw e;
+          }
+        }
+        const TimeoutError e = timed_out(missing_ranks(missing));
+        publish('t', e.what());
+        throw e;
+      }
+      std::this_thread::sleep_for(std::min(pause, left() + Ms(1)));
+      pause = std::min(pause * 2, Ms(20));
+    }
+    if (size > 1) publish('o', "");
+    return;
+  }
+  const std::string zero_key = key(0);
+  if (!store.wait_for(std::span<const std::string>(&zero_key, 1), left()).empty())
+    throw timed_out(missing_ranks({0}));
+  if (const std::string zeros = read(zero_key); zeros != mine) throw mismatch(rank, mine, zeros);
+  // Rank 0 publishes its verdict when its own deadline passes, which may be a little after
+  // this rank's when it arrived later; a grace of up to a second (within the bound of the
+  // timeout plus 2 s) lets this rank report rank 0's finding rather than a bare timeout.
+  const Ms grace = std::min(timeout, Ms(1000));
+  if (!store.wait_for(std::span<const std::string>(&verdict_key, 1), left() + grace).empty())
+    throw timed_out("rank 0 to see every rank arrive (rank 0's error names those missing)");
+  const std::string verdict = read(verdict_key);
+  if (verdict.starts_with("i")) throw IncompatibleError("world_size", verdict.substr(1));
+  if (verdict.starts_with("t")) throw TimeoutError(verdict.substr(1));
+}
+
+}  // namespace
+}  // namespace gloo_backend
+
+std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank, int size,
+                                              const GlooOptions& options) {
+  using namespace gloo_backend;
+  if (!store) throw ConfigError("store", "gloo world: no store given");
+  if (size < 1)
+    throw InvalidValueError("world_size", "gloo world: world size must be >= 1, got " +
+                                              std::to_string(size));
+  if (rank < 0 || rank >= size)
+    throw RankOutOfRangeError("rank", "gloo world: rank " + std::to_string(rank) +
+                                          " is not in [0, " + std::to_string(size) + ")");
+  if (options.timeout.count() <= 0)
+    throw InvalidValueError("timeout", "gloo world: timeout must be > 0 ms, got " +
+                                           std::to_string(options.timeout.count()));
+  if (options.prefix.empty()) throw ConfigError("prefix", "gloo world: empty key prefix");
+  auto shared = std::make_shared<Shared>();
+  shared->store = std::move(store);
+  shared->token = options.token;
+  ::gloo::transport::tcp::attr attr;
+  attr.hostname = options.hostname.empty() ? default_hostname(*shared->store) : options.hostname;
+  guard("create device", "world",
+        [&] { shared->device = ::gloo::transport::tcp::CreateDevice(attr); },
+        "hostname " + attr.hostname);
+  std::vector<int> global(static_cast<size_t>(size));
+  std::iota(global.begin(), global.end(), 0);
+  // Gloo writes to peers' sockets without MSG_NOSIGNAL: a peer that died would kill this
+  // rank with SIGPIPE. Ignored (unless the program chose a handler), the write fails with
+  // EPIPE and the survivor reports the lost peer as an error.
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
+  // One deadline for the whole creation: the size check, the connections and the barrier.
+  const auto deadline = Clock::now() + options.timeout;
+  check_world_size(*shared->store, options.prefix, rank, size, options.timeout, deadline);
+  auto ctx = connect_group(*shared, options.prefix, rank, global, "create world", "world",
+                           options.timeout, deadline);
+  return std::make_unique<GlooCommunicator>("world", shared, std::move(ctx), std::move(global),
+                                            options.prefix, options.timeout);
+}
+
+std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
+  const LaunchInfo info = read_launch_info();
+  if (info.timeout) options.timeout = *info.timeout;
+  // The one Gloo-specific variable: which interface the pairs listen on.
+  if (const char* h = std::getenv("COMMGRID_GLOO_HOSTNAME")) {
+    if (*h == '\0')
+      throw InvalidValueError("COMMGRID_GLOO_HOSTNAME", "COMMGRID_GLOO_HOSTNAME is set but empty");
+    options.hostname = h;
+  }
+  auto store = open_launch_store(info, options.timeout);
+  if (options.hostname.empty()) options.hostname = store->local_address();
+  options.prefix = info.job_id + "/" + options.prefix;
+  options.token = info.token;
+  return make_gloo_world(std::move(store), info.rank, info.size, options);
+}
+
+}  // namespace commgrid
