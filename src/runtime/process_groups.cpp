@@ -1,6 +1,7 @@
 #include "commgrid/process_groups.hpp"
 
 #include "commgrid/creation_order.hpp"
+#include "fingerprint.hpp"
 #include "time_text.hpp"
 
 #include <algorithm>
@@ -55,39 +56,32 @@ std::vector<int> sorted_members(std::span<const Rank> members) {
 
 // ---- fingerprint ---------------------------------------------------------------------
 
-std::uint64_t fnv1a(std::string_view s) {
-  std::uint64_t h = 14695981039346656037ULL;
-  for (char c : s) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-// 63 bits, so that negating it (for the min in a max-allreduce) cannot overflow.
-std::int64_t hash63(std::string_view s) {
-  return static_cast<std::int64_t>(fnv1a(s) & 0x7fffffffffffffffULL);
-}
-
 std::string opt_text(const std::optional<std::int64_t>& v) {
   return v ? std::to_string(*v) : "none";
 }
 
 std::string policy_fingerprint(const ParallelConfig& config, const EmbeddingPolicies& p,
                                GroupKind k) {
-  const bool custom = k == GroupKind::embd ? static_cast<bool>(p.embedding)
-                                           : static_cast<bool>(p.position_embedding);
-  if (!custom) return "default";
-  // A function cannot be compared across processes, so compare what it returns.
+  const EmbeddingPolicy& policy = k == GroupKind::embd ? p.embedding : p.position_embedding;
+  if (!policy) return "default";
+  // A function cannot be compared across processes, so compare what it returns on every
+  // pipeline group. The groups are streamed one at a time from a layout without policies
+  // (O(pp) memory, no list of the world's groups); the Layout that initialize makes after
+  // the fingerprint checks the results themselves (rule 13), alike on every rank.
   try {
-    const Layout layout(config, p);
-    const GroupList groups = layout.groups(k);
-    std::string text;
-    for (Rank r : groups.members()) text += std::to_string(r) + ",";
-    for (std::size_t i = 0; i <= groups.size(); ++i)
-      text += ";" + std::to_string(i < groups.size() ? groups[i].size() : 0);
+    const Layout plain(config);
+    const std::int64_t groups = plain.num_groups(GroupKind::pp);
+    const std::int64_t size = plain.group_size(GroupKind::pp).value_or(config.pp);
+    std::vector<Rank> pp_group(static_cast<std::size_t>(size));
+    detail::Fingerprint fp;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      plain.members(GroupKind::pp, 0, g * size, pp_group);
+      const std::vector<Rank> chosen = policy(pp_group);
+      const auto n = static_cast<std::int64_t>(chosen.size());
+      fp.bytes(&n, sizeof n).bytes(chosen.data(), chosen.size() * sizeof(Rank));
+    }
     char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(text)));
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fp.value()));
     return std::string("custom, results hash ") + hex;
   } catch (const std::exception& e) {
     return std::string("custom, fails: ") + e.what();
@@ -171,7 +165,8 @@ void ProcessGroups::exchange_fingerprint(Communicator& world, const ParallelConf
   // equal. That costs O(F) whatever the world size; only a mismatch gathers more.
   std::vector<std::int64_t> buf(2 * F);
   for (std::size_t i = 0; i < F; ++i) {
-    buf[i] = hash63(fields[i].second);
+    // 63 bits, so that negating it (for the min in the max-allreduce) cannot overflow.
+    buf[i] = detail::Fingerprint().text(fields[i].second).value63();
     buf[F + i] = -buf[i];
   }
   world.allreduce(buf.data(), buf.data(), buf.size(), DataType::int64, ReduceOp::max)->wait();

@@ -53,7 +53,10 @@ struct InitOptions {
   std::optional<std::chrono::milliseconds> timeout;
   /// Embedding policies (Layout); empty functions mean Megatron's defaults. A rank-local
   /// function cannot be compared across ranks, so its results over every pipeline group
-  /// are hashed into the fingerprint (this enumerates the pipeline groups once).
+  /// are hashed into the fingerprint: a custom policy costs O(W) calls of it (streamed, O(pp)
+  /// memory), the one part of initialize that visits the world; with the default policies
+  /// initialize does O(sum of this rank's group sizes) work with the split and member
+  /// strategies.
   EmbeddingPolicies policies;
 };
 

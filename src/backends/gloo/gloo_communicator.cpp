@@ -15,6 +15,7 @@
 #include <functional>
 #include <sstream>
 
+#include "fingerprint.hpp"
 #include "gloo_testing.hpp"
 #include "reduce_util.hpp"
 #include "store_adapter.hpp"
@@ -95,8 +96,7 @@ std::unique_ptr<Communicator> GlooCommunicator::do_create_group_collective(
   // Every rank of this group takes part: exchanging a fingerprint of (members, name) both
   // waits for everyone (new_group's collective semantics) and catches ranks that passed
   // different arguments, which would otherwise wait for each other until the timeout.
-  std::uint64_t fp = std::hash<std::string>{}(name);
-  for (int m : members) fp = fp * 1000003u + static_cast<std::uint64_t>(m) + 1;
+  std::uint64_t fp = detail::group_fingerprint(members, name);
   std::vector<std::uint64_t> all(static_cast<size_t>(size()));
   allgather_bytes("create_group_collective", &fp, all.data(), sizeof(fp));
   std::vector<int> differ;

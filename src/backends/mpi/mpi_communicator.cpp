@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "commgrid/mpi.hpp"
+#include "fingerprint.hpp"
 #include "reduce_util.hpp"
 
 namespace commgrid::mpi {
@@ -290,11 +291,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm comm, std::
 int create_group_tag(std::string_view name, int tag_upper_bound) noexcept {
   const std::size_t hash_pos = name.rfind('#');
   const std::string_view prefix = hash_pos == std::string_view::npos ? name : name.substr(0, hash_pos);
-  std::uint64_t h = 14695981039346656037ULL;  // FNV-1a
-  for (char c : prefix) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ULL;
-  }
+  const std::uint64_t h = detail::fingerprint(prefix);
   const auto range = static_cast<std::uint64_t>(std::max(tag_upper_bound, 0)) + 1;
   return static_cast<int>(h % range);
 }

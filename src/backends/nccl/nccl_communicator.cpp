@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "commgrid/nccl.hpp"
+#include "fingerprint.hpp"
 #include "nccl_host.hpp"
 #include "nccl_types.hpp"
 
@@ -917,7 +918,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
   constexpr std::size_t kIdWords = nccl_host::kUniqueIdBytes / 8, kTextWords = 25;
   constexpr std::size_t kWords = 2 + kIdWords + kTextWords;
   std::array<std::int64_t, kWords> mine{};
-  mine[0] = static_cast<std::int64_t>(nccl_host::group_fingerprint(members, name));
+  mine[0] = static_cast<std::int64_t>(detail::group_fingerprint(members, name));
   mine[1] = 1;
   if (rank() == members.front()) {
     try {

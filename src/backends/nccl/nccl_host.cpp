@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "commgrid/error.hpp"
+#include "fingerprint.hpp"
 #include "time_text.hpp"
 
 namespace commgrid::nccl_host {
@@ -64,19 +65,6 @@ struct IdMessage {
   [[nodiscard]] std::string text() const { return get_text(&w[2 + kIdWords], kTextWords); }
 };
 
-std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-constexpr std::uint64_t kFnvBasis = 14695981039346656037ULL;
-
-std::uint64_t name_hash(const std::string& name) { return fnv1a(kFnvBasis, name.data(), name.size()); }
-
 }  // namespace
 
 UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUniqueId& make,
@@ -96,7 +84,7 @@ UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> memb
                        std::binary_search(members.begin(), members.end(), bootstrap.rank()),
                    "distribute_unique_id for " + name + ": this rank is not a member");
   const int leader = members.front();
-  const std::uint64_t hash = name_hash(name);
+  const std::uint64_t hash = detail::fingerprint(name);
   IdMessage m;
   if (bootstrap.rank() == leader) {
     m.make(make, hash);
@@ -283,12 +271,6 @@ std::string timeout_message(const std::string& op, const std::string& group,
   return "nccl " + op + " on " + group + (target.empty() ? "" : " for " + target) +
          ": did not complete within " + seconds_text(timeout) + "; " + aborted +
          " aborted (members " + members_text(members) + ")";
-}
-
-std::uint64_t group_fingerprint(std::span<const int> members, const std::string& name) {
-  std::uint64_t h = name_hash(name);
-  for (int m : members) h = fnv1a(h, &m, sizeof m);
-  return h;
 }
 
 }  // namespace commgrid::nccl_host

@@ -208,7 +208,4 @@ std::string timeout_message(const std::string& op, const std::string& group,
                             const std::string& aborted,
                             std::span<const std::int64_t> members);
 
-/// A 64-bit FNV-1a hash of the members and name: what ranks compare to agree on a group.
-std::uint64_t group_fingerprint(std::span<const int> members, const std::string& name);
-
 }  // namespace commgrid::nccl_host

@@ -451,15 +451,6 @@ TEST(NcclHost, ErrorTexts) {
             "[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,... (40 ranks)]");
 }
 
-TEST(NcclHost, FingerprintSeparatesNamesAndMembers) {
-  const std::vector<int> a = {0, 1}, b = {0, 2};
-  std::set<std::uint64_t> seen = {nccl_host::group_fingerprint(a, "tp#0"),
-                                  nccl_host::group_fingerprint(b, "tp#0"),
-                                  nccl_host::group_fingerprint(a, "tp#1")};
-  EXPECT_EQ(seen.size(), 3u);
-  EXPECT_EQ(nccl_host::group_fingerprint(a, "tp#0"), nccl_host::group_fingerprint(a, "tp#0"));
-}
-
 TEST(NcclHost, TypesAndReductionsMapToNcclsOwn) {
   using nccl_backend::nccl_op;
   using nccl_backend::nccl_type;
