@@ -7,14 +7,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <condition_variable>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <sstream>
-#include <thread>
 #include <utility>
-#include <vector>
 
 #include "commgrid/communicator.hpp"
 #include "time_text.hpp"
@@ -67,118 +61,45 @@ class LoopTurner final : public ::gloo::transport::tcp::Handler {
 
 }  // namespace
 
-// One thread per process, sleeping while no operation is registered and otherwise until the
-// earliest deadline. Registrations are ordered by (deadline, id); an operation that ends in
-// time removes its own entry, so the thread wakes at most once per deadline it waited for.
-class Watchdog {
- public:
-  // Never destroyed: an operation may still run while static objects are destroyed at
-  // exit, and the detached thread must never see its mutex go away. (A child forked after
-  // the thread started has no watchdog, but no Gloo event loop either: Gloo does not
-  // survive fork.)
-  static Watchdog& instance() {
-    static Watchdog* const watchdog = new Watchdog;
-    return *watchdog;
+namespace {
+
+// Gloo's own timeout path, reached through its public API: a wait on a fresh buffer of a
+// context that times out at once makes Gloo fail every pending send and receive of every
+// pair of the context ("Application timeout caused pair closure"), which wakes all of the
+// operation's waits, and close the pairs. The returned turner keeps the context's event loop
+// turning until every operation whose deadline passed at the same time is signalled (the
+// watchdog keeps it until then): the operations wake first, the loops then settle.
+std::shared_ptr<void> close_connections(const std::shared_ptr<::gloo::Context>& ctx) {
+  auto turner = std::make_shared<LoopTurner>(ctx->getDevice());
+  char byte = 0;
+  try {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> probe = ctx->createUnboundBuffer(&byte, 1);
+    probe->waitRecv(std::chrono::milliseconds(0));
+  } catch (const std::exception&) {
+    // Expected: the wait's own timeout, after the pairs were signalled.
   }
+  return turner;
+}
 
-  std::uint64_t add(DeadlineGuard& guard) {
-    std::lock_guard lock(mutex_);
-    if (!started_) {
-      std::thread([this] { run(); }).detach();
-      started_ = true;
-    }
-    const std::uint64_t id = ++last_id_;
-    const auto it = pending_.emplace(Key{guard.deadline_, id}, &guard).first;
-    if (it == pending_.begin()) wake_.notify_one();  // a new earliest deadline
-    return id;
-  }
-
-  // Whether the watchdog fired for this guard (then it has already removed it).
-  bool remove(DeadlineGuard& guard) {
-    std::lock_guard lock(mutex_);
-    if (!guard.fired_) pending_.erase(Key{guard.deadline_, guard.id_});
-    return guard.fired_;
-  }
-
- private:
-  using Key = std::pair<Clock::time_point, std::uint64_t>;
-
-  void run() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      if (pending_.empty()) {
-        wake_.wait(lock);
-        continue;
-      }
-      const Clock::time_point next = pending_.begin()->first.first;
-      if (Clock::now() < next) {
-        wake_.wait_until(lock, next);
-        continue;
-      }
-      std::vector<std::shared_ptr<::gloo::Context>> contexts;
-      const auto now = Clock::now();
-      while (!pending_.empty() && pending_.begin()->first.first <= now) {
-        DeadlineGuard* guard = pending_.begin()->second;
-        pending_.erase(pending_.begin());
-        guard->fired_ = true;
-        contexts.push_back(guard->context_);
-      }
-      // Without the lock: the operations wake and leave while their pairs are closed.
-      lock.unlock();
-      close_connections(contexts);
-      contexts.clear();  // a group already destroyed by its owner ends here
-      lock.lock();
-    }
-  }
-
-  // Gloo's own timeout path, reached through its public API: a wait on a fresh buffer of a
-  // context that times out at once makes Gloo fail every pending send and receive of every
-  // pair of the context ("Application timeout caused pair closure"), which wakes all of the
-  // operation's waits, and close the pairs. Every event loop involved keeps turning until
-  // all contexts are signalled: the operations wake first, the loops then settle.
-  static void close_connections(const std::vector<std::shared_ptr<::gloo::Context>>& contexts) {
-    std::vector<std::unique_ptr<LoopTurner>> turners;
-    for (const auto& ctx : contexts) turners.push_back(std::make_unique<LoopTurner>(ctx->getDevice()));
-    for (const auto& ctx : contexts) {
-      char byte = 0;
-      try {
-        std::unique_ptr<::gloo::transport::UnboundBuffer> probe = ctx->createUnboundBuffer(&byte, 1);
-        probe->waitRecv(std::chrono::milliseconds(0));
-      } catch (const std::exception&) {
-        // Expected: the wait's own timeout, after the pairs were signalled.
-      }
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::map<Key, DeadlineGuard*> pending_;
-  std::uint64_t last_id_ = 0;
-  bool started_ = false;
-};
+}  // namespace
 
 DeadlineGuard::DeadlineGuard(std::shared_ptr<::gloo::Context> context, std::string_view op,
                              const std::string& group, std::chrono::milliseconds timeout)
     : DeadlineGuard(std::move(context), op, group, timeout, Clock::now() + timeout) {}
 
+// The context is shared with the action: the watchdog closes its pairs without holding up
+// the operation, which may end (and its group be destroyed) meanwhile.
 DeadlineGuard::DeadlineGuard(std::shared_ptr<::gloo::Context> context, std::string_view op,
                              const std::string& group, std::chrono::milliseconds timeout,
                              Clock::time_point deadline)
-    : context_(std::move(context)), op_(op), group_(group), timeout_(timeout),
-      deadline_(deadline) {
-  id_ = Watchdog::instance().add(*this);
-}
+    : op_(op), group_(group), timeout_(timeout),
+      watch_(deadline, [ctx = std::move(context)] { return close_connections(ctx); }) {}
 
-DeadlineGuard::~DeadlineGuard() { release(); }
+DeadlineGuard::~DeadlineGuard() = default;
 
-bool DeadlineGuard::release() {
-  if (id_ == 0) return fired_;
-  fired_ = Watchdog::instance().remove(*this);
-  id_ = 0;
-  return fired_;
-}
+bool DeadlineGuard::release() { return watch_.release(); }
 
-bool DeadlineGuard::passed() const { return Clock::now() >= deadline_; }
+bool DeadlineGuard::passed() const { return watch_.passed(); }
 
 std::string DeadlineGuard::timeout_text() const {
   return "gloo " + std::string(op_) + " on " + group_ + ": timed out after " +

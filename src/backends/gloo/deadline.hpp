@@ -10,19 +10,20 @@
 #include <string_view>
 #include <utility>
 
+#include "deadline_watchdog.hpp"
+
 namespace gloo {
 class Context;
 }
 
 namespace commgrid::gloo_backend {
 
-class Watchdog;  // deadline.cpp: the thread that acts on passed deadlines
-
 /// While alive, bounds the Gloo operation `op` on `group` (which must outlive the guard)
-/// running on `context`: when `deadline` passes first, a process-wide watchdog thread fails
-/// every pending send and receive of the context and closes its connections (Gloo's own
-/// timeout path), which wakes every wait of the operation at once. Registering and removing
-/// cost a lock and an ordered insert; the watchdog sleeps while no operation is registered.
+/// running on `context`: when `deadline` passes first, the process-wide watchdog thread
+/// (detail::WatchedDeadline, shared with every backend) fails every pending send and
+/// receive of the context and closes its connections (Gloo's own timeout path), which wakes
+/// every wait of the operation at once. Registering and removing cost a lock and an ordered
+/// insert; the watchdog sleeps while no operation is registered.
 /// After it fired, the context's connections are closed for good: the group cannot be used
 /// again.
 class DeadlineGuard {
@@ -49,16 +50,10 @@ class DeadlineGuard {
   [[nodiscard]] bool passed() const;
 
  private:
-  friend class Watchdog;
-  // Shared: the watchdog closes the context's pairs without holding up the operation,
-  // which may end (and its group be destroyed) meanwhile.
-  std::shared_ptr<::gloo::Context> context_;
   std::string_view op_;
   const std::string& group_;
   std::chrono::milliseconds timeout_;
-  std::chrono::steady_clock::time_point deadline_;
-  std::uint64_t id_ = 0;  // 0: not registered
-  bool fired_ = false;
+  detail::WatchedDeadline watch_;  // last: registered once the members it reads exist
 };
 
 /// Runs fn (one Gloo operation on `context`) under one deadline, `timeout` from now. When
