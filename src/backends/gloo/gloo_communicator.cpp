@@ -19,6 +19,7 @@
 #include "gloo_testing.hpp"
 #include "reduce_util.hpp"
 #include "store_adapter.hpp"
+#include "time_text.hpp"
 
 namespace commgrid::gloo_backend {
 
@@ -56,6 +57,40 @@ std::string GlooCommunicator::peer_text(int peer, int tag) const {
   return "peer rank " + std::to_string(peer) + " (global " +
          std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " +
          std::to_string(tag);
+}
+
+std::string GlooCommunicator::census(std::string_view op, std::uint32_t tag, bool wait) {
+  const std::string base = prefix_ + "/reached/" + std::to_string(tag) + "/";
+  Store& store = *shared_->store;
+  try {
+    store.set(base + std::to_string(rank()), std::vector<char>{'1'});
+  } catch (const Error&) {
+    return "";  // the store is failing too (or the key exists: the tag counter wrapped)
+  }
+  if (!wait) return "";
+  std::vector<std::string> keys;
+  for (int r = 0; r < size(); ++r)
+    if (r != rank()) keys.push_back(base + std::to_string(r));
+  const Ms grace = std::clamp(timeout() / 4, Ms(1), Ms(1000));
+  std::vector<std::string> missing_keys;
+  try {
+    missing_keys = store.wait_for(keys, grace);
+  } catch (const Error&) {
+    return "";
+  }
+  const std::string what = std::string(op) + " (collective " + std::to_string(tag) + " of " +
+                           name() + ")";
+  if (missing_keys.empty())
+    return "; every rank of the group reached this " + what +
+           ": a peer was too slow or stuck inside it";
+  std::vector<int> missing, missing_global;
+  for (const std::string& k : missing_keys) missing.push_back(std::stoi(k.substr(base.size())));
+  std::sort(missing.begin(), missing.end());
+  for (int r : missing) missing_global.push_back(global_ranks_[static_cast<size_t>(r)]);
+  return "; " + std::string(missing.size() == 1 ? "rank " : "ranks ") + join_ints(missing) +
+         " (global " + join_ints(missing_global) + ") of " + std::to_string(size()) +
+         " did not reach this " + what + ", or were still inside it " + seconds_text(grace) +
+         " after this rank's deadline";
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::do_split(std::optional<std::int64_t> color,
@@ -116,9 +151,10 @@ std::unique_ptr<Communicator> GlooCommunicator::do_create_group_collective(
 std::unique_ptr<Work> GlooCommunicator::do_barrier() {
   if (size() > 1) {
     ::gloo::BarrierOptions opts(ctx_);
-    opts.setTag(next_tag());
+    const std::uint32_t tag = next_tag();
+    opts.setTag(tag);
     opts.setTimeout(timeout());
-    call_collective("barrier", [&] { ::gloo::barrier(opts); });
+    call_collective("barrier", tag, [&] { ::gloo::barrier(opts); });
   }
   return std::make_unique<Work>();
 }
@@ -129,9 +165,10 @@ std::unique_ptr<Work> GlooCommunicator::do_broadcast(void* buf, std::size_t coun
     ::gloo::BroadcastOptions opts(ctx_);
     opts.setOutput(static_cast<std::uint8_t*>(buf), bytes(count, type));
     opts.setRoot(root);
-    opts.setTag(next_tag());
+    const std::uint32_t tag = next_tag();
+    opts.setTag(tag);
     opts.setTimeout(timeout());
-    call_collective("broadcast", [&] { ::gloo::broadcast(opts); });
+    call_collective("broadcast", tag, [&] { ::gloo::broadcast(opts); });
   }
   return std::make_unique<Work>();
 }
@@ -179,9 +216,10 @@ std::unique_ptr<Work> GlooCommunicator::do_alltoallv(const void* send,
   ::gloo::AlltoallvOptions opts(ctx_);
   opts.setInput(send_total > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy_in, in);
   opts.setOutput(recv_total > 0 ? static_cast<std::uint8_t*>(recv) : &dummy_out, out);
-  opts.setTag(next_tag());
+  const std::uint32_t tag = next_tag();
+  opts.setTag(tag);
   opts.setTimeout(timeout());
-  call_collective("alltoallv", [&] { ::gloo::alltoallv(opts); });
+  call_collective("alltoallv", tag, [&] { ::gloo::alltoallv(opts); });
   return std::make_unique<Work>();
 }
 
@@ -202,9 +240,10 @@ std::unique_ptr<Work> GlooCommunicator::do_allgatherv(const void* send, std::siz
   ::gloo::AllgathervOptions opts(ctx_);
   opts.setInput(count > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy, count * es);
   opts.setOutput(static_cast<std::uint8_t*>(recv), elements);
-  opts.setTag(next_tag());
+  const std::uint32_t tag = next_tag();
+  opts.setTag(tag);
   opts.setTimeout(timeout());
-  call_collective("allgatherv", [&] { ::gloo::allgatherv(opts); });
+  call_collective("allgatherv", tag, [&] { ::gloo::allgatherv(opts); });
   return std::make_unique<Work>();
 }
 
@@ -297,9 +336,10 @@ void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op) {
   opts.setReduceFunction([op](void* c, const void* a, const void* b, size_t n) {
     detail::reduce_block(static_cast<T*>(c), static_cast<const T*>(a), static_cast<const T*>(b), n, op);
   });
-  opts.setTag(next_tag());
+  const std::uint32_t tag = next_tag();
+  opts.setTag(tag);
   opts.setTimeout(timeout());
-  call_collective("allreduce", [&] { ::gloo::allreduce(opts); });
+  call_collective("allreduce", tag, [&] { ::gloo::allreduce(opts); });
 }
 
 void GlooCommunicator::reduce_everywhere(void* buf, size_t count, DataType type, ReduceOp op) {
@@ -346,9 +386,10 @@ void GlooCommunicator::allgather_bytes(std::string_view op, const void* send, vo
   ::gloo::AllgatherOptions opts(ctx_);
   opts.setInput(static_cast<std::uint8_t*>(const_cast<void*>(send)), block);
   opts.setOutput(static_cast<std::uint8_t*>(recv), block * static_cast<size_t>(size()));
-  opts.setTag(next_tag());
+  const std::uint32_t tag = next_tag();
+  opts.setTag(tag);
   opts.setTimeout(timeout());
-  call_collective(op, [&] { ::gloo::allgather(opts); });
+  call_collective(op, tag, [&] { ::gloo::allgather(opts); });
 }
 
 void GlooCommunicator::alltoall_bytes(std::string_view op, const void* send, void* recv,
@@ -362,9 +403,10 @@ void GlooCommunicator::alltoall_bytes(std::string_view op, const void* send, voi
   ::gloo::AlltoallOptions opts(ctx_);
   opts.setInput(static_cast<std::uint8_t*>(const_cast<void*>(send)), total);
   opts.setOutput(static_cast<std::uint8_t*>(recv), total);
-  opts.setTag(next_tag());
+  const std::uint32_t tag = next_tag();
+  opts.setTag(tag);
   opts.setTimeout(timeout());
-  call_collective(op, [&] { ::gloo::alltoall(opts); });
+  call_collective(op, tag, [&] { ::gloo::alltoall(opts); });
 }
 
 CollectiveForTesting take_collective_for_testing(Communicator& comm) {

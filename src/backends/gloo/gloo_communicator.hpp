@@ -57,13 +57,31 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  /// call() for one Gloo collective. Gloo applies the timeout to each of its internal waits;
-  /// a deadline for the whole operation (timeout() from now) keeps a collective whose peers
-  /// progress slowly, step after step, within the timeout too.
+  /// call() for one Gloo collective, the group's collective number `tag`. Gloo applies the
+  /// timeout to each of its internal waits; a deadline for the whole operation (timeout()
+  /// from now) keeps a collective whose peers progress slowly, step after step, within the
+  /// timeout too. When it fails, the ranks that did not arrive are named (census()).
   template <typename F>
-  void call_collective(std::string_view op, F&& fn) {
-    call(op, [&] { with_deadline(ctx_, op, name(), timeout(), std::forward<F>(fn)); });
+  void call_collective(std::string_view op, std::uint32_t tag, F&& fn) {
+    try {
+      call(op, [&] { with_deadline(ctx_, op, name(), timeout(), std::forward<F>(fn)); });
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(std::string(e.what()) + census(op, tag, true));
+    } catch (const AbortedError&) {
+      (void)census(op, tag, false);
+      throw;
+    }
   }
+
+  /// After collective `tag` failed on this rank: records that this rank reached it (a store
+  /// key, written only on failure, so a collective that succeeds costs nothing) and, when
+  /// `wait` (this rank's own deadline passed), waits a short grace (a quarter of the timeout,
+  /// at most 1 s) for the other ranks' records: a peer that reached the collective also
+  /// fails within moments (its deadline, or this rank's closed connections). Returns
+  /// "; ranks 2, 5 (global 6, 13) of 8 did not reach this allreduce (collective 17 of tp#0),
+  /// or were still inside it 0.25 s after this rank's deadline", or that every rank reached
+  /// it (a peer too slow or stuck inside it); "" when not waiting or the store cannot say.
+  std::string census(std::string_view op, std::uint32_t tag, bool wait);
 
   /// This group's Gloo context (for the deadline of a pending Work).
   const std::shared_ptr<::gloo::Context>& context() const noexcept { return ctx_; }

@@ -313,8 +313,8 @@ void MpiCommunicator::wait(MPI_Request& request, const char* op, MPI_Status* sta
       throw TimeoutError("mpi " + std::string(op) + " on " + name() + ": timed out after " +
                          std::to_string(timeout().count()) + " ms at rank " +
                          std::to_string(rank_) + " of " + std::to_string(size_) +
-                         " (a rank of the group did not take part); the communicator is "
-                         "unusable from now on");
+                         " (a rank of the group did not take part; MPI cannot tell which); the "
+                         "communicator is unusable from now on");
     }
   }
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "gloo_test_util.hpp"
@@ -103,6 +104,38 @@ TEST(GlooFaults, ACollectiveThatTimesOutIsATimeoutErrorNamingOpAndGroup) {
   }, test_options(1s));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
   EXPECT_LT(seconds_since(t0), 15.0);
+}
+
+TEST(GlooFaults, ACollectiveThatTimesOutNamesTheRanksThatDidNotArrive) {
+  // Rank 2 of 3 never enters the barrier: the ranks that did time out (or see the first
+  // one's connections close), and a timed-out rank names rank 2 and only rank 2.
+  std::mutex mutex;
+  std::vector<std::string> timeouts;
+  auto r = run_local_ranks_collect(3, [&](Communicator& w) {
+    auto g = w.split(0, w.rank(), "tp#0");
+    if (w.rank() == 2) {
+      std::this_thread::sleep_for(2500ms);  // past the timeout and the census's grace
+      return;
+    }
+    g->set_timeout(800ms);
+    try {
+      g->barrier()->wait();
+      ADD_FAILURE() << "rank " << w.rank() << ": the barrier completed without rank 2";
+    } catch (const TimeoutError& e) {
+      std::lock_guard lock(mutex);
+      timeouts.push_back(e.what());
+    } catch (const AbortedError&) {
+      // The other rank timed out first and closed its connections: its message says it.
+    }
+  }, test_options(30s));
+  EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
+  ASSERT_FALSE(timeouts.empty()) << "no rank timed out";
+  for (const std::string& t : timeouts) {
+    EXPECT_NE(t.find("gloo barrier on tp#0: timed out"), std::string::npos) << t;
+    EXPECT_NE(t.find("; rank 2 (global 2) of 3 did not reach this barrier (collective "),
+              std::string::npos)
+        << t;
+  }
 }
 
 TEST(GlooFaults, BadArgumentsToTheWorldAreConfigErrors) {
