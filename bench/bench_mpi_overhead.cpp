@@ -9,7 +9,9 @@
 // Each iteration runs every variant of one row in a rotating order after a barrier; the
 // time of a call is this rank's, the row's figure the median over iterations of the slowest
 // rank's time (a max-allreduce per iteration, outside the timed part). Prints one table on
-// rank 0; ratios are commgrid / raw.
+// rank 0; ratio = commgrid / raw. Collectives are measured both ways commgrid can call MPI:
+// the default (the nonblocking call, tested until done or the timeout) against
+// MPI_Ixxx + MPI_Wait, and mpi::CollectiveCalls::blocking against the blocking call.
 #include <mpi.h>
 
 #include <algorithm>
@@ -38,11 +40,9 @@ struct Variant {
   std::vector<double> seconds;  // slowest rank's time per iteration
 };
 
-// Runs the variants of one row `iterations` times, interleaved, and prints one line per
-// variant: median per call, and its ratio to the first variant (commgrid's).
-void row(MPI_Comm comm, const std::string& what, std::vector<Variant> variants, int iterations) {
-  int me = 0;
-  MPI_Comm_rank(comm, &me);
+// Runs the variants of one row `iterations` times, interleaved, and returns each variant's
+// median per call (the slowest rank's time of each iteration), the same on every rank.
+std::vector<double> row(MPI_Comm comm, std::vector<Variant> variants, int iterations) {
   const auto n = variants.size();
   for (int it = 0; it < iterations; ++it) {
     for (std::size_t j = 0; j < n; ++j) {
@@ -55,16 +55,20 @@ void row(MPI_Comm comm, const std::string& what, std::vector<Variant> variants, 
       v.seconds.push_back(t);
     }
   }
-  if (me != 0) return;
   std::vector<double> medians;
   for (Variant& v : variants) {
     std::sort(v.seconds.begin(), v.seconds.end());
     medians.push_back(v.seconds[v.seconds.size() / 2]);
   }
-  for (std::size_t j = 0; j < n; ++j)
-    std::printf("| %s | %s | %.2f us | %s |\n", what.c_str(), variants[j].name.c_str(),
-                medians[j] * 1e6,
-                j == 0 ? "" : (std::to_string(medians[0] / medians[j]).substr(0, 4)).c_str());
+  return medians;
+}
+
+// One line of the table: commgrid's call against the raw call it makes.
+void print(int me, const std::string& op, const std::string& ours, double ours_s,
+           const std::string& raw, double raw_s) {
+  if (me != 0) return;
+  std::printf("| %s | %s | %.2f us | %s | %.2f us | %.2f |\n", op.c_str(), ours.c_str(),
+              ours_s * 1e6, raw.c_str(), raw_s * 1e6, ours_s / raw_s);
   std::fflush(stdout);
 }
 
@@ -77,25 +81,29 @@ int main(int argc, char** argv) {
   auto world = make_mpi_world(std::chrono::minutes(5));
   MPI_Comm raw = world->native();  // the same communicator commgrid's world wraps
   const int me = world->rank(), size = world->size();
-  if (me == 0) {
-    std::printf("%d ranks, %d iterations, median of the slowest rank per call; ratio = "
-                "commgrid / raw\n\n| op | call | time | ratio |\n|---|---|---:|---:|\n",
+  // The same world once more, its collectives MPI's blocking calls.
+  auto fast = make_mpi_world(std::chrono::minutes(5), mpi::CollectiveCalls::blocking);
+  if (me == 0)
+    std::printf("%d ranks, %d iterations (x10 for the small collectives), median of the "
+                "slowest rank per call\n\n| op | commgrid | time | raw MPI | time | ratio |\n"
+                "|---|---|---:|---|---:|---:|\n",
                 size, iterations);
-  }
   std::vector<int> mine;  // this rank's parity class, ascending
   for (int r = me % 2; r < size; r += 2) mine.push_back(r);
   MPI_Group world_group = MPI_GROUP_NULL;
   check(MPI_Comm_group(raw, &world_group), "MPI_Comm_group");
 
-  row(raw, "split", {
-      {"commgrid split", [&] { auto g = world->split(me % 2, me, "parity#0"); }, {}},
+  // Creation, each with the destruction of what it made.
+  auto m = row(raw, {
+      {"split", [&] { auto g = world->split(me % 2, me, "parity#0"); }, {}},
       {"MPI_Comm_split", [&] {
          MPI_Comm c = MPI_COMM_NULL;
          check(MPI_Comm_split(raw, me % 2, me, &c), "MPI_Comm_split");
          MPI_Comm_free(&c);
        }, {}}}, iterations);
-  row(raw, "create_group", {
-      {"commgrid create_group", [&] { auto g = world->create_group(mine, "parity#0"); }, {}},
+  print(me, "split", "split", m[0], "MPI_Comm_split", m[1]);
+  m = row(raw, {
+      {"create_group", [&] { auto g = world->create_group(mine, "parity#0"); }, {}},
       {"MPI_Comm_create_group", [&] {
          MPI_Group g = MPI_GROUP_NULL;
          check(MPI_Group_incl(world_group, static_cast<int>(mine.size()), mine.data(), &g), "MPI_Group_incl");
@@ -104,10 +112,11 @@ int main(int argc, char** argv) {
          MPI_Group_free(&g);
          MPI_Comm_free(&c);
        }, {}}}, iterations);
+  print(me, "create_group", "create_group", m[0], "MPI_Group_incl + MPI_Comm_create_group", m[1]);
   std::vector<int> evens;
   for (int r = 0; r < size; r += 2) evens.push_back(r);
-  row(raw, "create_group_collective", {
-      {"commgrid create_group_collective", [&] { auto g = world->create_group_collective(evens, "evens#0"); }, {}},
+  m = row(raw, {
+      {"create_group_collective", [&] { auto g = world->create_group_collective(evens, "evens#0"); }, {}},
       {"MPI_Comm_create", [&] {
          MPI_Group g = MPI_GROUP_NULL;
          check(MPI_Group_incl(world_group, static_cast<int>(evens.size()), evens.data(), &g), "MPI_Group_incl");
@@ -116,38 +125,64 @@ int main(int argc, char** argv) {
          MPI_Group_free(&g);
          if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
        }, {}}}, iterations);
+  print(me, "create_group_collective", "create_group_collective", m[0],
+        "MPI_Group_incl + MPI_Comm_create", m[1]);
 
-  const int kIters = iterations * 10;
-  row(raw, "barrier", {
-      {"commgrid barrier", [&] { world->barrier()->wait(); }, {}},
-      {"MPI_Barrier", [&] { check(MPI_Barrier(raw), "MPI_Barrier"); }, {}},
+  // Collectives: commgrid's default (nonblocking calls, tested) against MPI_Ixxx + MPI_Wait,
+  // and commgrid with blocking calls against the blocking MPI call.
+  const int small = iterations * 10;
+  m = row(raw, {
+      {"barrier", [&] { world->barrier()->wait(); }, {}},
+      {"barrier (blocking)", [&] { fast->barrier()->wait(); }, {}},
       {"MPI_Ibarrier + MPI_Wait", [&] {
          MPI_Request r = MPI_REQUEST_NULL;
          check(MPI_Ibarrier(raw, &r), "MPI_Ibarrier");
          check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
-       }, {}}}, kIters);
+       }, {}},
+      {"MPI_Barrier", [&] { check(MPI_Barrier(raw), "MPI_Barrier"); }, {}}}, small);
+  print(me, "barrier", "barrier", m[0], "MPI_Ibarrier + MPI_Wait", m[2]);
+  print(me, "barrier", "barrier, blocking calls", m[1], "MPI_Barrier", m[3]);
   for (const int count : {1, 256, 262144}) {  // 4 B, 1 KiB, 1 MiB of float32
     std::vector<float> in(static_cast<std::size_t>(count), 1.f), out(in.size());
-    const std::string label = "allreduce " + std::to_string(count * 4) + " B";
-    row(raw, label, {
-        {"commgrid allreduce", [&] { world->allreduce(in.data(), out.data(), in.size(), DataType::float32, ReduceOp::sum)->wait(); }, {}},
-        {"MPI_Allreduce", [&] { check(MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, raw), "MPI_Allreduce"); }, {}},
+    const std::string label = "allreduce " + std::string(count == 1 ? "4 B" : count == 256 ? "1 KiB" : "1 MiB");
+    m = row(raw, {
+        {"allreduce", [&] { world->allreduce(in.data(), out.data(), in.size(), DataType::float32, ReduceOp::sum)->wait(); }, {}},
+        {"allreduce (blocking)", [&] { fast->allreduce(in.data(), out.data(), in.size(), DataType::float32, ReduceOp::sum)->wait(); }, {}},
         {"MPI_Iallreduce + MPI_Wait", [&] {
            MPI_Request r = MPI_REQUEST_NULL;
            check(MPI_Iallreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, raw, &r), "MPI_Iallreduce");
            check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
-         }, {}}}, count > 1024 ? iterations : kIters);
+         }, {}},
+        {"MPI_Allreduce", [&] { check(MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, raw), "MPI_Allreduce"); }, {}}},
+        count > 1024 ? iterations : small);
+    print(me, label, "allreduce", m[0], "MPI_Iallreduce + MPI_Wait", m[2]);
+    print(me, label, "allreduce, blocking calls", m[1], "MPI_Allreduce", m[3]);
   }
-  std::vector<float> b(256, 1.f);
-  row(raw, "broadcast 1 KiB", {
-      {"commgrid broadcast", [&] { world->broadcast(b.data(), b.size(), DataType::float32, 0)->wait(); }, {}},
-      {"MPI_Bcast", [&] { check(MPI_Bcast(b.data(), 256, MPI_FLOAT, 0, raw), "MPI_Bcast"); }, {}},
+  std::vector<float> b(256, 1.f), g(256 * static_cast<std::size_t>(size));
+  m = row(raw, {
+      {"broadcast", [&] { world->broadcast(b.data(), b.size(), DataType::float32, 0)->wait(); }, {}},
+      {"broadcast (blocking)", [&] { fast->broadcast(b.data(), b.size(), DataType::float32, 0)->wait(); }, {}},
       {"MPI_Ibcast + MPI_Wait", [&] {
          MPI_Request r = MPI_REQUEST_NULL;
          check(MPI_Ibcast(b.data(), 256, MPI_FLOAT, 0, raw, &r), "MPI_Ibcast");
          check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
-       }, {}}}, kIters);
+       }, {}},
+      {"MPI_Bcast", [&] { check(MPI_Bcast(b.data(), 256, MPI_FLOAT, 0, raw), "MPI_Bcast"); }, {}}}, small);
+  print(me, "broadcast 1 KiB", "broadcast", m[0], "MPI_Ibcast + MPI_Wait", m[2]);
+  print(me, "broadcast 1 KiB", "broadcast, blocking calls", m[1], "MPI_Bcast", m[3]);
+  m = row(raw, {
+      {"allgather", [&] { world->allgather(b.data(), g.data(), b.size(), DataType::float32)->wait(); }, {}},
+      {"allgather (blocking)", [&] { fast->allgather(b.data(), g.data(), b.size(), DataType::float32)->wait(); }, {}},
+      {"MPI_Iallgather + MPI_Wait", [&] {
+         MPI_Request r = MPI_REQUEST_NULL;
+         check(MPI_Iallgather(b.data(), 256, MPI_FLOAT, g.data(), 256, MPI_FLOAT, raw, &r), "MPI_Iallgather");
+         check(MPI_Wait(&r, MPI_STATUS_IGNORE), "MPI_Wait");
+       }, {}},
+      {"MPI_Allgather", [&] { check(MPI_Allgather(b.data(), 256, MPI_FLOAT, g.data(), 256, MPI_FLOAT, raw), "MPI_Allgather"); }, {}}}, small);
+  print(me, "allgather 1 KiB", "allgather", m[0], "MPI_Iallgather + MPI_Wait", m[2]);
+  print(me, "allgather 1 KiB", "allgather, blocking calls", m[1], "MPI_Allgather", m[3]);
   MPI_Group_free(&world_group);
+  fast.reset();
   world.reset();
   return 0;
 }

@@ -322,6 +322,7 @@ void MpiCommunicator::wait(MPI_Request& request, const char* op, MPI_Status* sta
 std::unique_ptr<Communicator> MpiCommunicator::adopt(MPI_Comm comm, std::string name) {
   if (comm == MPI_COMM_NULL) return nullptr;
   auto child = std::make_unique<MpiCommunicator>(comm, std::move(name), timeout());
+  child->set_collective_calls(collective_calls());  // a new group calls MPI as its parent
   // The child's members as global ranks: its ranks translated into this communicator's
   // ranks (a local computation), then through this communicator's own members.
   GroupGuard mine, theirs;
@@ -409,72 +410,112 @@ std::unique_ptr<Communicator> MpiCommunicator::do_create_group_collective(
 }
 
 // ---- collectives -----------------------------------------------------------------------
-// Communicator checked every argument; counts fit MPI's ints (max_count()).
+// Communicator checked every argument; counts fit MPI's ints (max_count()). Each collective
+// is one MPI call in two forms: blocking (CollectiveCalls::blocking) or nonblocking, polled
+// until done or the timeout (the default).
 
 namespace {
 int as_int(std::size_t count) { return static_cast<int>(count); }
 }  // namespace
 
-std::unique_ptr<Work> MpiCommunicator::do_barrier() {
-  check_usable("barrier");
+void MpiCommunicator::set_collective_calls(CollectiveCalls calls) {
+  if (calls == CollectiveCalls::nonblocking) {
+    blocking_.reset();
+    return;
+  }
+  if (blocking_) return;
+  // Past the timeout nothing can end a blocking MPI call: one line naming it, then the job
+  // ends (the other ranks are inside the same call, or gone).
+  blocking_ = std::make_unique<detail::WatchedCalls>(
+      timeout(), [group = name()](const std::string& op, std::chrono::milliseconds timeout) {
+        std::fprintf(stderr,
+                     "error: mpi %s on %s: did not complete within about %.1f s (blocking "
+                     "collectives: a rank of the group did not take part; MPI cannot tell "
+                     "which); aborting the job\n",
+                     op.c_str(), group.c_str(), static_cast<double>(timeout.count()) / 1000.0);
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        std::_Exit(1);
+      });
+}
+
+CollectiveCalls MpiCommunicator::collective_calls() const noexcept {
+  return blocking_ ? CollectiveCalls::blocking : CollectiveCalls::nonblocking;
+}
+
+void MpiCommunicator::timeout_changed(std::chrono::milliseconds timeout) {
+  if (blocking_) blocking_->set_timeout(timeout);
+}
+
+template <class Blocking, class Start>
+void MpiCommunicator::collective(const char* op, Blocking&& blocking, Start&& start) {
+  check_usable(op);
+  if (blocking_) {
+    const detail::WatchedCalls::Call call(*blocking_, op);
+    check(blocking(), op);
+    return;
+  }
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Ibarrier(comm_, &req), "barrier");
-  wait(req, "barrier");
+  check(start(&req), op);
+  wait(req, op);
+}
+
+std::unique_ptr<Work> MpiCommunicator::do_barrier() {
+  collective("barrier", [&] { return MPI_Barrier(comm_); },
+             [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
                                                     int root) {
-  check_usable("broadcast");
-  MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Ibcast(buf, as_int(count), mpi_type(type), root, comm_, &req), "broadcast");
-  wait(req, "broadcast");
+  const int n = as_int(count);
+  const MPI_Datatype t = mpi_type(type);
+  collective("broadcast", [&] { return MPI_Bcast(buf, n, t, root, comm_); },
+             [&](MPI_Request* r) { return MPI_Ibcast(buf, n, t, root, comm_, r); });
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_allreduce(const void* send, void* recv,
                                                     std::size_t count, DataType type,
                                                     ReduceOp op) {
-  check_usable("allreduce");
-  MPI_Request req = MPI_REQUEST_NULL;
   const void* in = send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Iallreduce(in, recv, as_int(count), mpi_type(type), mpi_op(op, type), comm_, &req),
-        "allreduce");
-  wait(req, "allreduce");
+  const int n = as_int(count);
+  const MPI_Datatype t = mpi_type(type);
+  const MPI_Op o = mpi_op(op, type);
+  collective("allreduce", [&] { return MPI_Allreduce(in, recv, n, t, o, comm_); },
+             [&](MPI_Request* r) { return MPI_Iallreduce(in, recv, n, t, o, comm_, r); });
   if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_allgather(const void* send, void* recv,
                                                     std::size_t count, DataType type) {
-  check_usable("allgather");
-  MPI_Request req = MPI_REQUEST_NULL;
+  const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Iallgather(send, as_int(count), t, recv, as_int(count), t, comm_, &req), "allgather");
-  wait(req, "allgather");
+  collective("allgather", [&] { return MPI_Allgather(send, n, t, recv, n, t, comm_); },
+             [&](MPI_Request* r) { return MPI_Iallgather(send, n, t, recv, n, t, comm_, r); });
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_reduce_scatter(const void* send, void* recv,
                                                          std::size_t count, DataType type,
                                                          ReduceOp op) {
-  check_usable("reduce_scatter");
-  MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Ireduce_scatter_block(send, recv, as_int(count), mpi_type(type), mpi_op(op, type),
-                                  comm_, &req),
-        "reduce_scatter");
-  wait(req, "reduce_scatter");
+  const int n = as_int(count);
+  const MPI_Datatype t = mpi_type(type);
+  const MPI_Op o = mpi_op(op, type);
+  collective("reduce_scatter",
+             [&] { return MPI_Reduce_scatter_block(send, recv, n, t, o, comm_); },
+             [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, recv, n, t, o, comm_, r); });
   if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_alltoall(const void* send, void* recv,
                                                    std::size_t count, DataType type) {
-  check_usable("alltoall");
-  MPI_Request req = MPI_REQUEST_NULL;
+  const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Ialltoall(send, as_int(count), t, recv, as_int(count), t, comm_, &req), "alltoall");
-  wait(req, "alltoall");
+  collective("alltoall", [&] { return MPI_Alltoall(send, n, t, recv, n, t, comm_); },
+             [&](MPI_Request* r) { return MPI_Ialltoall(send, n, t, recv, n, t, comm_, r); });
   return std::make_unique<Work>();
 }
 
@@ -495,15 +536,16 @@ std::unique_ptr<Work> MpiCommunicator::do_alltoallv(const void* send,
                                                     void* recv,
                                                     std::span<const std::size_t> recv_counts,
                                                     DataType type) {
-  check_usable("alltoallv");
   std::vector<int> sc, sd, rc, rd;
   v_layout(send_counts, sc, sd);
   v_layout(recv_counts, rc, rd);
-  MPI_Request req = MPI_REQUEST_NULL;
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_, &req),
-        "alltoallv");
-  wait(req, "alltoallv");
+  collective("alltoallv",
+             [&] { return MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_); },
+             [&](MPI_Request* r) {
+               return MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t,
+                                     comm_, r);
+             });
   return std::make_unique<Work>();
 }
 
@@ -511,54 +553,49 @@ std::unique_ptr<Work> MpiCommunicator::do_allgatherv(const void* send, std::size
                                                      void* recv,
                                                      std::span<const std::size_t> recv_counts,
                                                      DataType type) {
-  check_usable("allgatherv");
   std::vector<int> rc, rd;
   v_layout(recv_counts, rc, rd);
-  MPI_Request req = MPI_REQUEST_NULL;
+  const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Iallgatherv(send, as_int(count), t, recv, rc.data(), rd.data(), t, comm_, &req),
-        "allgatherv");
-  wait(req, "allgatherv");
+  collective("allgatherv",
+             [&] { return MPI_Allgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_); },
+             [&](MPI_Request* r) {
+               return MPI_Iallgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_, r);
+             });
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
                                                  DataType type, ReduceOp op, int root) {
-  check_usable("reduce");
   const bool at_root = rank_ == root;
-  MPI_Request req = MPI_REQUEST_NULL;
   const void* in = at_root && send == recv ? MPI_IN_PLACE : send;
-  check(MPI_Ireduce(in, at_root ? recv : nullptr, as_int(count), mpi_type(type),
-                    mpi_op(op, type), root, comm_, &req),
-        "reduce");
-  wait(req, "reduce");
+  void* out = at_root ? recv : nullptr;
+  const int n = as_int(count);
+  const MPI_Datatype t = mpi_type(type);
+  const MPI_Op o = mpi_op(op, type);
+  collective("reduce", [&] { return MPI_Reduce(in, out, n, t, o, root, comm_); },
+             [&](MPI_Request* r) { return MPI_Ireduce(in, out, n, t, o, root, comm_, r); });
   if (at_root && op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_gather(const void* send, void* recv, std::size_t count,
                                                  DataType type, int root) {
-  check_usable("gather");
-  const bool at_root = rank_ == root;
-  MPI_Request req = MPI_REQUEST_NULL;
+  void* out = rank_ == root ? recv : nullptr;
+  const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Igather(send, as_int(count), t, at_root ? recv : nullptr, as_int(count), t, root,
-                    comm_, &req),
-        "gather");
-  wait(req, "gather");
+  collective("gather", [&] { return MPI_Gather(send, n, t, out, n, t, root, comm_); },
+             [&](MPI_Request* r) { return MPI_Igather(send, n, t, out, n, t, root, comm_, r); });
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_scatter(const void* send, void* recv,
                                                   std::size_t count, DataType type, int root) {
-  check_usable("scatter");
-  const bool at_root = rank_ == root;
-  MPI_Request req = MPI_REQUEST_NULL;
+  const void* in = rank_ == root ? send : nullptr;
+  const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  check(MPI_Iscatter(at_root ? send : nullptr, as_int(count), t, recv, as_int(count), t, root,
-                     comm_, &req),
-        "scatter");
-  wait(req, "scatter");
+  collective("scatter", [&] { return MPI_Scatter(in, n, t, recv, n, t, root, comm_); },
+             [&](MPI_Request* r) { return MPI_Iscatter(in, n, t, recv, n, t, root, comm_, r); });
   return std::make_unique<Work>();
 }
 
@@ -708,12 +745,15 @@ std::unique_ptr<Work> MpiCommunicator::do_batch_isend_irecv(std::span<const P2PO
 
 namespace commgrid {
 
-std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(std::chrono::milliseconds timeout) {
+std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(std::chrono::milliseconds timeout,
+                                                     mpi::CollectiveCalls calls) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized == 0)
     throw BackendError("mpi world: MPI is not initialized; create an MpiEnvironment first");
-  return mpi::MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
+  auto world = mpi::MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
+  world->set_collective_calls(calls);
+  return world;
 }
 
 }  // namespace commgrid

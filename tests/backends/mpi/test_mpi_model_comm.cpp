@@ -23,6 +23,31 @@ TEST(MpiModelComm, PointToPointVariableRootedTypedAndMembers) {
   });
 }
 
+TEST(MpiModelComm, BlockingCollectivesPassTheSameSuiteAndGroupsInheritTheChoice) {
+  auto world = make_mpi_world(60s, mpi::CollectiveCalls::blocking);
+  EXPECT_EQ(world->collective_calls(), mpi::CollectiveCalls::blocking);
+  EXPECT_NO_THROW({
+    suite::world_members(*world);
+    suite::symmetric_and_ring(*world);
+    suite::alltoallv_random(*world, 21);
+    suite::allgatherv_random(*world, 22);
+    suite::typed_size_errors(*world);
+    suite::argument_errors(*world);
+    suite::every_type(*world);
+  });
+  auto half = world->split(world->rank() % 2, world->rank(), "half#0");
+  ASSERT_NE(half, nullptr);
+  EXPECT_EQ(dynamic_cast<mpi::MpiCommunicator&>(*half).collective_calls(),
+            mpi::CollectiveCalls::blocking);
+  ParallelConfig c;
+  c.world_size = world->size();
+  c.pp = world->size() >= 2 ? 2 : 1;
+  EXPECT_NO_THROW(suite::members_match_layout(*world, c));
+  world->set_collective_calls(mpi::CollectiveCalls::nonblocking);
+  EXPECT_EQ(world->collective_calls(), mpi::CollectiveCalls::nonblocking);
+  world->barrier()->wait();
+}
+
 TEST(MpiModelComm, TwoHundredRandomBatches) {
   auto world = make_mpi_world(60s);
   EXPECT_NO_THROW(suite::random_batches(*world, 200, 2024));

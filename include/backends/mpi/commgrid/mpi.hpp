@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -14,7 +15,25 @@
 
 #include "commgrid/communicator.hpp"
 
+namespace commgrid::detail {
+class WatchedCalls;
+}
+
 namespace commgrid::mpi {
+
+/// How an MpiCommunicator calls MPI's collectives.
+enum class CollectiveCalls : std::uint8_t {
+  /// The nonblocking call (MPI_Iallreduce, ...) tested until it completes or the
+  /// communicator's timeout passes: a timeout is a TimeoutError this rank can handle (the
+  /// default).
+  nonblocking,
+  /// The blocking call (MPI_Allreduce, ...), which Open MPI runs with faster algorithms for
+  /// small messages (about 2x at 1 KiB and below on 2 ranks here: docs/benchmarks.md). MPI
+  /// cannot interrupt a blocking call, so past the timeout (plus up to 0.1 s) the
+  /// process-wide watchdog prints which call on which group did not complete and aborts the
+  /// job (MPI_Abort), as for group creation.
+  blocking,
+};
 
 /// The thread support requested from MPI_Init_thread.
 enum class ThreadSupport : int {
@@ -68,7 +87,8 @@ class MpiEnvironment {
 /// they complete or the communicator's timeout passes (TimeoutError; MPI cannot tell which
 /// ranks did not arrive, so the message names the group and this rank only); after a
 /// collective's timeout the communicator is unusable, because MPI cannot cancel a started
-/// collective, and every later call throws. Creating groups (split, create_group*) uses
+/// collective, and every later call throws. With CollectiveCalls::blocking, collectives are
+/// MPI's blocking calls instead, and a timeout aborts the job (see CollectiveCalls). Creating groups (split, create_group*) uses
 /// MPI's blocking calls, which cannot be cancelled: one process-wide watchdog thread bounds
 /// each by the timeout and, past it, prints which call and group did not complete and
 /// aborts the whole job (MPI_Abort).
@@ -96,6 +116,12 @@ class MpiCommunicator final : public Communicator {
   [[nodiscard]] int size() const noexcept override { return size_; }
   [[nodiscard]] int max_tag() const noexcept override { return tag_ub_; }
   [[nodiscard]] std::size_t max_count() const noexcept override { return INT_MAX; }
+
+  /// How later collectives call MPI (point to point is always nonblocking). Groups created
+  /// from this communicator start with its choice. Not collective, but every rank of a
+  /// group should choose alike, so that a timeout ends the job the same way everywhere.
+  void set_collective_calls(CollectiveCalls calls);
+  [[nodiscard]] CollectiveCalls collective_calls() const noexcept;
 
  private:
   friend class MpiP2PWork;
@@ -140,6 +166,11 @@ class MpiCommunicator final : public Communicator {
   /// leaves the communicator usable.
   std::unique_ptr<Work> do_recv(const P2POp& op) override;
 
+  void timeout_changed(std::chrono::milliseconds timeout) override;
+  /// Runs one collective in the chosen form: blocking() under the watchdog, or start(&req)
+  /// then wait(). Both return an MPI return code.
+  template <class Blocking, class Start>
+  void collective(const char* op, Blocking&& blocking, Start&& start);
   void check(int rc, const char* op) const;
   /// MPI's counts and displacements of a v-collective (Communicator checked they fit).
   static void v_layout(std::span<const std::size_t> counts, std::vector<int>& out_counts,
@@ -154,6 +185,8 @@ class MpiCommunicator final : public Communicator {
   int size_ = 0;
   int tag_ub_ = 32767;   ///< MPI_TAG_UB of comm_
   bool broken_ = false;  ///< set by a timeout; every later call throws
+  /// Set while collectives are blocking calls: the watchdog's bound of them.
+  std::unique_ptr<detail::WatchedCalls> blocking_;
 };
 
 /// The MPI tag that create_group uses for a group name (exposed for tests): a hash of the
@@ -166,9 +199,11 @@ namespace commgrid {
 
 /// The world communicator of this job: a duplicate of MPI_COMM_WORLD named "world", the
 /// MPI engine's world factory (as make_gloo_world and make_nccl_world are Gloo's and NCCL's).
-/// Collective over MPI_COMM_WORLD. MPI must be initialized (see mpi::MpiEnvironment); throws
+/// Collective over MPI_COMM_WORLD. `calls`: how its collectives (and those of every group
+/// made from it) call MPI. MPI must be initialized (see mpi::MpiEnvironment); throws
 /// BackendError when it is not.
 [[nodiscard]] std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(
-    std::chrono::milliseconds timeout = kDefaultTimeout);
+    std::chrono::milliseconds timeout = kDefaultTimeout,
+    mpi::CollectiveCalls calls = mpi::CollectiveCalls::nonblocking);
 
 }  // namespace commgrid
