@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <optional>
+#include <utility>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -499,11 +501,29 @@ std::unique_ptr<Work> Communicator::irecv(void* buf, std::size_t count, DataType
   return do_batch_isend_irecv(std::span<const P2POp>(&o, 1), "irecv");
 }
 
-std::unique_ptr<Work> Communicator::batch_isend_irecv(std::span<const P2POp> ops) {
-  for (const P2POp& o : ops) check_p2p(o, "batch_isend_irecv");
-  // A receive must not share memory with any other operation of the batch (they run at
-  // once): sorted by address, each receive is compared with its neighbours' ranges only.
-  if (ops.size() < 2) return do_batch_isend_irecv(ops, "batch_isend_irecv");
+namespace {
+
+// The first two operations of a batch whose buffers overlap while one of them is a receive
+// (they run at once, so that is a race); nullopt when there are none. Small batches (the
+// usual pipeline exchange of 2-4) are compared pairwise without allocating; larger ones are
+// sorted by address and swept once.
+std::optional<std::pair<std::size_t, std::size_t>> overlapping_receive(std::span<const P2POp> ops) {
+  auto range = [&](std::size_t i) {
+    const auto b = reinterpret_cast<std::uintptr_t>(ops[i].buf);
+    return std::pair<std::uintptr_t, std::uintptr_t>{b, b + bytes(ops[i].count, ops[i].type)};
+  };
+  auto clash = [&](std::size_t i, std::size_t j) {
+    if (ops[i].kind != P2POp::Kind::recv && ops[j].kind != P2POp::Kind::recv) return false;
+    const auto [bi, ei] = range(i);
+    const auto [bj, ej] = range(j);
+    return bi < ei && bj < ej && bi < ej && bj < ei;
+  };
+  if (ops.size() <= 8) {
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      for (std::size_t j = i + 1; j < ops.size(); ++j)
+        if (clash(i, j)) return std::pair{i, j};
+    return std::nullopt;
+  }
   struct Range {
     std::uintptr_t begin, end;
     bool recv;
@@ -512,36 +532,33 @@ std::unique_ptr<Work> Communicator::batch_isend_irecv(std::span<const P2POp> ops
   std::vector<Range> ranges;
   ranges.reserve(ops.size());
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    const std::size_t n = bytes(ops[i].count, ops[i].type);
-    if (n == 0) continue;
-    const auto b = reinterpret_cast<std::uintptr_t>(ops[i].buf);
-    ranges.push_back({b, b + n, ops[i].kind == P2POp::Kind::recv, i});
+    const auto [b, e] = range(i);
+    if (b < e) ranges.push_back({b, e, ops[i].kind == P2POp::Kind::recv, i});
   }
-  if (ranges.size() > 1 &&
-      std::any_of(ranges.begin(), ranges.end(), [](const Range& r) { return r.recv; })) {
-    std::sort(ranges.begin(), ranges.end(),
-              [](const Range& a, const Range& b) { return a.begin < b.begin; });
-    // Sweep: the furthest-reaching range so far, and whether a receive reaches there.
-    std::uintptr_t reach = 0;
-    std::size_t reach_index = 0;
-    bool reach_recv = false, any = false;
-    for (const Range& r : ranges) {
-      if (any && r.begin < reach && (r.recv || reach_recv)) {
-        const std::size_t a = std::min(reach_index, r.index), b = std::max(reach_index, r.index);
-        throw ConfigError("buf", subject(*this, "batch_isend_irecv") + "operations " +
-                                     std::to_string(a) + " and " + std::to_string(b) +
-                                     " use overlapping buffers and one of them is a receive; a "
-                                     "receive's buffer must not overlap any other buffer of the "
-                                     "batch");
-      }
-      if (!any || r.end > reach) {
-        reach = r.end;
-        reach_index = r.index;
-        reach_recv = r.recv;
-      }
-      any = true;
-    }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  // The range that reaches furthest so far overlaps every later range that begins before
+  // its end; only a pair with a receive in it is a clash.
+  const Range* reach = nullptr;
+  for (const Range& r : ranges) {
+    if (reach != nullptr && r.begin < reach->end && (r.recv || reach->recv))
+      return std::pair{std::min(reach->index, r.index), std::max(reach->index, r.index)};
+    if (reach == nullptr || r.end > reach->end) reach = &r;
   }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::unique_ptr<Work> Communicator::batch_isend_irecv(std::span<const P2POp> ops) {
+  for (const P2POp& o : ops) check_p2p(o, "batch_isend_irecv");
+  if (const auto pair = overlapping_receive(ops))
+    throw ConfigError("buf", subject(*this, "batch_isend_irecv") + "operations " +
+                                 std::to_string(pair->first) + " and " +
+                                 std::to_string(pair->second) +
+                                 " use overlapping buffers and one of them is a receive; a "
+                                 "receive's buffer must not overlap any other buffer of the "
+                                 "batch");
   return do_batch_isend_irecv(ops, "batch_isend_irecv");
 }
 

@@ -135,6 +135,22 @@ TEST(CommunicatorContract, RefusedCallsNeverReachTheBackendAndValidOnesDo) {
   (void)c.split(std::int64_t{3}, -5, "x#3");
   EXPECT_EQ(c.reached, 6);
   EXPECT_EQ(c.creation_calls(), 1);
+  // Large batches (sorted and swept rather than compared pairwise): twelve operations, the
+  // last receive overlapping the seventh send only.
+  std::int64_t big[64] = {};
+  std::vector<P2POp> many;
+  for (int i = 0; i < 11; ++i) many.push_back(P2POp::send(big + 4 * i, 3, DataType::int64, 1));
+  many.push_back(P2POp::recv(big + 3 * 4 + 2, 1, DataType::int64, 2));  // inside send 3
+  try {
+    (void)c.batch_isend_irecv(many);
+    FAIL() << "a receive inside a send's buffer must throw";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.parameter(), "buf");
+    EXPECT_NE(std::string(e.what()).find("operations 3 and 11"), std::string::npos) << e.what();
+  }
+  many.back() = P2POp::recv(big + 3 * 4 + 3, 1, DataType::int64, 2);  // the gap after send 3
+  (void)c.batch_isend_irecv(many);
+  EXPECT_EQ(c.reached, 7);
   try {
     (void)c.reduce(buf, buf + 1, 2, DataType::int64, ReduceOp::sum, 0);
     FAIL() << "overlapping reduce on root must throw";

@@ -162,6 +162,8 @@ class MpiCommunicator final : public Communicator {
                                    int root) override;
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
                                              std::string_view op) override;
+  /// One MPI_Isend waited for (no batch bookkeeping).
+  std::unique_ptr<Work> do_send(const P2POp& op) override;
   /// A receive that times out is cancelled (MPI_Cancel), which gives its buffer back and
   /// leaves the communicator usable.
   std::unique_ptr<Work> do_recv(const P2POp& op) override;
