@@ -86,6 +86,7 @@ std::unique_ptr<Communicator> make_world(GlooOptions options) {
   so.token = info.token;
   so.timeout = options.timeout;
   so.serve = info.rank == 0;
+  so.rank = info.rank;
   auto store = open_store(info.store, so);
   if (options.hostname.empty()) options.hostname = store->local_address();
   options.prefix = info.job_id + "/" + options.prefix;
