@@ -352,7 +352,7 @@ TEST(GlooTcpStore, StrangersAndGarbageDoNotHurtTheServer) {
     fds.push_back(fd);
   }
   auto client = open_store(tcp_uri(port), job("j", "tok", false, 1s));
-  const std::string v((1 << 20) + 1, 'x');  // over the 1 MiB value limit
+  const std::string v((64 << 20) + 1, 'x');  // over the 64 MiB value limit
   EXPECT_THROW(client->set("big", std::span<const char>(v.data(), v.size())), BackendError);
   client->set("small", std::span<const char>(v.data(), 10));
   EXPECT_TRUE(client->has("small"));
