@@ -116,7 +116,9 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
     }
     if (missing.empty() || Clock::now() >= deadline) return missing;
     if (waits_in_slices()) {
-      std::this_thread::yield();  // lets a thread sharing this store in between slices
+      // A thread sharing this store object, blocked on the engine during the slice, gets
+      // its turn now.
+      std::this_thread::sleep_for(Ms(1));
       continue;
     }
     std::this_thread::sleep_for(std::min<Ms>(

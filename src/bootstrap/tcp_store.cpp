@@ -634,13 +634,14 @@ class TcpStoreServer {
         reserve_ = -1;
       }
       const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      const int accept_errno = errno;
       if (fd >= 0) {
         refuse(fd, why);
         ::close(fd);
       }
       reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (fd < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) pause_accepting();
+        if (accept_errno != EAGAIN && accept_errno != EWOULDBLOCK) pause_accepting();
         return;
       }
       if (reserve_ < 0) {
