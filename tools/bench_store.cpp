@@ -96,19 +96,18 @@ long raise_descriptors() {
   return rl.rlim_cur == RLIM_INFINITY ? (1L << 20) : static_cast<long>(rl.rlim_cur);
 }
 
-// A loopback port free now (bound and released), from below the kernel's ephemeral range.
+// A loopback port the kernel finds free now (bound to port 0, then released).
 int free_loopback_port() {
-  for (int port = 20000 + static_cast<int>(::getpid() % 5000), n = 0; n < 5000; ++n, ++port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    ::close(fd);
-    if (free) return port;
-  }
-  throw BackendError("bench store: no free loopback port");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  if (!ok) throw BackendError("bench store: no free loopback port");
+  return ntohs(a.sin_port);
 }
 
 // Rank 0's server in a process of its own: commgrid's tcp:// store (forked), or a

@@ -15,6 +15,7 @@
 
 #include "gloo_test_util.hpp"
 #include "pair_gate.hpp"
+#include "store_test_util.hpp"
 
 namespace commgrid::test {
 namespace {
@@ -28,16 +29,10 @@ std::atomic<int> g_attacks{0};
 // Connects to a pair listener the moment it exists and sends what passed the gate of a job
 // without a token: the no-token proof, then a Gloo header for a slot nobody posted.
 void stranger_with_the_no_token_proof(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return;
-  }
+  const int fd = raw_connect(port);
+  if (fd < 0) return;
   std::string bytes(64, '0');
+  // Gloo's preamble: nbytes, opcode (1: to an unbound buffer), slot, offset, length, roffset.
   const std::uint64_t header[8] = {64, 1, 0x7e57ab1e, 0, 16, 0, 0xdeadbeef, 0xfeedface};
   bytes.append(reinterpret_cast<const char*>(header), sizeof(header));
   (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);

@@ -13,25 +13,12 @@
 #include "free_port.hpp"
 #include "gloo_test_util.hpp"
 #include "redis_server.hpp"
+#include "store_test_util.hpp"
 
 namespace commgrid::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-/// A fresh temporary folder, removed afterwards.
-class TempFolder {
- public:
-  TempFolder() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempFolder() { std::filesystem::remove_all(path_); }
-  [[nodiscard]] const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Ranks as threads, but each with its own store object opened from the URI.
 void run_with_own_stores(int n, const std::string& uri, std::chrono::milliseconds timeout,
