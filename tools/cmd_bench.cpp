@@ -331,7 +331,7 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
 #if COMMGRID_HAS_MPI
   const auto timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
   mpi::MpiEnvironment env;
-  const std::unique_ptr<mpi::MpiCommunicator> world = mpi::world(timeout);
+  const std::unique_ptr<mpi::MpiCommunicator> world = make_mpi_world(timeout);
   const int rank = world->rank();
   try {
     prepare(world->size());
