@@ -16,14 +16,6 @@
 
 namespace commgrid {
 
-/// Every store wait was cut short by Store::abort (e.g. a sibling rank thread failed), or a
-/// peer of a group closed its connection mid-operation: the error is a consequence of a
-/// failure elsewhere. The message names what happened and, where known, where.
-class AbortedError : public BackendError {
- public:
-  using BackendError::BackendError;
-};
-
 /// A key-value store shared by the ranks of one job. Keys are written once (a second set of
 /// the same key is an error) and never removed, so every rendezvous uses a fresh key prefix.
 /// Every method is thread-safe; waits poll (a few milliseconds apart, or, on a tcp:// store,
@@ -88,19 +80,6 @@ class Store {
   std::unique_ptr<State> state_;
 };
 
-/// Another job already uses the store's folder, key prefix or port, or another job with the
-/// same id has taken this rank's place in it: jobs never merge.
-class JobConflictError : public BackendError {
- public:
-  using BackendError::BackendError;
-};
-
-/// The store or a peer did not prove the job's token (a stranger, or a rank of another job).
-class AuthenticationError : public BackendError {
- public:
-  using BackendError::BackendError;
-};
-
 /// Which job a store is opened for, and with what secret.
 struct StoreOptions {
   /// The job's id: a file store folder, a Redis prefix or a TCP store port holds one job;
@@ -114,8 +93,8 @@ struct StoreOptions {
   /// tcp:// only: this process serves the store (rank 0, MASTER_ADDR:MASTER_PORT).
   bool serve = false;
   /// The rank this process joins the job as (-1: none, e.g. ranks that are threads sharing
-  /// a store object, or a tool). make_world sets it. The rank claims its place in the store
-  /// (key "commgrid-job/rank/R", a value unique to the process), so that a second job with
+  /// a store object, or a tool); make_gloo_world_from_env sets it. The rank claims its place
+  /// in the store (key "commgrid-job/rank/R", a value unique to the process), so that a second job with
   /// the same id on the same store fails at once, in each of its ranks whose place is taken,
   /// with JobConflictError "... is in use by another job with the same id ..." instead of
   /// merging. The same process may open the store again as the same rank.

@@ -1,5 +1,5 @@
 // Two token-less jobs with the same id on one store (issue 24, defect 4): the ranks are
-// processes that build their world from the environment (make_world), as under mpirun or
+// processes that build their world from the environment (make_gloo_world_from_env), as under mpirun or
 // torchrun without COMMGRID_TOKEN. They used to merge (a rank of each job formed a world
 // with the other); now the second job's ranks fail at once, naming the conflict, and the
 // first job completes. On the file, Redis and tcp:// stores.
