@@ -4,24 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <new>
 #include <thread>
 
 #include "store_test_util.hpp"
 #include "tcp_store.hpp"
 
-// Every byte this test program allocates, counted (to see what a call copies).
-namespace {
-std::atomic<std::size_t> g_allocated{0};
+namespace commgrid::test {
+extern std::atomic<std::size_t> g_allocated;  // count_allocations.cpp
 }
-void* operator new(std::size_t n) {
-  g_allocated.fetch_add(n, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace commgrid::test {
 namespace {
