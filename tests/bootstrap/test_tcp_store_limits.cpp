@@ -267,8 +267,14 @@ TEST(TcpStoreLimits, TheByteLimitCountsEachKeysBookkeeping) {
   // At least the bookkeeping is counted per key: no more keys than 4 MiB / 128 bytes.
   EXPECT_LE(keys, (size_t{4} << 20) / bootstrap::kTcpStoreKeyOverhead);
   EXPECT_GE(keys, (size_t{4} << 20) / (bootstrap::kTcpStoreKeyOverhead + 16));
-  // What is resident stays within the count (with room for the allocator's own rounding).
-  EXPECT_LT(rss1 - rss0, 8 * 1024) << "kB resident for 4 MiB counted";
+  // What is resident stays within the count (with room for the allocator's own rounding;
+  // AddressSanitizer's red zones and quarantine triple what each allocation holds).
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr long kBoundKiB = 20 * 1024;
+#else
+  constexpr long kBoundKiB = 8 * 1024;
+#endif
+  EXPECT_LT(rss1 - rss0, kBoundKiB) << "kB resident for 4 MiB counted";
 }
 
 }  // namespace
