@@ -1,0 +1,378 @@
+#!/usr/bin/python3
+"""Runs Megatron-LM's own parallel-state unit tests on 8 Gloo ranks on the CPU, against
+Megatron's real modules or against commgrid's drop-ins, and counts what passes.
+
+Nothing of Megatron is kept in this repository: the test files and (for --impl megatron)
+the modules under test are read from a Megatron-LM git directory at run time
+(``git archive REV``) into a temporary directory, which is removed afterwards.
+
+    /usr/bin/python3 tools/megatron_tests.py --megatron-git <Megatron-LM git dir> \
+        --rev 8c1e094afe --rev d98e8a64dd --impl megatron --impl commgrid \
+        --commgrid build/python
+
+The files: tests/unit_tests/test_parallel_state.py, test_process_groups_config.py and
+test_hyper_comm_grid.py (where the revision has them). With --impl commgrid,
+``megatron.core.parallel_state`` is ``commgrid.torch`` (``commgrid.torch.head`` at a
+revision whose parallel_state has ``gtp_remat_size``), ``megatron.core.process_groups_config``
+and ``megatron.core.hyper_comm_grid`` are commgrid's classes of those names.
+
+How a test runs: every test id runs on its own, on WORLD_SIZE processes at once (one per
+rank; each forks a fresh pytest for the test from a process that has imported torch once),
+with a fresh rendezvous, so a test that fails or hangs on one rank cannot leave the next
+one out of step. A test passes when it passes on every rank; a rank that runs longer than
+--timeout is killed (the test counts as failed, "timeout").
+
+What is adapted, and only the environment (no assertion of any test is changed):
+- Megatron's tests ask for NCCL and GPUs. ``torch.distributed.init_process_group`` and
+  ``new_group`` get backend "gloo" instead of "nccl" (with a bounded timeout);
+  ``torch.cuda.set_device``, ``synchronize``, ``current_device`` and ``memory.empty_cache``
+  do nothing and ``torch.cuda.device_count()`` is the world size.
+- Megatron targets torch >= 2; Debian 12 has 1.13. ``new_group`` accepts and drops the
+  newer keywords Megatron passes at their defaults (``group_desc``,
+  ``use_local_synchronization=False``) and keeps its own signature for introspection;
+  ``torch.distributed.distributed_c10d._world.pg_map`` reads 1.13's ``_pg_map``.
+- Modules the tested code imports but never uses in these tests are stubs:
+  ``megatron.core.utils`` (GlobalMemoryBuffer, is_torch_min_version),
+  ``megatron.core.inference.symmetric_memory``, ``megatron.training.argument_utils`` and,
+  where it is not installed, ``einops`` (Debian 12 has no package for it).
+- pytest-mock (``mocker``) comes from Debian's python3-pytest-mock.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+TEST_FILES = ("tests/unit_tests/test_parallel_state.py",
+              "tests/unit_tests/test_process_groups_config.py",
+              "tests/unit_tests/test_hyper_comm_grid.py")
+MODULES = ("megatron/core/parallel_state.py", "megatron/core/process_groups_config.py",
+           "megatron/core/hyper_comm_grid.py")
+SUPPORT = ("tests/unit_tests/test_utilities.py",)
+
+# The environment adaptation, loaded by pytest as the root conftest of the temporary tree.
+CONFTEST = r'''
+import json, os, sys, types
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+_TIMEOUT = timedelta(seconds=float(os.environ["HARNESS_PG_TIMEOUT"]))
+_WORLD = int(os.environ["WORLD_SIZE"])
+
+torch.cuda.set_device = lambda *a, **k: None
+torch.cuda.synchronize = lambda *a, **k: None
+torch.cuda.current_device = lambda: 0
+torch.cuda.device_count = lambda: _WORLD
+torch.cuda.memory.empty_cache = lambda: None
+
+def _gloo(backend):
+    return "gloo" if backend in ("nccl", "NCCL") else backend
+
+_init = dist.init_process_group
+def init_process_group(backend=None, *args, **kwargs):
+    kwargs["timeout"] = _TIMEOUT
+    return _init(_gloo(backend) or "gloo", *args, **kwargs)
+dist.init_process_group = init_process_group
+
+_new_group = dist.new_group
+def new_group(*args, **kwargs):
+    kwargs.pop("group_desc", None)
+    if kwargs.get("use_local_synchronization") is False:
+        kwargs.pop("use_local_synchronization")
+    if "backend" in kwargs:
+        kwargs["backend"] = _gloo(kwargs["backend"])
+    if kwargs.get("timeout") is None:
+        kwargs["timeout"] = _TIMEOUT
+    return _new_group(*args, **kwargs)
+new_group.__signature__ = __import__("inspect").signature(_new_group)
+dist.new_group = new_group
+
+if not hasattr(c10d, "_world"):
+    class _World:
+        @property
+        def pg_map(self):
+            return c10d._pg_map
+    c10d._world = _World()
+
+def _module(name, **attrs):
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    sys.modules[name] = mod
+    return mod
+
+class GlobalMemoryBuffer:
+    pass
+
+def is_torch_min_version(version, check_equality=True):
+    have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
+    want = tuple(int(x) for x in version.split(".")[:2])
+    return have >= want if check_equality else have > want
+
+_module("megatron.core.utils", GlobalMemoryBuffer=GlobalMemoryBuffer,
+        is_torch_min_version=is_torch_min_version)
+_module("megatron.core.inference").__path__ = []
+_module("megatron.core.inference.symmetric_memory",
+        SymmetricMemoryManager=type("SymmetricMemoryManager", (), {"destroy": staticmethod(lambda: None)}))
+def _not_here(*a, **k):
+    raise NotImplementedError("megatron.training is not part of this harness")
+_module("megatron.training").__path__ = []
+_module("megatron.training.argument_utils", gpt_config_from_args=_not_here,
+        hybrid_config_from_args=_not_here, pretrain_cfg_container_from_args=_not_here)
+try:
+    import einops  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.environ["HARNESS_TOOLS"])
+    from head_creation_order import rearrange
+    _module("einops", rearrange=rearrange)
+
+def pytest_configure(config):
+    for mark in ("flaky", "flaky_in_dev", "internal"):  # Megatron's own markers
+        config.addinivalue_line("markers", f"{mark}: a Megatron-LM test marker")
+
+_RESULT = os.environ.get("HARNESS_RESULT")
+_outcome = {}
+
+def pytest_runtest_logreport(report):
+    o = _outcome.setdefault(report.nodeid, {"outcome": "passed", "why": ""})
+    if report.failed and o["outcome"] != "failed":
+        text = str(report.longrepr).strip().splitlines()
+        errors = [l for l in text if l.startswith("E ")]
+        o.update(outcome="failed", why=(errors[0] if errors else text[-1] if text else "")[:300])
+    elif report.skipped and o["outcome"] == "passed":
+        o.update(outcome="skipped", why=str(report.longrepr)[-200:])
+
+def pytest_sessionfinish(session, exitstatus):
+    if _RESULT:
+        with open(_RESULT, "w") as f:
+            json.dump(_outcome, f)
+'''
+
+# The package shell of megatron.core: for --impl commgrid it resolves the modules under test
+# to commgrid's.
+CORE_INIT_MEGATRON = '"""The package shell of megatron.core (the harness imports only what it tests)."""\n'
+CORE_INIT_COMMGRID = '''"""megatron.core, with its parallel state resolved to commgrid."""
+import sys
+import {ps} as parallel_state
+sys.modules[__name__ + ".parallel_state"] = parallel_state
+'''
+PGC_COMMGRID = "from commgrid import GradCommProcessGroups, ModelCommProcessGroups, ProcessGroupCollection  # noqa: F401\n"
+HCG_COMMGRID = "from commgrid import HyperCommGrid  # noqa: F401\n"
+
+
+def git(repo, *args, binary=False):
+    return subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True,
+                          text=not binary).stdout
+
+
+def has_path(repo, rev, path):
+    return subprocess.run(["git", "-C", repo, "cat-file", "-e", f"{rev}:{path}"],
+                          capture_output=True).returncode == 0
+
+
+def lay_out(repo, rev, impl, root):
+    """The temporary tree for one revision and implementation; returns the test files."""
+    tests = [p for p in TEST_FILES if has_path(repo, rev, p)]
+    paths = tests + list(SUPPORT)
+    if impl == "megatron":
+        paths += [p for p in MODULES if has_path(repo, rev, p)]
+    archive = git(repo, "archive", rev, *paths, binary=True)
+    subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
+    for pkg in ("megatron", "tests", "tests/unit_tests"):
+        os.makedirs(os.path.join(root, pkg), exist_ok=True)
+        open(os.path.join(root, pkg, "__init__.py"), "a").close()
+    core = os.path.join(root, "megatron", "core")
+    os.makedirs(core, exist_ok=True)
+    with open(os.path.join(root, "conftest.py"), "w") as f:
+        f.write(CONFTEST)
+    if impl == "megatron":
+        with open(os.path.join(core, "__init__.py"), "w") as f:
+            f.write(CORE_INIT_MEGATRON)
+    else:
+        head = "gtp_remat_size" in git(repo, "show", f"{rev}:megatron/core/parallel_state.py")
+        with open(os.path.join(core, "__init__.py"), "w") as f:
+            f.write(CORE_INIT_COMMGRID.format(ps="commgrid.torch.head" if head else "commgrid.torch"))
+        with open(os.path.join(core, "process_groups_config.py"), "w") as f:
+            f.write(PGC_COMMGRID)
+        with open(os.path.join(core, "hyper_comm_grid.py"), "w") as f:
+            f.write(HCG_COMMGRID)
+    return tests
+
+
+def environment(root, world, rank, args):
+    env = dict(os.environ)
+    path = [root] + ([os.path.abspath(args.commgrid)] if args.commgrid else [])
+    env.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
+               MASTER_ADDR="127.0.0.1", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=os.pathsep.join(path + [env.get("PYTHONPATH", "")]),
+               HARNESS_PG_TIMEOUT=str(args.pg_timeout),
+               HARNESS_TOOLS=os.path.dirname(os.path.abspath(__file__)))
+    return env
+
+
+def collect(root, tests, args):
+    env = environment(root, args.world_size, 0, args)
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           "--rootdir", root, *tests]
+    if args.k:
+        cmd += ["-k", args.k]
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    ids = [line.strip() for line in out.stdout.splitlines() if "::" in line]
+    if not ids:
+        raise SystemExit(f"error: no tests collected in {root}:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    return ids
+
+
+def rank_runner(args):
+    """One rank: runs every test id in a forked pytest, in order, writing outcomes."""
+    import pytest  # noqa: F401  (imported once here, inherited by every fork)
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    with open(args.ids) as f:
+        ids = json.load(f)
+    results = {}
+    log = open(args.log, "w")
+    for i, nodeid in enumerate(ids):
+        result_file = f"{args.out}.{i}"
+        log.write(f"==== {nodeid}\n")
+        log.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            os.environ.update(MASTER_PORT=str(args.port_base + i), HARNESS_RESULT=result_file)
+            os.chdir(args.root)
+            sys.path.insert(0, args.root)
+            rc = pytest.main([nodeid, "-q", "-p", "no:cacheprovider", "--rootdir", args.root,
+                              "-W", "ignore::DeprecationWarning"])
+            os._exit(int(rc))
+        deadline = time.monotonic() + args.timeout
+        status = None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            results[nodeid] = {"outcome": "failed", "why": f"timeout ({args.timeout} s)"}
+            continue
+        try:
+            with open(result_file) as f:
+                results[nodeid] = json.load(f).get(nodeid) or {"outcome": "failed",
+                                                                "why": "no report"}
+            os.remove(result_file)
+        except (OSError, ValueError):
+            code = os.waitstatus_to_exitcode(status)
+            results[nodeid] = {"outcome": "failed", "why": f"pytest died (exit {code})"}
+    with open(args.out, "w") as f:
+        json.dump(results, f)
+
+
+def run(repo, rev, impl, args):
+    root = tempfile.mkdtemp(prefix=f"megatron-{rev[:10]}-{impl}-")
+    try:
+        tests = lay_out(repo, rev, impl, root)
+        ids = collect(root, tests, args)
+        with open(os.path.join(root, "ids.json"), "w") as f:
+            json.dump(ids, f)
+        port_base = random.randint(20000, 60000 - len(ids))
+        procs = []
+        for r in range(args.world_size):
+            cmd = [sys.executable, os.path.abspath(__file__), "--rank-runner",
+                   "--root", root, "--ids", os.path.join(root, "ids.json"),
+                   "--out", os.path.join(root, f"rank{r}.json"),
+                   "--log", os.path.join(args.logs or root, f"{rev[:10]}-{impl}-rank{r}.log"),
+                   "--port-base", str(port_base), "--timeout", str(args.timeout)]
+            procs.append(subprocess.Popen(cmd, cwd=root, env=environment(root, args.world_size, r, args)))
+        for p in procs:
+            p.wait()
+        per_rank = []
+        for r in range(args.world_size):
+            with open(os.path.join(root, f"rank{r}.json")) as f:
+                per_rank.append(json.load(f))
+        merged = {}
+        for nodeid in ids:
+            outs = [pr.get(nodeid, {"outcome": "failed", "why": "not run"}) for pr in per_rank]
+            kinds = {o["outcome"] for o in outs}
+            if kinds == {"passed"}:
+                merged[nodeid] = {"outcome": "passed"}
+            elif kinds == {"skipped"}:
+                merged[nodeid] = {"outcome": "skipped", "why": outs[0]["why"]}
+            else:
+                bad = [r for r, o in enumerate(outs) if o["outcome"] != "passed"]
+                first = outs[bad[0]]
+                merged[nodeid] = {"outcome": "failed", "ranks": bad, "why": first["why"]}
+        return merged
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--megatron-git", help="a Megatron-LM git directory (clone or bare mirror)")
+    p.add_argument("--rev", action="append", help="revision (repeatable; default: HEAD)")
+    p.add_argument("--impl", action="append", choices=["megatron", "commgrid"],
+                   help="what megatron.core.parallel_state is (repeatable; default: both)")
+    p.add_argument("--commgrid", help="directory that holds the commgrid package (build/python)")
+    p.add_argument("--world-size", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=150, help="seconds per test and rank")
+    p.add_argument("--pg-timeout", type=float, default=60, help="Gloo collective timeout (s)")
+    p.add_argument("-k", help="pytest -k expression: run only the matching tests")
+    p.add_argument("--json", help="write every outcome to this file")
+    p.add_argument("--logs", help="directory for the per-rank pytest logs (default: dropped)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary trees")
+    p.add_argument("--rank-runner", action="store_true", help=argparse.SUPPRESS)
+    for hidden in ("--root", "--ids", "--out", "--log"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    p.add_argument("--port-base", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_runner:
+        return rank_runner(args)
+    if not args.megatron_git:
+        p.error("--megatron-git is required")
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
+    impls = args.impl or ["megatron", "commgrid"]
+    if "commgrid" in impls and not args.commgrid:
+        p.error("--impl commgrid needs --commgrid (the directory holding the commgrid package)")
+    report = {}
+    for rev in args.rev or ["HEAD"]:
+        commit = git(args.megatron_git, "rev-parse", rev).strip()
+        for impl in impls:
+            start = time.monotonic()
+            merged = run(args.megatron_git, commit, impl, args)
+            report[f"{rev} {impl}"] = merged
+            n = {k: sum(1 for v in merged.values() if v["outcome"] == k)
+                 for k in ("passed", "failed", "skipped")}
+            print(f"== {rev} ({commit[:10]}) {impl}: {n['passed']}/{len(merged)} passed, "
+                  f"{n['failed']} failed, {n['skipped']} skipped ({time.monotonic() - start:.0f} s)")
+            for nodeid, v in merged.items():
+                if v["outcome"] != "passed":
+                    where = f" ranks {v['ranks']}" if "ranks" in v else ""
+                    print(f"   {v['outcome']}: {nodeid}{where}: {textwrap.shorten(v['why'], 160)}")
+            sys.stdout.flush()
+    if len(report) > 1:
+        print("\n| revision | implementation | passed |\n|---|---|---|")
+        for key, merged in report.items():
+            rev, impl = key.split(" ")
+            passed = sum(1 for v in merged.values() if v["outcome"] == "passed")
+            print(f"| {rev} | {impl} | {passed}/{len(merged)} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
