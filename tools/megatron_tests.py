@@ -18,8 +18,8 @@ and ``megatron.core.hyper_comm_grid`` are commgrid's classes of those names.
 
 How a test runs: every test id runs on its own, on WORLD_SIZE processes at once (one per
 rank; each forks a fresh pytest for the test from a process that has imported torch once),
-with a fresh rendezvous, so a test that fails or hangs on one rank cannot leave the next
-one out of step. A test passes when it passes on every rank; a rank that runs longer than
+with a fresh rendezvous, and the ranks start each test together, so a test that fails or
+hangs on one rank cannot leave the next one out of step. A test passes when it passes on every rank; a rank that runs longer than
 --timeout is killed (the test counts as failed, "timeout").
 
 What is adapted, and only the environment (no assertion of any test is changed):
@@ -241,7 +241,17 @@ def rank_runner(args):
         ids = json.load(f)
     results = {}
     log = open(args.log, "w")
+    sync = os.path.join(args.root, "sync")
+    os.makedirs(sync, exist_ok=True)
     for i, nodeid in enumerate(ids):
+        if i > 0:
+            # Every rank starts test i together: a rank whose previous test failed or hung
+            # must not run ahead into the next test's rendezvous alone.
+            open(os.path.join(sync, f"{i - 1}.{args.rank}"), "w").close()
+            deadline = time.monotonic() + args.timeout + 60
+            while time.monotonic() < deadline and not all(
+                    os.path.exists(os.path.join(sync, f"{i - 1}.{r}")) for r in range(args.world)):
+                time.sleep(0.02)
         result_file = f"{args.out}.{i}"
         log.write(f"==== {nodeid}\n")
         log.flush()
@@ -290,7 +300,7 @@ def run(repo, rev, impl, args):
         procs = []
         for r in range(args.world_size):
             cmd = [sys.executable, os.path.abspath(__file__), "--rank-runner",
-                   "--root", root, "--ids", os.path.join(root, "ids.json"),
+                   "--rank", str(r), "--world", str(args.world_size), "--root", root, "--ids", os.path.join(root, "ids.json"),
                    "--out", os.path.join(root, f"rank{r}.json"),
                    "--log", os.path.join(args.logs or root, f"{rev[:10]}-{impl}-rank{r}.log"),
                    "--port-base", str(port_base), "--timeout", str(args.timeout)]
@@ -319,6 +329,156 @@ def run(repo, rev, impl, args):
             shutil.rmtree(root, ignore_errors=True)
 
 
+# ---- --record: Megatron's own creation sequence and per-rank globals ----------------------------
+
+# The configs recorded with --record (name -> (world size, initialize_model_parallel keywords)),
+# for the seed (encoder/decoder splits, the split rank, Gloo twins, dist-opt instances) and
+# for HEAD (gtp_remat, hybrid cp, twins switched off). commgrid.torch is checked against
+# them by python/tests/test_megatron_records.py.
+RECORD_CONFIGS = {
+    "seed": {
+        "enc-tp5-etp3": (8, dict(tensor_model_parallel_size=5, encoder_tensor_model_parallel_size=3,
+                                 encoder_pipeline_model_parallel_size=1)),
+        "enc-tp3-etp1": (8, dict(tensor_model_parallel_size=3, encoder_tensor_model_parallel_size=1,
+                                 encoder_pipeline_model_parallel_size=1)),
+        "enc-tp2-ep2": (12, dict(tensor_model_parallel_size=2, expert_model_parallel_size=2,
+                                 encoder_tensor_model_parallel_size=1,
+                                 encoder_pipeline_model_parallel_size=1)),
+        "enc-tp2-distopt2": (12, dict(tensor_model_parallel_size=2, encoder_tensor_model_parallel_size=1,
+                                      encoder_pipeline_model_parallel_size=1,
+                                      num_distributed_optimizer_instances=2)),
+        "enc-cp2-pp2": (12, dict(pipeline_model_parallel_size=2, context_parallel_size=2,
+                                 encoder_pipeline_model_parallel_size=1)),
+        "tp2-pp2-ep2": (8, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                                expert_model_parallel_size=2)),
+        "cp2-hcp-distopt2-vpp": (16, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                                          context_parallel_size=2,
+                                          hierarchical_context_parallel_sizes=[2],
+                                          num_distributed_optimizer_instances=2,
+                                          virtual_pipeline_model_parallel_size=2)),
+        "pp4-split2": (8, dict(pipeline_model_parallel_size=4, pipeline_model_parallel_split_rank=2)),
+        "order-tp-pp-ep-dp-nogloo": (8, dict(tensor_model_parallel_size=2, expert_model_parallel_size=2,
+                                             order="tp-pp-ep-dp", create_gloo_process_groups=False)),
+    },
+    "head": {
+        "gtp2-egtp2": (16, dict(tensor_model_parallel_size=2, expert_model_parallel_size=2,
+                                gtp_remat_size=2, expert_gtp_remat_size=2)),
+        "egtp2-pp2": (16, dict(pipeline_model_parallel_size=2, expert_model_parallel_size=2,
+                               expert_gtp_remat_size=2)),
+        "hybrid-cp2-distopt2": (16, dict(context_parallel_size=2, hybrid_context_parallel=True,
+                                         expert_model_parallel_size=2,
+                                         num_distributed_optimizer_instances=2)),
+        "tp2-pp2-hcp": (16, dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                                 context_parallel_size=2, hierarchical_context_parallel_sizes=[2])),
+    },
+}
+
+
+class _Group:
+    """What the recorder's new_group returns: the ranks, the backend, size() and rank()."""
+
+    def __init__(self, ranks, backend, me):
+        self.ranks, self.backend, self.me = list(ranks), backend, me
+
+    def size(self):
+        return len(self.ranks)
+
+    def rank(self):
+        return sorted(self.ranks).index(self.me)
+
+
+def plain(value):
+    """A global's value as JSON: a group as {"ranks", "backend"}, lists and dicts inside."""
+    if isinstance(value, _Group):
+        return {"ranks": value.ranks, "backend": value.backend}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (int, str, bool)):
+        return value
+    return "<object>"
+
+
+def record_one(module_path, world, kwargs, install):
+    """Runs Megatron's initialize_model_parallel as every rank of ``world`` in turn with
+    torch.distributed replaced by a recorder; returns the calls (the same on every rank) and
+    every rank's globals."""
+    import importlib.util
+    import torch.distributed as dist
+    calls, per_rank = None, {}
+    for rank in range(world):
+        mine = []
+
+        def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+                      use_local_synchronization=False, group_desc=None):
+            mine.append({"ranks": [int(r) for r in ranks], "backend": backend, "desc": group_desc})
+            return _Group(ranks, backend, rank)
+        saved = {n: getattr(dist, n) for n in ("is_initialized", "get_world_size", "get_rank", "new_group")}
+        dist.is_initialized, dist.new_group = (lambda: True), new_group
+        dist.get_world_size = lambda group=None: world if group is None else group.size()
+        dist.get_rank = lambda group=None: rank if group is None else group.rank()
+        try:
+            install()
+            spec = importlib.util.spec_from_file_location("megatron.core.parallel_state", module_path)
+            ps = importlib.util.module_from_spec(spec)
+            ps.__package__ = "megatron.core"
+            spec.loader.exec_module(ps)
+            ps.initialize_model_parallel(**kwargs)
+        finally:
+            for n, f in saved.items():
+                setattr(dist, n, f)
+        if calls is None:
+            calls = mine
+        elif mine != calls:
+            raise SystemExit(f"error: {kwargs}: rank {rank} made other new_group calls than rank 0")
+        per_rank[str(rank)] = {name: plain(getattr(ps, name)) for name in sorted(vars(ps))
+                               if name.startswith("_") and name[1:2].isupper()
+                               and name not in ("_GLOBAL_MEMORY_BUFFER", "_global_process_group_list")}
+    return calls, per_rank
+
+
+def record(args):
+    """--record DIR: writes DIR/<edition>-<name>.json for every config of RECORD_CONFIGS."""
+    import types
+    os.makedirs(args.record, exist_ok=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from head_creation_order import rearrange  # the einops pattern Megatron uses, in numpy
+
+    def install():
+        for name in ("megatron", "megatron.core", "megatron.core.inference"):
+            mod = types.ModuleType(name)
+            mod.__path__ = []
+            sys.modules[name] = mod
+        utils = types.ModuleType("megatron.core.utils")
+        utils.GlobalMemoryBuffer = type("GlobalMemoryBuffer", (), {})
+        # True: Megatron then passes group_desc, which the records keep.
+        utils.is_torch_min_version = lambda version, check_equality=True: True
+        sys.modules["megatron.core.utils"] = utils
+        sym = types.ModuleType("megatron.core.inference.symmetric_memory")
+        sym.SymmetricMemoryManager = type("SymmetricMemoryManager", (), {"destroy": staticmethod(lambda: None)})
+        sys.modules["megatron.core.inference.symmetric_memory"] = sym
+        sys.modules["einops"] = types.SimpleNamespace(rearrange=rearrange)
+
+    for rev in args.rev or ["HEAD"]:
+        commit = git(args.megatron_git, "rev-parse", rev).strip()
+        source = git(args.megatron_git, "show", f"{commit}:megatron/core/parallel_state.py")
+        edition = "head" if "gtp_remat_size" in source else "seed"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "parallel_state.py")
+            with open(path, "w") as f:
+                f.write(source)
+            for name, (world, kwargs) in RECORD_CONFIGS[edition].items():
+                calls, per_rank = record_one(path, world, kwargs, install)
+                out = os.path.join(args.record, f"{edition}-{name}.json")
+                with open(out, "w") as f:
+                    json.dump({"megatron_commit": commit, "edition": edition, "world_size": world,
+                               "kwargs": kwargs, "calls": calls, "globals": per_rank}, f,
+                              separators=(",", ":"))
+                    f.write("\n")
+                print(f"{out}: {len(calls)} new_group calls, {world} ranks")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--megatron-git", help="a Megatron-LM git directory (clone or bare mirror)")
@@ -333,15 +493,22 @@ def main():
     p.add_argument("--json", help="write every outcome to this file")
     p.add_argument("--logs", help="directory for the per-rank pytest logs (default: dropped)")
     p.add_argument("--keep", action="store_true", help="keep the temporary trees")
+    p.add_argument("--record", metavar="DIR",
+                   help="instead of running tests: record Megatron's creation calls and every rank's "
+                        "globals for RECORD_CONFIGS into DIR (python/tests/data/megatron_records)")
     p.add_argument("--rank-runner", action="store_true", help=argparse.SUPPRESS)
     for hidden in ("--root", "--ids", "--out", "--log"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--port-base", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_runner:
         return rank_runner(args)
     if not args.megatron_git:
         p.error("--megatron-git is required")
+    if args.record:
+        return record(args)
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
     impls = args.impl or ["megatron", "commgrid"]

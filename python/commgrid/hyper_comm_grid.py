@@ -185,9 +185,29 @@ class HyperCommGrid:
                            "error out instead of returning the process group that has already been "
                            "created before.")
         rank_enum = self._gen_rank_enum_for(enum_view.shape, enum_view.dim_names, enum_dims)
-        pg, _ = _dist().new_subgroups_by_enumeration(rank_enum, backend=self.backend, **kwargs)
+        try:
+            pg, _ = _dist().new_subgroups_by_enumeration(rank_enum, backend=self.backend, **kwargs)
+        except ValueError as e:
+            if "CUDA" not in str(e):
+                raise
+            # torch < 2.0 makes subgroups only with CUDA; without it, the same groups one
+            # new_group at a time (what its new_subgroups_by_enumeration does with CUDA).
+            pg = self._new_groups(rank_enum, **kwargs)
         self._pgs[key] = pg
         return pg
+
+    def _new_groups(self, rank_enum, timeout=None, pg_options=None, group_desc=None):
+        import inspect
+        dist = _dist()
+        extra = {"timeout": timeout} if timeout is not None else {}
+        if group_desc is not None and "group_desc" in inspect.signature(dist.new_group).parameters:
+            extra["group_desc"] = group_desc
+        rank, mine = dist.get_rank(), None
+        for ranks in rank_enum:
+            group = dist.new_group(ranks=ranks, backend=self.backend, pg_options=pg_options, **extra)
+            if rank in ranks:
+                mine = group
+        return mine
 
     def get_pg(self, dims, *, view=None):
         """This rank's group over ``dims``, made by create_pg (KeyError before)."""

@@ -19,12 +19,12 @@ import torch.distributed as dist
 
 from .. import _groups as _g
 from .._state import SEED_GLOBALS, HEAD_ONLY_GLOBALS, STATE
-from ..errors import InvalidValueError, StateError
+from ..errors import InvalidValueError, StateError, as_builtin
 from ..rank_generator import RankGenerator, generate_masked_orthogonal_rank_groups  # noqa: F401
 from . import _impl
 from ._impl import (GlobalMemoryBuffer, create_all_gather_groups, create_group,  # noqa: F401
-                    create_hierarchical_groups, creation_strategies, overwrite_nccl_comm_cfgs,
-                    update_pg_timeout)
+                    create_hierarchical_groups, create_hybrid_dp_cp_groups, creation_strategies,
+                    overwrite_nccl_comm_cfgs, update_pg_timeout)
 
 _V = STATE.vars
 
@@ -214,8 +214,9 @@ def get_hybrid_data_context_parallel_groups(check_initialized=True, group_size=N
                        check_initialized)
     groups = _V["_HYBRID_DP_CP_GROUPS"]
     if group_size not in groups:
-        raise StateError(f"no hybrid data-context parallel group of size {group_size} "
-                         f"(this rank has sizes {sorted(groups)})")
+        # Megatron indexes its dict (a KeyError); the error is also commgrid's StateError.
+        raise as_builtin(StateError(f"no hybrid data-context parallel group of size {group_size} "
+                                    f"(this rank has sizes {sorted(groups)})"), KeyError)
     return groups[group_size]
 
 

@@ -199,6 +199,24 @@ def create_hierarchical_groups(rank, ranks, hierarchical_group_sizes, create_glo
     return mine, mine_gloo
 
 
+def create_hybrid_dp_cp_groups(rank, ranks, pg_options):
+    """Megatron-core HEAD's create_hybrid_dp_cp_groups: for every power of two n from 2 up
+    to (not including) the largest one <= len(ranks), groups of n consecutive members of
+    ``ranks`` (collective); returns this rank's group per n."""
+    ranks = list(ranks)
+    mine = {}
+    n = 2
+    top = 1 << (len(ranks).bit_length() - 1) if ranks else 1
+    while n < top:
+        for i in range(0, len(ranks), n):
+            sub = ranks[i:i + n]
+            group = create_group(sub, pg_options=pg_options, group_desc=f"HYBRID_DP_CP_GROUP_{n}")
+            if rank in sub:
+                mine[n] = group
+        n *= 2
+    return mine
+
+
 class _Creator:
     """Creates groups step by step and files this rank's into Megatron's globals."""
 
@@ -458,6 +476,14 @@ def _encoder_layouts(world_size, enc_tp, enc_pp, common):
     _layout(enc_world, tp=enc_tp, pp=enc_pp, cp=cp, order=common["order"])
     etp = common["etp"] or tp
     edp = (world_size - enc_world) // (etp * common["ep"] * pp)
+    n = common["dist_opt_instances"]
+    if n > 1 and edp != dp:
+        # The seed splits every expert-dp group into [edp / n, n], the encoder's (its dense
+        # dp groups, of dp ranks) too; Megatron fails there (einops), commgrid refuses first.
+        raise as_builtin(IncompatibleError(
+            f"num_distributed_optimizer_instances = {n} with an encoder split needs the expert "
+            f"dp size ({edp}) to equal the dp size ({dp}): the seed splits the encoder's dp "
+            "groups like the expert dp groups", parameter="dist_opt_instances"), AssertionError)
     gens = _Encoder(RankGenerator(enc_tp, 1, dp, enc_pp, cp, common["order"], 0),
                     RankGenerator(tp, 1, dp, pp, cp, common["order"], enc_world),
                     RankGenerator(etp, common["ep"], edp, pp, 1, common["order"], enc_world),

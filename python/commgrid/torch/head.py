@@ -14,8 +14,8 @@ from .._state import HEAD_GLOBALS, STATE
 from ..errors import StateError
 from . import _impl
 from ._impl import (GlobalMemoryBuffer, create_all_gather_groups, create_group,  # noqa: F401
-                    create_hierarchical_groups, creation_strategies, get_nccl_options,
-                    overwrite_nccl_comm_cfgs, update_pg_timeout)
+                    create_hierarchical_groups, create_hybrid_dp_cp_groups, creation_strategies,
+                    get_nccl_options, overwrite_nccl_comm_cfgs, update_pg_timeout)
 # Everything whose arguments and behaviour HEAD kept from the seed.
 from . import (RankGenerator, destroy_global_memory_buffer,  # noqa: F401
                destroy_model_parallel, generate_masked_orthogonal_rank_groups, get_amax_reduction_group,
