@@ -237,6 +237,25 @@ PYBIND11_MODULE(_commgrid, m) {
   m.attr("DEFAULT_ORDER") = kDefaultOrder;
   m.attr("MAX_WORLD_SIZE") = kMaxWorldSize;
 
+  m.def("hierarchical_split", [](const std::vector<Rank>& parent, const std::vector<std::int64_t>& sizes,
+                                 int level) {
+    std::int64_t product = 1;
+    for (std::int64_t v : sizes) {
+      if (v < 1) throw InvalidValueError("sizes", "hierarchical sizes must be >= 1, got " + std::to_string(v));
+      product = v > kMaxWorldSize / product ? kMaxWorldSize + 1 : product * v;
+    }
+    if (product != static_cast<std::int64_t>(parent.size()))
+      throw IncompatibleError("sizes", "hierarchical sizes multiply to " + std::to_string(product) +
+                                           ", not to the " + std::to_string(parent.size()) + " ranks");
+    if (level < 0 || level >= static_cast<int>(sizes.size()))
+      throw InvalidValueError("level", "level must be in [0, " + std::to_string(sizes.size()) + "), got " +
+                                           std::to_string(level));
+    GroupList out;
+    hierarchical_split(parent, sizes, level, out);
+    return groups_list(out);
+  }, py::arg("parent"), py::arg("sizes"), py::arg("level"),
+        "Level `level` of the hierarchical split of `parent` (Megatron's create_hierarchical_groups).");
+
   m.def("resolve_order", [](const std::string& order) {
     ParallelConfig c;
     c.order = order;

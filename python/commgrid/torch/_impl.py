@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .._state import GLOO_GLOBAL, GROUP_GLOBAL, RANKS_GLOBAL, STATE
+from .. import _commgrid
 from ..errors import (ConfigError, DivisibilityError, IncompatibleError, InvalidValueError,
                       OrderError, OverflowError, StateError, as_builtin)
 from ..layout import Layout
@@ -167,12 +168,9 @@ def _layout(world_size, **kwargs):
 
 
 def _hierarchical(ranks, sizes, level):
-    """Level ``level`` of the hierarchical split of ``ranks`` into sizes (Megatron's
-    create_hierarchical_groups: "(l s u) -> (l u) s")."""
-    u = reduce(operator.mul, sizes[:level], 1)
-    s = sizes[level]
-    l = reduce(operator.mul, sizes[level + 1:], 1)
-    return [[ranks[li * s * u + si * u + ui] for si in range(s)] for li in range(l) for ui in range(u)]
+    """Level ``level`` of the hierarchical split of ``ranks`` (the core's, as Megatron's
+    create_hierarchical_groups splits)."""
+    return _commgrid.hierarchical_split([int(r) for r in ranks], [int(s) for s in sizes], level)
 
 
 def create_hierarchical_groups(rank, ranks, hierarchical_group_sizes, create_gloo_process_groups=False,
@@ -181,9 +179,6 @@ def create_hierarchical_groups(rank, ranks, hierarchical_group_sizes, create_glo
     hierarchical split of ``ranks`` (collective over the world), and this rank's group of
     each level (and its Gloo twin, or None)."""
     sizes = list(hierarchical_group_sizes)
-    if reduce(operator.mul, sizes, 1) != len(ranks):
-        raise as_builtin(IncompatibleError(f"hierarchical_group_sizes {sizes} do not multiply to "
-                                           f"the {len(ranks)} ranks", parameter="hcp"), AssertionError)
     options = pg_options if isinstance(pg_options, list) else [pg_options] * len(sizes)
     mine, mine_gloo = [], []
     for level in range(len(sizes)):
