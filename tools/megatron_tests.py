@@ -440,25 +440,11 @@ def record_one(module_path, world, kwargs, install):
 
 def record(args):
     """--record DIR: writes DIR/<edition>-<name>.json for every config of RECORD_CONFIGS."""
-    import types
     os.makedirs(args.record, exist_ok=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from head_creation_order import rearrange  # the einops pattern Megatron uses, in numpy
-
-    def install():
-        for name in ("megatron", "megatron.core", "megatron.core.inference"):
-            mod = types.ModuleType(name)
-            mod.__path__ = []
-            sys.modules[name] = mod
-        utils = types.ModuleType("megatron.core.utils")
-        utils.GlobalMemoryBuffer = type("GlobalMemoryBuffer", (), {})
-        # True: Megatron then passes group_desc, which the records keep.
-        utils.is_torch_min_version = lambda version, check_equality=True: True
-        sys.modules["megatron.core.utils"] = utils
-        sym = types.ModuleType("megatron.core.inference.symmetric_memory")
-        sym.SymmetricMemoryManager = type("SymmetricMemoryManager", (), {"destroy": staticmethod(lambda: None)})
-        sys.modules["megatron.core.inference.symmetric_memory"] = sym
-        sys.modules["einops"] = types.SimpleNamespace(rearrange=rearrange)
+    # The recorder's stubs (is_torch_min_version answers True, so that Megatron passes
+    # group_desc, which the records keep).
+    from head_creation_order import install_stubs as install
 
     for rev in args.rev or ["HEAD"]:
         commit = git(args.megatron_git, "rev-parse", rev).strip()
