@@ -36,7 +36,7 @@ def test_a_layout_whose_construction_raised():
                 lambda: layout.coordinates(0)):
         with pytest.raises(commgrid.StateError, match="Layout is not initialized"):
             use()
-    del layout
+    layout = None
     gc.collect()  # and it is freed without touching the C++ object it never had
 
 

@@ -362,7 +362,7 @@ def initialize(compat, world_size, *, tp, pp, vpp, pp_split_rank, pp_backend, us
                    "dp_replica": ("expt_dp", "intra_expt_dp", "inter_dist_opt")}.get(sharp, ())
     try:
         if encoder is not None:
-            steps = _encoder_steps(layout, encoder)
+            steps = _encoder_steps(encoder)
         elif creation == "local":
             steps = _own_steps(layout, rank)
         else:
@@ -399,7 +399,7 @@ def initialize(compat, world_size, *, tp, pp, vpp, pp_split_rank, pp_backend, us
                 v["_EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT"] if expert_gtp_remat > 1
                 else v["_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP"])
     except BaseException:
-        _forget_groups()
+        STATE.reset()  # nothing half-made stays behind
         raise
     if vpp is not None:
         v["_VIRTUAL_PIPELINE_MODEL_PARALLEL_RANK"] = 0
@@ -437,18 +437,14 @@ def _own_steps(layout, rank):
                 yield kind, level, None, members
 
 
-def _forget_groups():
-    STATE.reset()
-
-
 # ---- the seed's encoder/decoder split -------------------------------------------------
 
 class _Encoder:
-    """The seed's generators of an encoder/decoder split: the encoder's dense grid on ranks
-    [0, E), the decoder's dense and expert grids on [E, W)."""
+    """The seed's encoder/decoder split: the generators of the encoder's dense grid on ranks
+    [0, E) and of the decoder's dense and expert grids on [E, W), the sizes, the policies."""
 
-    def __init__(self, enc, dec, expert, layout, n):
-        self.enc, self.dec, self.expert, self.layout, self.n = enc, dec, expert, layout, n
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
 
 
 def _encoder_layouts(world_size, enc_tp, enc_pp, common):
@@ -479,14 +475,13 @@ def _encoder_layouts(world_size, enc_tp, enc_pp, common):
             f"num_distributed_optimizer_instances = {n} with an encoder split needs the expert "
             f"dp size ({edp}) to equal the dp size ({dp}): the seed splits the encoder's dp "
             "groups like the expert dp groups", parameter="dist_opt_instances"), AssertionError)
-    gens = _Encoder(RankGenerator(enc_tp, 1, dp, enc_pp, cp, common["order"], 0),
-                    RankGenerator(tp, 1, dp, pp, cp, common["order"], enc_world),
-                    RankGenerator(etp, common["ep"], edp, pp, 1, common["order"], enc_world),
-                    decoder, common["dist_opt_instances"])
-    gens.dp, gens.cp, gens.edp = dp, cp, edp
-    gens.embd = common["embedding_ranks"]
-    gens.pos = common["position_embedding_ranks"]
-    return decoder, gens
+    order = common["order"]
+    return decoder, _Encoder(
+        enc=RankGenerator(enc_tp, 1, dp, enc_pp, cp, order, 0),
+        dec=RankGenerator(tp, 1, dp, pp, cp, order, enc_world),
+        expert=RankGenerator(etp, common["ep"], edp, pp, 1, order, enc_world),
+        n=n, dp=dp, cp=cp, edp=edp, embd=common["embedding_ranks"],
+        pos=common["position_embedding_ranks"])
 
 
 def _stitched(gens, token, expert=False):
@@ -515,7 +510,7 @@ def _stitched(gens, token, expert=False):
     return e + d
 
 
-def _encoder_steps(layout, gens):
+def _encoder_steps(gens):
     from . import default_embedding_ranks, default_position_embedding_ranks
     n = gens.n
     for i, g in enumerate(_stitched(gens, "dp")):
