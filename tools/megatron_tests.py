@@ -264,6 +264,13 @@ def rank_runner(args):
             sys.path.insert(0, args.root)
             rc = pytest.main([nodeid, "-q", "-p", "no:cacheprovider", "--rootdir", args.root,
                               "-W", "ignore::DeprecationWarning"])
+            # Stay until every rank has run the test: rank 0 serves the rendezvous store,
+            # and a rank still connecting to it must not find it gone.
+            open(os.path.join(sync, f"{i}.ran.{args.rank}"), "w").close()
+            until = time.monotonic() + args.timeout
+            while time.monotonic() < until and not all(
+                    os.path.exists(os.path.join(sync, f"{i}.ran.{r}")) for r in range(args.world)):
+                time.sleep(0.02)
             os._exit(int(rc))
         deadline = time.monotonic() + args.timeout
         status = None
@@ -289,6 +296,22 @@ def rank_runner(args):
         json.dump(results, f)
 
 
+def free_port_base(count):
+    """A base port such that base .. base + count - 1 are free now (test i's rendezvous is on
+    base + i; a port another program holds would fail that test with EADDRINUSE)."""
+    import socket
+    for _ in range(200):
+        base = random.randint(20000, 60000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("", port))
+            return base
+        except OSError:
+            continue
+    raise SystemExit(f"error: found no {count} free consecutive ports")
+
+
 def run(repo, rev, impl, args):
     root = tempfile.mkdtemp(prefix=f"megatron-{rev[:10]}-{impl}-")
     try:
@@ -296,7 +319,7 @@ def run(repo, rev, impl, args):
         ids = collect(root, tests, args)
         with open(os.path.join(root, "ids.json"), "w") as f:
             json.dump(ids, f)
-        port_base = random.randint(20000, 60000 - len(ids))
+        port_base = free_port_base(len(ids))
         procs = []
         for r in range(args.world_size):
             cmd = [sys.executable, os.path.abspath(__file__), "--rank-runner",
