@@ -25,6 +25,7 @@
 #include "commgrid/hyper_grid.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/rank_grid.hpp"
+#include "commgrid/rank_map.hpp"
 #include "commgrid/topology.hpp"
 
 // Runtime (commgrid::runtime).

@@ -185,6 +185,7 @@ std::shared_ptr<Store> open_launch_store(const LaunchInfo& info, std::chrono::mi
   so.token = info.token;
   so.timeout = timeout;
   so.serve = info.rank == 0;
+  so.rank = info.rank;
   return open_store(info.store, so);
 }
 
