@@ -235,6 +235,18 @@ class Checks {
                                                 : "send and recv buffers overlap") +
                                   "; only allreduce allows that (and reduce on root)");
   }
+  // A collective over blocks of `count` elements: send holds `send_blocks` of them and recv
+  // `recv_blocks` (1 or the group size), in separate buffers. (bytes() is below.)
+  void blocks(DataType t, std::size_t n, const void* send, std::size_t send_blocks,
+              const void* recv, std::size_t recv_blocks) const {
+    type(t);
+    count(n);
+    count(n * std::max(send_blocks, recv_blocks));
+    buffer(send, n, "send");
+    buffer(recv, n, "recv");
+    const std::size_t es = element_size(t);
+    apart(send, n * send_blocks * es, recv, n * recv_blocks * es, false);
+  }
   static bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
     const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
     return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
@@ -328,39 +340,21 @@ std::unique_ptr<Work> Communicator::allreduce(const void* send, void* recv, std:
 
 std::unique_ptr<Work> Communicator::allgather(const void* send, void* recv, std::size_t count,
                                               DataType type) {
-  const Checks c(*this, "allgather");
-  c.type(type);
-  c.count(count);
-  c.count(count * group_size());
-  c.buffer(send, count, "send");
-  c.buffer(recv, count, "recv");
-  c.apart(send, bytes(count, type), recv, bytes(count * group_size(), type), false);
+  Checks(*this, "allgather").blocks(type, count, send, 1, recv, group_size());
   return do_allgather(send, recv, count, type);
 }
 
 std::unique_ptr<Work> Communicator::reduce_scatter(const void* send, void* recv, std::size_t count,
                                                    DataType type, ReduceOp op) {
   const Checks c(*this, "reduce_scatter");
-  c.type(type);
   c.op(op);
-  c.count(count);
-  c.count(count * group_size());
-  c.buffer(send, count, "send");
-  c.buffer(recv, count, "recv");
-  c.apart(send, bytes(count * group_size(), type), recv, bytes(count, type), false);
+  c.blocks(type, count, send, group_size(), recv, 1);
   return do_reduce_scatter(send, recv, count, type, op);
 }
 
 std::unique_ptr<Work> Communicator::alltoall(const void* send, void* recv, std::size_t count,
                                              DataType type) {
-  const Checks c(*this, "alltoall");
-  c.type(type);
-  c.count(count);
-  c.count(count * group_size());
-  c.buffer(send, count, "send");
-  c.buffer(recv, count, "recv");
-  const std::size_t total = bytes(count * group_size(), type);
-  c.apart(send, total, recv, total, false);
+  Checks(*this, "alltoall").blocks(type, count, send, group_size(), recv, group_size());
   return do_alltoall(send, recv, count, type);
 }
 
