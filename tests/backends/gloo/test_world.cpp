@@ -251,7 +251,7 @@ TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
         << errors[static_cast<size_t>(r)];
     EXPECT_EQ(errors[static_cast<size_t>(r)].find("token-"), std::string::npos) << "token shown";
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s + 30s) << "a rank was left waiting";
   // With the same token the world forms and works.
   GlooOptions same = test_options(10s);
   same.token = "the-job-token";
@@ -310,27 +310,28 @@ TEST(GlooTcpStore, AWrongTokenAnotherJobAndASecondServerFailAtOnce) {
 
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    open_store(tcp_uri(port), job("j1", "wrong", false));
+    open_store(tcp_uri(port), job("j1", "wrong", false, 60s));
     ADD_FAILURE() << "a wrong token was accepted";
   } catch (const AuthenticationError& e) {
     EXPECT_NE(std::string(e.what()).find("another token"), std::string::npos) << e.what();
     EXPECT_EQ(std::string(e.what()).find("wrong"), std::string::npos) << "token shown";
   }
-  EXPECT_THROW(open_store(tcp_uri(port), job("j1", "", false)), AuthenticationError);
+  EXPECT_THROW(open_store(tcp_uri(port), job("j1", "", false, 60s)), AuthenticationError);
   try {
-    open_store(tcp_uri(port), job("j2", "right", false));
+    open_store(tcp_uri(port), job("j2", "right", false, 60s));
     ADD_FAILURE() << "another job was accepted";
   } catch (const JobConflictError& e) {
     EXPECT_NE(std::string(e.what()).find("serves job 'j1' (this is job 'j2')"), std::string::npos)
         << e.what();
   }
   try {
-    open_store(tcp_uri(port), job("j2", "other", true));
+    open_store(tcp_uri(port), job("j2", "other", true, 60s));
     ADD_FAILURE() << "a second server on the port";
   } catch (const JobConflictError& e) {
     EXPECT_NE(std::string(e.what()).find("is in use"), std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s) << "refusals must be immediate";
+  // Immediate: the four refused calls together well under one of their 60 s timeouts.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "refusals must be immediate";
   // The first job's store still works.
   EXPECT_TRUE(client->has("k"));
 }
@@ -367,7 +368,7 @@ TEST(GlooTcpStore, NoServerIsATimeoutWithinTheBound) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 serves it"), std::string::npos) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s + 30s) << "the timeout did not bound it";
 }
 
 // ---- the file store: one job per folder, private files -------------------------------
