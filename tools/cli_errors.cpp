@@ -186,8 +186,8 @@ std::string explain_parse_error(const CLI::App& root, const CLI::ParseError& err
                                 const char* const* argv, std::string_view program) {
   const Finding f = scan(root, argc, argv, program);
   const std::string help = "see " + f.path + " --help";
-  // "plan: ..." for a subcommand; the program's own name needs no repeating.
-  const std::string who = f.app == &root ? "" : f.app->get_name() + ": ";
+  // "plan: ...", "bench layout: ..." for a subcommand; the program's name needs no repeating.
+  const std::string who = f.app == &root ? "" : f.path.substr(program.size() + 1) + ": ";
   if (!f.problem.empty()) return who + f.problem + "; " + help;
   std::string what = error.what();
   while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();

@@ -13,16 +13,31 @@
 
 namespace {
 
-// Empty values are errors like any other bad value: `--timeout ''` never means "default".
-// Positional arguments (a launched program's arguments) may be empty.
+// "commgrid bench layout" for a subcommand's app.
+std::string command_path(const CLI::App& app) {
+  std::string path;
+  for (const CLI::App* a = &app; a != nullptr; a = a->get_parent())
+    path = (a->get_parent() == nullptr ? std::string("commgrid") : a->get_name()) +
+           (path.empty() ? "" : " " + path);
+  return path;
+}
+
+// Empty values are errors like any other bad value: `--timeout ''` never means "default";
+// neither is "--" a value (`launch -n -- PROGRAM`: CLI11 hands it to -n). Positional
+// arguments (a launched program's arguments) may be empty.
 void reject_empty_values(const CLI::App& app) {
   for (const CLI::Option* o : app.get_options()) {
     if (!o->nonpositional() || o->get_type_size() == 0 || o->count() == 0) continue;
-    for (const std::string& v : o->results())
+    for (const std::string& v : o->results()) {
       if (v.empty())
         throw commgrid::InvalidValueError(
             o->get_name(), app.get_name() + ": " + o->get_name() +
                                " needs a value, got an empty one (omit the flag for the default)");
+      if (v == "--")
+        throw commgrid::InvalidValueError(o->get_name(), app.get_name() + ": " + o->get_name() +
+                                                             " needs a value; see " +
+                                                             command_path(app) + " --help");
+    }
   }
   for (const CLI::App* sub : app.get_subcommands()) reject_empty_values(*sub);
 }
