@@ -40,9 +40,11 @@ volatile std::int64_t g_sink = 0;
 
 }  // namespace
 
-ParallelConfig bench_config(std::int64_t world_size) {
+ParallelConfig bench_config(std::int64_t world_size, BenchEdition edition) {
   ParallelConfig c;
   c.world_size = world_size;
+  c.compat = edition.compat;
+  c.gtp_remat = edition.gtp_remat;
   c.tp = 8;
   c.pp = 8;
   c.cp = 2;
@@ -98,8 +100,8 @@ std::vector<Rank> query_ranks(std::int64_t world_size, std::size_t n) {
   return out;
 }
 
-std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode) {
-  const Layout layout(bench_config(world_size));
+std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode, BenchEdition edition) {
+  const Layout layout(bench_config(world_size, edition));
   std::int64_t members = 0;
   for (GroupKind k : layout.kinds()) members += layout.num_members(k);
   const std::int64_t lists = members * static_cast<std::int64_t>(sizeof(Rank));
@@ -116,7 +118,7 @@ std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& o) {
   // would end in bad_alloc (or the OOM killer) halfway through the run.
   const std::int64_t memory = physical_memory_bytes();
   for (std::int64_t world : o.worlds) {
-    const std::int64_t need = enumeration_bytes(world, o.memory);
+    const std::int64_t need = enumeration_bytes(world, o.memory, o.edition);
     if (memory > 0 && need > memory / 2) {
       char text[256];
       std::snprintf(text, sizeof text,
@@ -131,7 +133,7 @@ std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& o) {
   use_memory_mode(o.memory);
   std::vector<EnumerationResult> results;
   for (std::int64_t world : o.worlds) {
-    const Layout layout(bench_config(world));
+    const Layout layout(bench_config(world, o.edition));
     const std::vector<GroupKind> kinds = layout.kinds();
     EnumerationResult res;
     res.world_size = world;
@@ -213,7 +215,7 @@ std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& o) {
 std::vector<QueryResult> run_queries(const LayoutBenchOptions& o) {
   std::vector<QueryResult> results;
   for (std::int64_t world : o.query_worlds) {
-    const Layout layout(bench_config(world));
+    const Layout layout(bench_config(world, o.edition));
     const std::vector<Rank> ranks = query_ranks(world, std::max<std::size_t>(1, o.queries));
     for (GroupKind kind : kQueryKinds) {
       QueryResult q;

@@ -28,9 +28,16 @@ inline constexpr std::array<GroupKind, 7> kQueryKinds = {
     GroupKind::tp, GroupKind::pp,    GroupKind::cp,     GroupKind::ep,
     GroupKind::mp, GroupKind::tp_cp, GroupKind::expt_tp};
 
-/// The benchmark's configuration: tp8 pp8 cp2 ep8 etp1, dp filling the world (a multiple
-/// of 128 ranks). Validated; throws ConfigError for a world it does not fit.
-ParallelConfig bench_config(std::int64_t world_size);
+/// Which edition the layout benchmark lays out, and HEAD's gtp_remat (1 under seed).
+struct BenchEdition {
+  Compat compat = Compat::seed;
+  std::int64_t gtp_remat = 1;
+};
+
+/// The benchmark's configuration: tp8 pp8 cp2 ep8 etp1 (under head also gtp_remat), dp
+/// filling the world (a multiple of 128 * gtp_remat ranks). Validated; throws ConfigError
+/// for a world it does not fit.
+ParallelConfig bench_config(std::int64_t world_size, BenchEdition edition = {});
 
 /// Bytes a GroupList holds: its members, plus its offsets when its groups differ in size.
 std::size_t group_list_bytes(const GroupList& groups) noexcept;
@@ -63,6 +70,7 @@ void use_memory_mode(MemoryMode mode);
 /// Options of `commgrid bench layout`.
 struct LayoutBenchOptions {
   MemoryMode memory = MemoryMode::warm;
+  BenchEdition edition;
   std::vector<std::int64_t> worlds{kEnumerationWorlds.begin(), kEnumerationWorlds.end()};
   std::vector<std::int64_t> query_worlds{kQueryWorlds.begin(), kQueryWorlds.end()};
   int repeats = 5;               ///< timed repetitions of each enumeration (min is reported)
@@ -100,7 +108,7 @@ struct QueryResult {
 /// Bytes the enumeration of one world holds at once: every kind's list (held together, as
 /// measured) plus, in warm mode, the baseline's buffer of as many integers. From the counts
 /// alone, without enumerating.
-std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode);
+std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode, BenchEdition edition = {});
 
 /// The physical memory of this machine in bytes (0 when unknown).
 std::int64_t physical_memory_bytes();

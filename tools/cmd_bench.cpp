@@ -47,7 +47,7 @@ using bench::DirectCollectives;
 
 struct BenchLayoutOptions {
   std::string worlds, query_worlds, repeats = "5", queries = "100000", memory = "warm",
-      format = "table";
+      format = "table", compat = "seed", gtp_remat = "1";
 };
 
 void check_format(const std::string& format) {
@@ -55,17 +55,20 @@ void check_format(const std::string& format) {
     throw ConfigError("format", "format: unknown format \"" + format + "\" (valid: table, json)");
 }
 
+std::string bench_config_text(const bench::BenchEdition& e);
+
 std::vector<std::int64_t> parse_worlds(const char* param, const std::string& text,
-                                       std::span<const std::int64_t> defaults) {
+                                       std::span<const std::int64_t> defaults,
+                                       const bench::BenchEdition& edition) {
   if (text.empty()) return {defaults.begin(), defaults.end()};
   if (text == "none") return {};
   std::vector<std::int64_t> worlds = parse_integer_list(param, text, 1);
   for (std::int64_t w : worlds) {
     try {
-      (void)bench::bench_config(w);
+      (void)bench::bench_config(w, edition);
     } catch (const ConfigError& e) {
       throw ConfigError(param, std::string(param) + ": world " + std::to_string(w) +
-                                   " does not fit tp8 pp8 cp2 ep8 etp1 (" + e.what() + ")");
+                                   " does not fit " + bench_config_text(edition) + " (" + e.what() + ")");
     }
   }
   return worlds;
@@ -79,13 +82,22 @@ std::string fmt(const char* format, double v) {
 
 std::string mib(double bytes) { return fmt("%.1f", bytes / (1024.0 * 1024.0)); }
 
+// "tp8 pp8 cp2 ep8 etp1, dp = W/128" (under head: ", compat head, gtp_remat 2, dp = W/256").
+std::string bench_config_text(const bench::BenchEdition& e) {
+  std::string s = "tp8 pp8 cp2 ep8 etp1";
+  if (e.compat == Compat::head) s += " compat head gtp_remat" + std::to_string(e.gtp_remat);
+  return s + ", dp = W/" + std::to_string(128 * e.gtp_remat);
+}
+
 Json layout_json(const std::vector<bench::EnumerationResult>& en,
                  const std::vector<bench::QueryResult>& qs, int repeats,
-                 const std::string& memory) {
+                 const std::string& memory, const bench::BenchEdition& edition) {
   Json j;
   j["benchmark"] = "layout";
   j["memory"] = memory;
-  j["config"] = {{"tp", 8}, {"pp", 8}, {"cp", 2}, {"ep", 8}, {"etp", 1}, {"dp", "W/128"}};
+  j["config"] = {{"tp", 8}, {"pp", 8}, {"cp", 2}, {"ep", 8}, {"etp", 1},
+                 {"compat", compat_name(edition.compat)}, {"gtp_remat", edition.gtp_remat},
+                 {"dp", "W/" + std::to_string(128 * edition.gtp_remat)}};
   j["repeats"] = repeats;
   j["timing"] = "process CPU time, fastest repetition; ratio = enumeration seconds / baseline seconds";
   Json ea = Json::array();
@@ -126,8 +138,8 @@ Json layout_json(const std::vector<bench::EnumerationResult>& en,
 
 void layout_table(std::ostream& out, const std::vector<bench::EnumerationResult>& en,
                   const std::vector<bench::QueryResult>& qs, int repeats,
-                  const std::string& memory) {
-  out << "layout benchmark: tp8 pp8 cp2 ep8 etp1, dp = W/128; CPU time, fastest of " << repeats
+                  const std::string& memory, const bench::BenchEdition& edition) {
+  out << "layout benchmark: " << bench_config_text(edition) << "; CPU time, fastest of " << repeats
       << " repetitions; " << memory << " memory\n\n";
   if (!en.empty()) {
     out << "enumeration of every kind (lists held together) vs writing as many int64:\n";
@@ -186,16 +198,24 @@ int run_bench_layout(const BenchLayoutOptions& o) {
     opts.memory = bench::MemoryMode::cold;
   else if (o.memory != "warm")
     throw ConfigError("memory", "memory: unknown mode \"" + o.memory + "\" (valid: warm, cold)");
-  opts.worlds = parse_worlds("worlds", o.worlds, bench::kEnumerationWorlds);
-  opts.query_worlds = parse_worlds("query_worlds", o.query_worlds, bench::kQueryWorlds);
+  if (o.compat == "head")
+    opts.edition.compat = Compat::head;
+  else if (o.compat != "seed")
+    throw ConfigError("compat", "compat: expected seed or head, got \"" + o.compat + "\"");
+  opts.edition.gtp_remat = parse_integer("gtp_remat", o.gtp_remat, 1, 1024);
+  if (opts.edition.gtp_remat != 1 && opts.edition.compat != Compat::head)
+    throw ConfigError("gtp_remat", "gtp_remat = " + std::to_string(opts.edition.gtp_remat) +
+                                       " requires compat head");
+  opts.worlds = parse_worlds("worlds", o.worlds, bench::kEnumerationWorlds, opts.edition);
+  opts.query_worlds = parse_worlds("query_worlds", o.query_worlds, bench::kQueryWorlds, opts.edition);
   opts.repeats = static_cast<int>(parse_integer("repeats", o.repeats, 1, 1000));
   opts.queries = static_cast<std::size_t>(parse_integer("queries", o.queries, 1, 100000000));
   const auto en = bench::run_enumeration(opts);
   const auto qs = bench::run_queries(opts);
   if (o.format == "json")
-    std::cout << layout_json(en, qs, opts.repeats, o.memory).dump(2) << "\n";
+    std::cout << layout_json(en, qs, opts.repeats, o.memory, opts.edition).dump(2) << "\n";
   else
-    layout_table(std::cout, en, qs, opts.repeats, o.memory);
+    layout_table(std::cout, en, qs, opts.repeats, o.memory, opts.edition);
   std::cout.flush();
   if (!std::cout) throw Error("bench: writing the output failed");
   return 0;
@@ -312,7 +332,7 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
 #if COMMGRID_HAS_MPI
   const auto timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
   mpi::MpiEnvironment env;
-  const std::unique_ptr<mpi::MpiCommunicator> world = mpi::world(timeout);
+  const std::unique_ptr<mpi::MpiCommunicator> world = make_mpi_world(timeout);
   const int rank = world->rank();
   try {
     prepare(world->size());
@@ -616,6 +636,9 @@ Command add_bench_command(CLI::App& root) {
                      "warm (default: pages reused, measures the code) or cold (fresh pages "
                      "for lists and baselines alike)");
   layout->add_option("--format", lo->format, "table (default) or json");
+  layout->add_option("--compat", lo->compat, "seed (default) or head: the edition laid out");
+  layout->add_option("--gtp-remat", lo->gtp_remat, "HEAD's gtp_remat size (1; head only)")
+      ->type_name("INT");
 
   auto fi = std::make_shared<BenchInitFlags>();
   CLI::App* init = app->add_subcommand(

@@ -58,10 +58,27 @@ std::pair<std::int64_t, std::int64_t> parse_node_range(const std::string& text, 
 
 // HEAD builds dp_cp_ag / expt_dp_ag with the default order and rank offset 0, whatever
 // --order and --rank-offset say: say so when they are not the groups they shadow.
+// The two kinds list the same groups: same sizes, same members in order, streamed in
+// pieces (no list of the world is held).
+bool same_groups(const Layout& layout, GroupKind a, GroupKind b) {
+  if (layout.group_size(a) != layout.group_size(b) || layout.num_members(a) != layout.num_members(b))
+    return false;
+  const std::int64_t total = layout.num_members(a);
+  constexpr std::int64_t kPiece = 1 << 16;
+  std::vector<Rank> x(static_cast<std::size_t>(std::min(kPiece, total))), y(x.size());
+  for (std::int64_t first = 0; first < total; first += kPiece) {
+    const auto n = static_cast<std::size_t>(std::min(kPiece, total - first));
+    layout.members(a, 0, first, std::span<Rank>(x).first(n));
+    layout.members(b, 0, first, std::span<Rank>(y).first(n));
+    if (!std::equal(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n), y.begin())) return false;
+  }
+  return true;
+}
+
 void warn_all_gather_groups(const Layout& layout) {
   for (auto [ag, base] : {std::pair{GroupKind::dp_cp_ag, GroupKind::dp_cp},
                           std::pair{GroupKind::expt_dp_ag, GroupKind::expt_dp}}) {
-    if (!layout.has_kind(ag) || layout.groups(ag) == layout.groups(base)) continue;
+    if (!layout.has_kind(ag) || same_groups(layout, ag, base)) continue;
     std::cerr << "warning: " << kind_name(ag) << " differs from " << kind_name(base)
               << ": Megatron-core HEAD builds the all-gather groups with the default order "
                  "tp-cp-ep-dp-pp and rank offset 0, whatever --order and --rank-offset say\n";

@@ -98,7 +98,7 @@ int run_verify_command(const VerifyFlags& f) {
   mpi::MpiEnvironment env;
   int rank = 0;
   {
-    const std::unique_ptr<mpi::MpiCommunicator> world = mpi::world(timeout);
+    const std::unique_ptr<mpi::MpiCommunicator> world = make_mpi_world(timeout);
     rank = world->rank();
     ParallelConfig config;
     try {

@@ -8,7 +8,6 @@
 #include "commgrid/gloo.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/local_ranks.hpp"
-#include "commgrid/world.hpp"
 
 namespace commgrid::cli {
 namespace {
@@ -50,7 +49,7 @@ int run_verify_gloo(const LayoutFlags& layout, const VerifyOptions& options,
   // which, and launch stops the others when this one fails.
   const LaunchInfo info = read_launch_info();
   const ParallelConfig config = checked_verify_config(layout, options, info.size);
-  auto world = make_world(gloo);
+  auto world = make_gloo_world_from_env(gloo);
   VerifyReport report;
   try {
     report = run_verify(*world, config, options);

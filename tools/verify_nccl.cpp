@@ -88,7 +88,7 @@ int run_verify_nccl(const LayoutFlags& layout, const VerifyOptions& options,
 #endif
 #if COMMGRID_HAS_MPI
   mpi::MpiEnvironment env;
-  const std::unique_ptr<mpi::MpiCommunicator> boot = mpi::world(timeout);
+  const std::unique_ptr<mpi::MpiCommunicator> boot = make_mpi_world(timeout);
   ParallelConfig config;
   try {
     config = checked_verify_config(layout, options, boot->size());

@@ -11,7 +11,7 @@
 int main(int argc, char** argv) {
   commgrid::mpi::MpiEnvironment env(&argc, &argv);
   try {
-    const auto world = commgrid::mpi::world();
+    const auto world = commgrid::make_mpi_world();
     commgrid::ParallelConfig config;
     config.world_size = world->size();
     config.tp = 2;

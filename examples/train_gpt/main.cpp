@@ -235,7 +235,7 @@ int run(const Flags& f) {
   }
 #if COMMGRID_HAS_MPI
   commgrid::mpi::MpiEnvironment env;
-  const std::unique_ptr<commgrid::mpi::MpiCommunicator> world = commgrid::mpi::world(timeout);
+  const std::unique_ptr<commgrid::mpi::MpiCommunicator> world = commgrid::make_mpi_world(timeout);
   const int rank = world->rank();
   commgrid::ParallelConfig layout;
   TrainConfig config;

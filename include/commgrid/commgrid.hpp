@@ -6,7 +6,9 @@
 // (the Communicator contract, ProcessGroups and the collections) and, where the program
 // links them, the bootstrap (launchers, stores, rank-threads) and every backend this build
 // of commgrid was compiled with (see commgrid/backends.hpp): MPI (commgrid::mpi), Gloo
-// (commgrid::gloo, with make_world and the rank-threads runner) and NCCL (commgrid::nccl).
+// (commgrid::gloo: make_gloo_world, make_gloo_world_from_env for a launched process, and the
+// rank-threads runner) and NCCL (commgrid::nccl). The world factories are make_mpi_world,
+// make_gloo_world, make_gloo_world_from_env and make_nccl_world.
 // A part is included when its header is visible to the program: in the build tree when
 // the program links that part's target; in an install, always (the MPI part also needs
 // <mpi.h>, which linking commgrid::mpi provides).
@@ -23,6 +25,7 @@
 #include "commgrid/hyper_grid.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/rank_grid.hpp"
+#include "commgrid/rank_map.hpp"
 #include "commgrid/topology.hpp"
 
 // Runtime (commgrid::runtime).
@@ -46,7 +49,6 @@
 #if COMMGRID_HAS_GLOO && __has_include("commgrid/gloo.hpp")
 #include "commgrid/gloo.hpp"
 #include "commgrid/local_ranks.hpp"
-#include "commgrid/world.hpp"
 #endif
 #if COMMGRID_HAS_NCCL && __has_include("commgrid/nccl.hpp")
 #include "commgrid/nccl.hpp"

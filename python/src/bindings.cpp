@@ -68,7 +68,7 @@ void translate_errors(std::exception_ptr p) {
 Axis parse_axis(const std::string& name) {
   for (Axis a : kAllAxes)
     if (axis_name(a) == name) return a;
-  throw OrderError("axis", "unknown axis \"" + name + "\" (valid: tp, cp, ep, dp, pp)");
+  throw OrderError("axis", "unknown axis \"" + name + "\" (valid: tp, cp, ep, dp, pp, gtp_remat)");
 }
 
 py::list members_list(std::span<const Rank> members) {
@@ -178,33 +178,28 @@ PYBIND11_MODULE(_commgrid, m) {
   m.def("grid_groups", [](const std::map<std::string, std::int64_t>& sizes,
                           const std::vector<std::string>& order,
                           const std::vector<std::string>& masked) {
+    // The seed's five axes (gtp_remat then has size 1, last), or all six.
     std::array<std::int64_t, kNumAxes> s{};
     std::array<Axis, kNumAxes> o{};
-    if (sizes.size() != kNumAxes || order.size() != kNumAxes)
-      throw InvalidValueError("order", "grid_groups needs all five axes in sizes and order");
+    s[static_cast<int>(Axis::gtp_remat)] = 1;
+    o[kNumAxes - 1] = Axis::gtp_remat;
+    const std::size_t n = order.size();
+    if (sizes.size() != n || (n != kSeedAxes.size() && n != kNumAxes))
+      throw InvalidValueError("order", "grid_groups needs the five axes tp, cp, ep, dp, pp (or "
+                                       "all six with gtp_remat) in sizes and order");
     for (const auto& [name, size] : sizes) s[static_cast<int>(parse_axis(name))] = size;
     bool seen[kNumAxes] = {};
-    for (std::size_t i = 0; i < order.size(); ++i) {
+    for (std::size_t i = 0; i < n; ++i) {
       o[i] = parse_axis(order[i]);
       if (seen[static_cast<int>(o[i])])
         throw OrderError("order", "axis \"" + order[i] + "\" appears twice in the grid order");
       seen[static_cast<int>(o[i])] = true;
     }
-    // AxisSet is built from an initializer list: collect the distinct masked axes first.
-    bool has[kNumAxes] = {};
-    for (const auto& name : masked) has[static_cast<int>(parse_axis(name))] = true;
-    std::vector<Axis> axes;
-    for (Axis a : kAllAxes)
-      if (has[static_cast<int>(a)]) axes.push_back(a);
+    if (n == kSeedAxes.size() && seen[static_cast<int>(Axis::gtp_remat)])
+      throw InvalidValueError("order", "grid_groups: five axes given, one of them gtp_remat; "
+                                       "give tp, cp, ep, dp, pp (or all six)");
     AxisSet set;
-    switch (axes.size()) {
-      case 0: break;
-      case 1: set = {axes[0]}; break;
-      case 2: set = {axes[0], axes[1]}; break;
-      case 3: set = {axes[0], axes[1], axes[2]}; break;
-      case 4: set = {axes[0], axes[1], axes[2], axes[3]}; break;
-      default: set = {axes[0], axes[1], axes[2], axes[3], axes[4]}; break;
-    }
+    for (const auto& name : masked) set = set.with(parse_axis(name));
     std::int64_t world = 1;
     for (std::int64_t v : s) {
       if (v < 1) throw InvalidValueError("size", "grid sizes must be >= 1, got " + std::to_string(v));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 
+#include "edition.hpp"
+
 namespace commgrid {
 namespace {
 
@@ -21,13 +23,13 @@ class Request {
     }
     const ParallelConfig& c = layout.config();
     const bool one = c.dist_opt_instances == 1;
-    const bool head = c.compat == Compat::head;
     add_alias(GroupKind::intra_dp_cp, GroupKind::dp_cp, one);
     add_alias(GroupKind::intra_expt_dp, GroupKind::expt_dp, one);
-    // HEAD points these globals at the default groups when the gtp sizes are 1.
-    add_alias(GroupKind::dp_gtp_remat, GroupKind::dp, head && c.gtp_remat == 1);
-    add_alias(GroupKind::dp_cp_gtp_remat, GroupKind::dp_cp, head && c.gtp_remat == 1);
-    add_alias(GroupKind::expt_dp_gtp_remat, GroupKind::expt_dp, head && c.expert_gtp_remat == 1);
+    // HEAD points these globals at the default groups when the gtp sizes are 1 (the seed
+    // has none of these kinds, so they are never wanted there).
+    add_alias(GroupKind::dp_gtp_remat, GroupKind::dp, c.gtp_remat == 1);
+    add_alias(GroupKind::dp_cp_gtp_remat, GroupKind::dp_cp, c.gtp_remat == 1);
+    add_alias(GroupKind::expt_dp_gtp_remat, GroupKind::expt_dp, c.expert_gtp_remat == 1);
   }
 
   [[nodiscard]] bool want(GroupKind k) const { return want_[static_cast<int>(k)]; }
@@ -51,10 +53,21 @@ class Request {
   std::vector<CreationAlias> aliases_;
 };
 
-class Walk {
+class Walker {
  public:
-  Walk(const Layout& layout, const Request& req, const CreationVisitor& visit)
+  Walker(const Layout& layout, const Request& req, const CreationVisitor& visit)
       : L_(layout), c_(layout.config()), req_(req), visit_(visit) {}
+
+  void run(const detail::SequenceItem& item) {
+    switch (item.walk) {
+      case detail::Walk::plain: return plain(item.kind);
+      case detail::Walk::dp_cp_with_intra: return dp_cp_with_intra();
+      case detail::Walk::cp_with_hcp: return cp_with_hcp();
+      case detail::Walk::pp_with_embeddings: return pp_with_embeddings();
+      case detail::Walk::expt_dp_with_partials: return expt_dp_with_partials();
+      case detail::Walk::hybrid_by_parent: return hybrid_by_parent();
+    }
+  }
 
   // Every group of every level of k, in the layout's order.
   void plain(GroupKind k) {
@@ -180,57 +193,14 @@ class Walk {
   const CreationVisitor& visit_;
 };
 
-void seed_sequence(Walk& w) {
-  w.plain(GroupKind::dp);
-  w.dp_cp_with_intra();
-  w.cp_with_hcp();
-  w.plain(GroupKind::mp);
-  w.plain(GroupKind::tp);
-  w.pp_with_embeddings();
-  for (GroupKind k : {GroupKind::tp_dp_cp, GroupKind::tp_dp, GroupKind::tp_cp, GroupKind::ep,
-                      GroupKind::expt_tp, GroupKind::tp_ep, GroupKind::tp_ep_pp})
-    w.plain(k);
-  w.expt_dp_with_partials();
-  w.plain(GroupKind::intra_dist_opt);
-}
-
-// HEAD d98e8a64dd, megatron/core/parallel_state.py: initialize_model_parallel, then
-// create_all_gather_groups (which megatron/training calls after it). The Gloo twins HEAD
-// interleaves are not created by commgrid.
-void head_sequence(Walk& w) {
-  w.plain(GroupKind::gtp_remat);  // before everything, singletons when gtp_remat = 1
-  w.dp_cp_with_intra();           // first of the data groups (SHARP needs it first)
-  w.hybrid_by_parent();
-  w.plain(GroupKind::dp);
-  // Built only when gtp_remat > 1; otherwise aliases of dp and dp_cp (created here only
-  // when asked for without their parent).
-  w.plain(GroupKind::dp_gtp_remat);
-  w.plain(GroupKind::dp_cp_gtp_remat);
-  w.cp_with_hcp();
-  w.plain(GroupKind::mp);
-  w.plain(GroupKind::tp);
-  w.pp_with_embeddings();
-  for (GroupKind k : {GroupKind::tp_dp_cp, GroupKind::tp_dp, GroupKind::tp_cp,
-                      GroupKind::expt_gtp_remat, GroupKind::ep, GroupKind::expt_tp,
-                      GroupKind::tp_ep, GroupKind::tp_ep_pp, GroupKind::tp_ep_pp_with_egtp_remat})
-    w.plain(k);
-  w.expt_dp_with_partials();
-  w.plain(GroupKind::expt_dp_gtp_remat);  // an alias of expt_dp when expert_gtp_remat = 1
-  w.plain(GroupKind::intra_dist_opt);
-  w.plain(GroupKind::dp_cp_ag);
-  w.plain(GroupKind::expt_dp_ag);
-}
-
 }  // namespace
 
 void for_each_creation(const Layout& layout, std::span<const GroupKind> kinds,
                        const CreationVisitor& visit) {
   const Request req(layout, kinds);
-  Walk w(layout, req, visit);
-  if (layout.config().compat == Compat::head)
-    head_sequence(w);
-  else
-    seed_sequence(w);
+  Walker w(layout, req, visit);
+  for (const detail::SequenceItem& item : detail::edition_of(layout.config().compat).creation)
+    w.run(item);
 }
 
 std::vector<CreationStep> creation_sequence(const Layout& layout, std::span<const GroupKind> kinds) {

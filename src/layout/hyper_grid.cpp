@@ -4,7 +4,8 @@
 #include <set>
 
 #include "commgrid/error.hpp"
-#include "head_layout.hpp"
+#include "commgrid/config.hpp"
+#include "commgrid/mixed_radix.hpp"
 
 namespace commgrid {
 namespace {
@@ -30,6 +31,10 @@ std::int64_t check_shape(const std::vector<std::int64_t>& shape,
                                        std::to_string(shape.size()) + " dims but dim_names has " +
                                        std::to_string(names.size()) + " (" + join(names) + ")");
   if (shape.empty()) throw InvalidValueError(param, what + ": no dims given");
+  if (shape.size() > static_cast<std::size_t>(detail::kMaxDims))
+    throw InvalidValueError(param, what + ": shape " + list_text(shape) + " has " +
+                                       std::to_string(shape.size()) + " dims, more than " +
+                                       std::to_string(detail::kMaxDims));
   std::int64_t size = 1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 1)
@@ -109,7 +114,7 @@ const HyperGrid::View& HyperGrid::view_of(std::string_view name) const {
   return it->second;
 }
 
-GroupList HyperGrid::enumerate(const View& v, const std::vector<std::string>& dims) const {
+detail::DimMask HyperGrid::mask(const View& v, const std::vector<std::string>& dims) const {
   std::set<std::string> seen;
   for (const std::string& d : dims) {
     if (std::find(v.names.begin(), v.names.end(), d) == v.names.end())
@@ -117,7 +122,20 @@ GroupList HyperGrid::enumerate(const View& v, const std::vector<std::string>& di
     if (!seen.insert(d).second) throw ConfigError("dims", "dims: \"" + d + "\" is listed twice");
   }
   if (dims.empty()) throw ConfigError("dims", "dims: no dims given");
-  return detail::ordered_grid_groups(v.names, v.shape, rank_offset_, dims);
+  detail::DimMask m = 0;
+  for (std::size_t i = 0; i < v.names.size(); ++i)
+    if (seen.count(v.names[i])) m |= detail::DimMask{1} << i;
+  return m;
+}
+
+GroupList HyperGrid::enumerate(const View& v, const std::vector<std::string>& dims) const {
+  const detail::DimMask m = mask(v, dims);
+  const detail::MixedRadix grid(v.shape, rank_offset_);
+  const std::int64_t g = grid.group_size(m);
+  GroupList out;
+  grid.fill(m, 0,
+            out.assign_uniform(static_cast<std::size_t>(grid.count() / g), static_cast<std::size_t>(g)));
+  return out;
 }
 
 GroupList HyperGrid::groups(const std::vector<std::string>& dims, std::string_view view) const {
@@ -126,12 +144,10 @@ GroupList HyperGrid::groups(const std::vector<std::string>& dims, std::string_vi
 
 std::optional<std::vector<Rank>> HyperGrid::group_of(const std::vector<std::string>& dims, Rank r,
                                                      std::string_view view) const {
-  const GroupList all = groups(dims, view);
+  const View& v = view_of(view);
+  const detail::DimMask m = mask(v, dims);  // checks the dims first
   if (!contains(r)) return std::nullopt;
-  for (std::size_t i = 0; i < all.size(); ++i)
-    if (std::find(all[i].begin(), all[i].end(), r) != all[i].end())
-      return std::vector<Rank>(all[i].begin(), all[i].end());
-  return std::nullopt;
+  return detail::MixedRadix(v.shape, rank_offset_).group_of(m, r);
 }
 
 std::string HyperGrid::key(const std::vector<std::string>& dims, std::string_view view) const {

@@ -217,5 +217,276 @@ TEST_F(Properties, StructuralRelations) {
   }
 }
 
+// ---- compat head: HEAD's six-axis grids, rank offsets, hybrid and all-gather kinds ----
+
+// A random HEAD config (may be invalid): the seed's random config plus HEAD's options.
+ParallelConfig random_head_config(std::mt19937& rng) {
+  ParallelConfig c = random_config(rng);
+  c.compat = Compat::head;
+  const std::vector<std::int64_t> gtp = {1, 1, 2, 3};
+  c.gtp_remat = pick(rng, gtp);
+  c.expert_gtp_remat = pick(rng, gtp);
+  const std::int64_t L = c.world_size * c.gtp_remat;
+  if (rng() % 3 == 0) {
+    // Laid out inside a larger world, at an offset.
+    c.local_world_size = L;
+    c.world_size = L * 2;
+    c.rank_offset = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(L + 1));
+  } else {
+    c.world_size = L;
+  }
+  c.hybrid_context_parallel = rng() % 3 == 0;
+  c.all_gather_groups = rng() % 4 == 0;
+  if (c.gtp_remat > 1 || c.expert_gtp_remat > 1) c.dist_opt_instances = 1;
+  // Sometimes the gtp_remat token is in the order, at a random place.
+  if (rng() % 3 == 0) {
+    const std::size_t dashes = static_cast<std::size_t>(std::count(c.order.begin(), c.order.end(), '-'));
+    std::size_t at = rng() % (dashes + 2), seen = 0, pos = 0;
+    for (; pos < c.order.size() && seen < at; ++pos) seen += c.order[pos] == '-';
+    if (at == 0) c.order = "gtp_remat-" + c.order;
+    else if (seen < at) c.order += "-gtp_remat";
+    else c.order.insert(pos, "gtp_remat-");
+  }
+  return c;
+}
+
+std::vector<ParallelConfig> valid_head_configs(std::size_t n) {
+  std::mt19937 rng(20261201);
+  std::vector<ParallelConfig> out;
+  while (out.size() < n) {
+    ParallelConfig c = random_head_config(rng);
+    try {
+      c.validate();
+      out.push_back(c);
+    } catch (const ConfigError&) {
+    }
+  }
+  return out;
+}
+
+// An independent reference for HEAD's grid kinds: rank by rank, coordinates by division
+// over the grid's token order, groups keyed by the unmasked coordinates (the first token
+// fastest), members by the masked ones, plus the offset. Written from the README of the
+// HEAD vectors, not from the library's odometer.
+std::vector<std::vector<Rank>> reference_groups(const std::vector<std::string>& order,
+                                                const std::vector<std::int64_t>& sizes,
+                                                const std::set<std::string>& mask,
+                                                std::int64_t offset) {
+  std::int64_t world = 1, groups = 1, members = 1;
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    world *= sizes[i];
+    (mask.count(order[i]) ? members : groups) *= sizes[i];
+  }
+  std::vector<std::vector<Rank>> out(static_cast<std::size_t>(groups),
+                                     std::vector<Rank>(static_cast<std::size_t>(members)));
+  for (std::int64_t r = 0; r < world; ++r) {
+    std::int64_t q = 0, k = 0, qr = 1, kr = 1, rest = r;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      const std::int64_t c = rest % sizes[i];
+      rest /= sizes[i];
+      if (mask.count(order[i])) {
+        k += c * kr;
+        kr *= sizes[i];
+      } else {
+        q += c * qr;
+        qr *= sizes[i];
+      }
+    }
+    out[static_cast<std::size_t>(q)][static_cast<std::size_t>(k)] = offset + r;
+  }
+  return out;
+}
+
+std::set<std::string> tokens(const std::string& s) {
+  std::set<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t dash = s.find('-', start);
+    out.insert(s.substr(start, dash == std::string::npos ? dash : dash - start));
+    if (dash == std::string::npos) return out;
+    start = dash + 1;
+  }
+}
+
+// The grid kinds of HEAD (the vectors' README): kind, expert grid?, token mask.
+struct HeadGridKind {
+  GroupKind kind;
+  bool expert;
+  const char* mask;
+};
+constexpr HeadGridKind kHeadGridKinds[] = {
+    {GroupKind::dp, false, "dp"},
+    {GroupKind::dp_cp, false, "dp-cp"},
+    {GroupKind::cp, false, "cp"},
+    {GroupKind::mp, false, "tp-gtp_remat-pp"},
+    {GroupKind::tp, false, "tp"},
+    {GroupKind::pp, false, "pp"},
+    {GroupKind::tp_dp_cp, false, "tp-gtp_remat-dp-cp"},
+    {GroupKind::tp_dp, false, "tp-gtp_remat-dp"},
+    {GroupKind::tp_cp, false, "tp-cp"},
+    {GroupKind::ep, true, "ep"},
+    {GroupKind::expt_tp, true, "tp"},
+    {GroupKind::tp_ep, true, "tp-ep"},
+    {GroupKind::tp_ep_pp, true, "tp-ep-pp"},
+    {GroupKind::expt_dp, true, "dp"},
+    {GroupKind::gtp_remat, false, "gtp_remat"},
+    {GroupKind::expt_gtp_remat, true, "gtp_remat"},
+    {GroupKind::dp_gtp_remat, false, "gtp_remat-dp"},
+    {GroupKind::dp_cp_gtp_remat, false, "gtp_remat-dp-cp"},
+    {GroupKind::expt_dp_gtp_remat, true, "gtp_remat-dp"},
+    {GroupKind::tp_ep_pp_with_egtp_remat, true, "tp-ep-gtp_remat-pp"},
+};
+
+std::vector<std::int64_t> head_sizes(const ParallelConfig& c, const std::vector<std::string>& order,
+                                     bool expert, std::int64_t dp_factor = 1) {
+  std::vector<std::int64_t> out;
+  for (const std::string& t : order) {
+    if (t == "tp") out.push_back(expert ? c.expert_tp() : c.tp);
+    else if (t == "cp") out.push_back(expert ? 1 : c.cp);
+    else if (t == "ep") out.push_back(expert ? c.ep : 1);
+    else if (t == "dp") out.push_back((expert ? c.expert_dp() : c.dp()) * dp_factor);
+    else if (t == "pp") out.push_back(c.pp);
+    else out.push_back(expert ? c.expert_gtp_remat : c.gtp_remat);
+  }
+  return out;
+}
+
+class HeadProperties : public ::testing::Test {
+ protected:
+  static const std::vector<ParallelConfig>& configs() {
+    static const std::vector<ParallelConfig> c = valid_head_configs(200);
+    return c;
+  }
+};
+
+TEST_F(HeadProperties, ConfigsAreVaried) {
+  std::size_t gtp = 0, egtp = 0, offset = 0, hybrid = 0, ag = 0, token = 0;
+  for (const auto& c : configs()) {
+    gtp += c.gtp_remat > 1;
+    egtp += c.expert_gtp_remat > 1;
+    offset += c.rank_offset > 0;
+    token += c.order.find("gtp_remat") != std::string::npos;
+    const Layout l(c);
+    hybrid += l.has_kind(GroupKind::hybrid_dp_cp);
+    ag += l.has_kind(GroupKind::dp_cp_ag);
+  }
+  EXPECT_GT(gtp, 30u);
+  EXPECT_GT(egtp, 30u);
+  EXPECT_GT(offset, 20u);
+  EXPECT_GT(hybrid, 10u);
+  EXPECT_GT(ag, 10u);
+  EXPECT_GT(token, 20u);
+}
+
+TEST_F(HeadProperties, GridKindsMatchAReferenceGenerator) {
+  for (const ParallelConfig& c : configs()) {
+    SCOPED_TRACE(c.canonical());
+    const Layout l(c);
+    for (const HeadGridKind& g : kHeadGridKinds) {
+      const std::vector<std::string> order = c.head_order(g.expert);
+      const auto want = reference_groups(order, head_sizes(c, order, g.expert), tokens(g.mask),
+                                         c.rank_offset);
+      ASSERT_EQ(l.groups(g.kind).to_vectors(), want) << kind_name(g.kind);
+    }
+    if (l.has_kind(GroupKind::dp_cp_ag)) {
+      // create_all_gather_groups: HEAD's default order, rank 0, dp taken as dp*gtp_remat.
+      ParallelConfig d;
+      d.compat = Compat::head;
+      const std::vector<std::string> dense = d.head_order(false), expert = d.head_order(true);
+      EXPECT_EQ(l.groups(GroupKind::dp_cp_ag).to_vectors(),
+                reference_groups(dense, head_sizes(c, dense, false, c.gtp_remat), tokens("dp-cp"), 0));
+      if (c.ep > 1)
+        EXPECT_EQ(l.groups(GroupKind::expt_dp_ag).to_vectors(),
+                  reference_groups(expert, head_sizes(c, expert, true, c.expert_gtp_remat),
+                                   tokens("dp"), 0));
+    }
+  }
+}
+
+TEST_F(HeadProperties, DerivedKindsFollowTheirParents) {
+  for (const ParallelConfig& c : configs()) {
+    SCOPED_TRACE(c.canonical());
+    const Layout l(c);
+    const GroupList dp_cp = l.groups(GroupKind::dp_cp);
+    // intra_dist_opt: one ascending group of every laid-out rank when a gtp size is > 1,
+    // else runs of edp / N consecutive tp_ep_pp groups.
+    const GroupList intra = l.groups(GroupKind::intra_dist_opt);
+    if (c.gtp_remat > 1 || c.expert_gtp_remat > 1) {
+      ASSERT_EQ(intra.size(), 1u);
+      std::vector<Rank> all(static_cast<std::size_t>(c.layout_world_size()));
+      std::iota(all.begin(), all.end(), c.rank_offset);
+      EXPECT_EQ(intra.to_vectors()[0], all);
+    } else {
+      const GroupList tep = l.groups(GroupKind::tp_ep_pp);
+      std::vector<Rank> concat(tep.members().begin(), tep.members().end());
+      EXPECT_EQ(std::vector<Rank>(intra.members().begin(), intra.members().end()), concat);
+      EXPECT_EQ(static_cast<std::int64_t>(intra.size()), c.dist_opt_instances);
+    }
+    // hybrid_dp_cp level n: consecutive slices of n of each dp_cp group, the last shorter.
+    for (int level = 0; l.has_kind(GroupKind::hybrid_dp_cp) && level < l.levels(GroupKind::hybrid_dp_cp); ++level) {
+      const std::int64_t n = l.hybrid_sizes()[static_cast<std::size_t>(level)];
+      std::vector<std::vector<Rank>> want;
+      for (std::size_t q = 0; q < dp_cp.size(); ++q)
+        for (std::size_t s = 0; s < dp_cp[q].size(); s += static_cast<std::size_t>(n))
+          want.emplace_back(dp_cp[q].begin() + static_cast<std::ptrdiff_t>(s),
+                            dp_cp[q].begin() + static_cast<std::ptrdiff_t>(
+                                std::min(s + static_cast<std::size_t>(n), dp_cp[q].size())));
+      EXPECT_EQ(l.groups(GroupKind::hybrid_dp_cp, level).to_vectors(), want) << "n " << n;
+    }
+  }
+}
+
+TEST_F(HeadProperties, EveryKindPartitionsQueriesAndPiecesMatchEnumeration) {
+  for (const ParallelConfig& c : configs()) {
+    SCOPED_TRACE(c.canonical());
+    const Layout l(c);
+    const auto W = static_cast<std::size_t>(c.world_size);
+    for (GroupKind k : l.kinds()) {
+      for (int level = 0; level < l.levels(k); ++level) {
+        SCOPED_TRACE(l.level_name(k, level));
+        const GroupList groups = l.groups(k, level);
+        ASSERT_EQ(static_cast<std::int64_t>(groups.size()), l.num_groups(k, level));
+        ASSERT_EQ(static_cast<std::int64_t>(groups.members().size()), l.num_members(k, level));
+        const auto size = l.group_size(k, level);
+        std::vector<std::int64_t> owner(W, -1), pos(W, -1);
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+          if (size) ASSERT_EQ(static_cast<std::int64_t>(groups[g].size()), *size);
+          for (std::size_t i = 0; i < groups[g].size(); ++i) {
+            const Rank r = groups[g][i];
+            ASSERT_TRUE(r >= 0 && r < c.world_size);
+            ASSERT_EQ(owner[static_cast<std::size_t>(r)], -1) << "rank " << r << " in two groups";
+            owner[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(g);
+            pos[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(i);
+          }
+        }
+        for (std::size_t r = 0; r < W; ++r) {
+          const auto ref = l.group_of(k, static_cast<Rank>(r), level);
+          const auto index = l.group_index(k, static_cast<Rank>(r), level);
+          if (owner[r] < 0) {
+            ASSERT_FALSE(ref.has_value()) << "rank " << r;
+            ASSERT_FALSE(index.has_value()) << "rank " << r;
+            continue;
+          }
+          ASSERT_TRUE(ref.has_value()) << "rank " << r;
+          ASSERT_EQ(ref->index, owner[r]) << "rank " << r;
+          ASSERT_EQ(index, std::optional<std::int64_t>(owner[r])) << "rank " << r;
+          ASSERT_EQ(ref->position, pos[r]) << "rank " << r;
+          const auto want = groups[static_cast<std::size_t>(owner[r])];
+          ASSERT_TRUE(std::equal(ref->members.begin(), ref->members.end(), want.begin(), want.end()))
+              << "rank " << r;
+        }
+        // Pieces of 5 entries, starting anywhere inside groups, equal the whole list.
+        const auto all = groups.members();
+        std::vector<Rank> got(all.size());
+        for (std::size_t i = 0; i < all.size(); i += 5) {
+          const std::size_t n = std::min<std::size_t>(5, all.size() - i);
+          l.members(k, level, static_cast<std::int64_t>(i), std::span<Rank>(got.data() + i, n));
+        }
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), all.begin()));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace commgrid

@@ -1,6 +1,6 @@
 // Where this process stands in its job, from whichever launcher started it: commgrid
 // launch, torchrun, SLURM's srun, Open MPI's mpirun or MPICH/Hydra. Starting a world from it
-// is the backend's: make_world() in <commgrid/world.hpp> (Gloo).
+// is the backend's: make_gloo_world_from_env() in <commgrid/gloo.hpp>.
 #pragma once
 
 #include <chrono>

@@ -14,22 +14,6 @@
 
 namespace commgrid {
 
-/// A rank of a local job failed. what() is "rank R: <the rank's own message>"; cause()
-/// holds the original exception (rethrow it to recover its type).
-class RankFailedError : public Error {
- public:
-  RankFailedError(int rank, std::exception_ptr cause, const std::string& message)
-      : Error(message), rank_(rank), cause_(std::move(cause)) {}
-  /// The rank that failed first.
-  [[nodiscard]] int rank() const noexcept { return rank_; }
-  /// The exception that rank threw.
-  [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
-
- private:
-  int rank_;
-  std::exception_ptr cause_;
-};
-
 /// What every rank of a local job did.
 struct LocalRunResult {
   /// Per rank: nullptr when the rank returned normally, else what it threw.

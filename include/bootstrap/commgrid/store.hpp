@@ -14,14 +14,6 @@
 
 namespace commgrid {
 
-/// Every store wait was cut short by Store::abort (e.g. a sibling rank thread failed), or a
-/// peer of a group closed its connection mid-operation: the error is a consequence of a
-/// failure elsewhere. The message names what happened and, where known, where.
-class AbortedError : public BackendError {
- public:
-  using BackendError::BackendError;
-};
-
 /// A key-value store shared by the ranks of one job. Keys are written once (a second set of
 /// the same key is an error) and never removed, so every rendezvous uses a fresh key prefix.
 /// Every method is thread-safe; waits poll (a few milliseconds apart) and always end by a
@@ -67,18 +59,6 @@ class Store {
  private:
   struct State;
   std::unique_ptr<State> state_;
-};
-
-/// Another job already uses the store's folder, key prefix or port: jobs never merge.
-class JobConflictError : public BackendError {
- public:
-  using BackendError::BackendError;
-};
-
-/// The store or a peer did not prove the job's token (a stranger, or a rank of another job).
-class AuthenticationError : public BackendError {
- public:
-  using BackendError::BackendError;
 };
 
 /// Which job a store is opened for, and with what secret.

@@ -66,14 +66,18 @@ struct ParallelConfig {
   /// for a valid config.
   [[nodiscard]] std::int64_t expert_dp() const noexcept;
 
-  /// The order resolved to all five axes, innermost first: the given tokens, then the
-  /// omitted axes in Megatron's sequence tp, pp, dp, ep, cp. Throws OrderError when the
-  /// order string is malformed.
-  [[nodiscard]] std::array<Axis, kNumAxes> resolved_order() const;
+  /// The order of the dense (or expert) grid: all six axes, innermost first. The given
+  /// tokens; under head gtp_remat injected where the order omits it (after tp on the dense
+  /// grid, after ep on the expert grid, after tp without ep); then the omitted axes in
+  /// Megatron's sequence tp, pp, dp, ep, cp, gtp_remat (they have size 1). Under seed both
+  /// grids share one order, gtp_remat last. Throws OrderError when the order string is
+  /// malformed for the config's edition.
+  [[nodiscard]] std::array<Axis, kNumAxes> grid_order(bool expert = false) const;
+  /// grid_order(false): the dense grid's order.
+  [[nodiscard]] std::array<Axis, kNumAxes> resolved_order() const { return grid_order(false); }
 
-  /// Under head: the order's tokens as HEAD's dense (or expert) RankGenerator sees them:
-  /// gtp_remat injected after tp (expert: after ep, else tp) unless given, then the omitted
-  /// axes appended in HEAD's sequence tp, pp, dp, ep, cp, gtp_remat. Throws OrderError.
+  /// The order's tokens as HEAD's dense (or expert) RankGenerator sees them: grid_order
+  /// under compat head, whatever this config's compat. Throws OrderError.
   [[nodiscard]] std::vector<std::string> head_order(bool expert) const;
 
   /// A canonical one-line text of every field, equal on two ranks exactly when their
@@ -88,7 +92,8 @@ struct ParallelConfig {
 inline constexpr std::array<const char*, 10> kConfigFields = {
     "world_size", "tp", "pp", "cp", "ep", "etp", "hcp", "dist_opt_instances", "vpp", "order"};
 
-/// Parses an order string into its tokens, innermost first. Throws OrderError (rule 3).
-std::vector<Axis> parse_order(const std::string& order);
+/// Parses an order string into its tokens, innermost first: the seed's five tokens, or with
+/// compat head also gtp_remat. Throws OrderError (rule 3).
+std::vector<Axis> parse_order(const std::string& order, Compat compat = Compat::seed);
 
 }  // namespace commgrid

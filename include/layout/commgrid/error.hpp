@@ -1,9 +1,13 @@
-// commgrid's exceptions. Recoverable errors (a bad config, a timeout, a backend failure)
-// derive from commgrid::Error; broken internal invariants use COMMGRID_ENFORCE.
+// commgrid's exceptions, every layer's in one header (standard library only). Recoverable
+// errors (a bad config, a timeout, a backend failure) derive from commgrid::Error; broken
+// internal invariants use COMMGRID_ENFORCE. Two families: ConfigError (the caller's
+// mistake: the CLI exits 2) and BackendError (communication failed: the CLI exits 1).
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace commgrid {
 
@@ -79,6 +83,91 @@ class UnknownKindError : public ConfigError {
 class InternalError : public Error {
  public:
   using Error::Error;
+};
+
+// ---- runtime: process groups and collections -------------------------------------------
+
+/// A call that needs an initialized ProcessGroups came before initialize() or after
+/// destroy(), or initialize() came twice. The message names the call.
+class StateError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// This rank has no group of the kind asked for: it is in none (a middle pipeline stage has
+/// no embd group), the kind does not exist for the config (inter_dist_opt when
+/// dist_opt_instances = 1) or was not requested. The message says which.
+class NoGroupError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Ranks were given different configs or options. Raised on every rank after the
+/// fingerprint exchange; parameter() is the first differing field, and the message lists
+/// the values and the ranks holding each.
+class ConfigMismatchError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+/// Reading a field of a collection that was never set. The message names the collection
+/// and the field and says how to set it.
+class UnsetFieldError : public Error {
+ public:
+  using Error::Error;
+};
+
+// ---- communication: backends and bootstrap ---------------------------------------------
+
+/// A backend call failed. The message names the backend, the operation, the group and the
+/// backend's own text: `mpi allreduce on tp#3: MPI_ERR_TRUNCATE: message truncated`.
+class BackendError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A rendezvous or collective did not complete within its timeout. The message names the
+/// group and, where the backend can tell, the ranks that did not arrive (where it cannot,
+/// the message says so).
+class TimeoutError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// Every store wait was cut short by Store::abort (e.g. a sibling rank thread failed), or a
+/// peer of a group closed its connection mid-operation: the error is a consequence of a
+/// failure elsewhere. The message names what happened and, where known, where.
+class AbortedError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// Another job already uses the store's folder, key prefix or port: jobs never merge.
+class JobConflictError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// The store or a peer did not prove the job's token (a stranger, or a rank of another job).
+class AuthenticationError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// A rank of a local job failed. what() is "rank R: <the rank's own message>"; cause()
+/// holds the original exception (rethrow it to recover its type).
+class RankFailedError : public Error {
+ public:
+  RankFailedError(int rank, std::exception_ptr cause, const std::string& message)
+      : Error(message), rank_(rank), cause_(std::move(cause)) {}
+  /// The rank that failed first.
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// The exception that rank threw.
+  [[nodiscard]] std::exception_ptr cause() const noexcept { return cause_; }
+
+ private:
+  int rank_;
+  std::exception_ptr cause_;
 };
 
 namespace detail {

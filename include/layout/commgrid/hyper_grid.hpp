@@ -13,6 +13,7 @@
 
 #include "commgrid/axis.hpp"
 #include "commgrid/group_list.hpp"
+#include "commgrid/mixed_radix.hpp"
 
 namespace commgrid {
 
@@ -23,7 +24,7 @@ class HyperGrid {
  public:
   /// Throws InvalidValueError ("shape", "dim_names", "rank_offset") for mismatched lengths,
   /// sizes < 1, repeated or empty names, a negative offset, and IncompatibleError
-  /// ("shape") when the grid does not fit [rank_offset, world_size).
+  /// ("shape") when the grid does not fit [rank_offset, world_size); at most 16 dims.
   HyperGrid(std::vector<std::int64_t> shape, std::vector<std::string> dim_names,
             std::int64_t world_size, std::int64_t rank_offset = 0);
 
@@ -48,7 +49,7 @@ class HyperGrid {
   /// Every group over `dims` (in any order; a set) of the view ("" = the base grid).
   /// Throws ConfigError ("dims") for an unknown or repeated dim, ("view") an unknown view.
   [[nodiscard]] GroupList groups(const std::vector<std::string>& dims, std::string_view view = "") const;
-  /// r's group over dims, or nullopt when r is outside the grid.
+  /// r's group over dims, or nullopt when r is outside the grid. O(group size).
   [[nodiscard]] std::optional<std::vector<Rank>> group_of(const std::vector<std::string>& dims, Rank r,
                                                           std::string_view view = "") const;
   /// The key a group set is stored under: dims joined by '-' outermost first, as HEAD
@@ -62,6 +63,8 @@ class HyperGrid {
     std::vector<std::string> shared;
   };
   [[nodiscard]] const View& view_of(std::string_view name) const;
+  /// Checks dims (known, not repeated, not empty) and returns them as a mask of v's dims.
+  [[nodiscard]] detail::DimMask mask(const View& v, const std::vector<std::string>& dims) const;
   [[nodiscard]] GroupList enumerate(const View& v, const std::vector<std::string>& dims) const;
 
   std::vector<std::int64_t> shape_;

@@ -18,7 +18,7 @@
 namespace commgrid {
 
 namespace detail {
-struct HeadGroups;
+struct Edition;
 }
 
 /// Chooses the members of one embedding group from a pipeline group. Called with the pp
@@ -47,15 +47,16 @@ struct GroupRef {
 struct RankCoordinates {
   std::int64_t tp = 0, cp = 0, dp = 0, pp = 0;          ///< dense grid
   std::int64_t etp = 0, ep = 0, expert_dp = 0;          ///< expert grid (pp is shared)
+  std::int64_t gtp_remat = 0, expert_gtp_remat = 0;     ///< HEAD's sixth axis (0 at the seed)
   bool operator==(const RankCoordinates&) const = default;
 };
 
-/// The groups of a validated configuration. Cheap to build (no enumeration); every
-/// per-rank query is O(group size) and needs no memory proportional to the world, except
-/// intra_dist_opt, whose single group of a rank has W/N members.
-/// Under compat head the groups are built whole when the Layout is made (HEAD's sixth axis,
-/// rank offsets and ragged hybrid groups have no closed form here): O(W * kinds) memory,
-/// and dense_grid() / expert_grid() describe the grids with gtp_remat folded into dp.
+/// The groups of a validated configuration, under either edition (compat seed or head).
+/// Cheap to build (no enumeration, O(1) memory in the world size); every per-rank query is
+/// O(group size) and needs no memory proportional to the world, except intra_dist_opt,
+/// whose single group of a rank has W/N members. Under head the grids have HEAD's sixth
+/// axis (gtp_remat) and cover [rank_offset, rank_offset + L); ranks outside are in no group
+/// (except the all-gather kinds, whose grids start at rank 0).
 class Layout {
  public:
   /// Validates the config (ParallelConfig::validate) and, for custom policies, every
@@ -66,6 +67,8 @@ class Layout {
   [[nodiscard]] std::int64_t world_size() const noexcept { return config_.world_size; }
   [[nodiscard]] std::int64_t dp() const noexcept { return dp_; }
   [[nodiscard]] std::int64_t expert_dp() const noexcept { return edp_; }
+  /// The dense grid (tp, cp, dp, pp, gtp_remat; ep has size 1) and the expert grid (etp as
+  /// tp, ep, expert_dp as dp, pp, expert_gtp_remat as gtp_remat; cp has size 1).
   [[nodiscard]] const RankGrid& dense_grid() const noexcept { return dense_; }
   [[nodiscard]] const RankGrid& expert_grid() const noexcept { return expert_; }
 
@@ -120,19 +123,27 @@ class Layout {
   [[nodiscard]] std::vector<std::int64_t> hybrid_sizes() const;
 
  private:
+  struct Split;
+  [[nodiscard]] const RankGrid& grid_of_kind(GroupKind k) const noexcept;
+  [[nodiscard]] Split split(GroupKind k, int level) const noexcept;
+  [[nodiscard]] bool gtp_instance() const noexcept;
   void check_kind(GroupKind k, int level) const;
+  [[nodiscard]] const EmbeddingPolicy& policy(GroupKind k) const noexcept;
   [[nodiscard]] std::vector<Rank> embedding_members(GroupKind k,
                                                     std::span<const Rank> pp_group) const;
   void check_policy_results() const;
 
   ParallelConfig config_;
   EmbeddingPolicies policies_;
-  std::vector<std::int64_t> hcp_inner_;  ///< per hcp level: product of the sizes before it
+  const detail::Edition* edition_;
+  std::vector<std::int64_t> hcp_inner_;     ///< per hcp level: product of the sizes before it
+  std::vector<std::int64_t> hybrid_sizes_;  ///< n of each hybrid_dp_cp level (head)
   std::int64_t dp_ = 1;
   std::int64_t edp_ = 1;
   RankGrid dense_;
   RankGrid expert_;
-  std::shared_ptr<const detail::HeadGroups> head_;  ///< compat head only: every group
+  /// HEAD's create_all_gather_groups grids (default order, from rank 0), when built.
+  std::optional<RankGrid> dense_ag_, expert_ag_;
 };
 
 /// The hierarchical split of a parent list P into levels of sizes [h0, h1, ...] (their

@@ -26,13 +26,6 @@ class ProcessGroups;
 /// A shared handle to a group: a collection keeps its groups alive.
 using GroupHandle = std::shared_ptr<Communicator>;
 
-/// Reading a field of a collection that was never set. The message names the collection
-/// and the field and says how to set it.
-class UnsetFieldError : public Error {
- public:
-  using Error::Error;
-};
-
 /// The value "this rank has no group here", with the reason (a middle pipeline stage in
 /// embd, inter_dist_opt with one dist-opt instance, ...).
 struct NoGroup {

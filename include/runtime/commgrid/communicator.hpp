@@ -104,20 +104,6 @@ inline constexpr DataType datatype_of = DataTypeOf<std::remove_cv_t<T>>::value;
 /// distributed_timeout_minutes.
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 
-/// A backend call failed. The message names the backend, the operation, the group and the
-/// backend's own text: `mpi allreduce on tp#3: MPI_ERR_TRUNCATE: message truncated`.
-class BackendError : public Error {
- public:
-  using Error::Error;
-};
-
-/// A rendezvous or collective did not complete within its timeout. The message names the
-/// group and, where the backend can tell, the ranks that did not arrive.
-class TimeoutError : public BackendError {
- public:
-  using BackendError::BackendError;
-};
-
 /// The handle of an operation. Blocking calls complete before returning, so their Work is
 /// done at once. isend, irecv and batch_isend_irecv (and a GPU backend's collectives) return
 /// a pending Work: wait() blocks until the operation completes or the communicator's

@@ -20,29 +20,6 @@
 
 namespace commgrid {
 
-/// A call that needs an initialized ProcessGroups came before initialize() or after
-/// destroy(), or initialize() came twice. The message names the call.
-class StateError : public Error {
- public:
-  using Error::Error;
-};
-
-/// This rank has no group of the kind asked for: it is in none (a middle pipeline stage has
-/// no embd group), the kind does not exist for the config (inter_dist_opt when
-/// dist_opt_instances = 1) or was not requested. The message says which.
-class NoGroupError : public Error {
- public:
-  using Error::Error;
-};
-
-/// Ranks were given different configs or options. Raised on every rank after the
-/// fingerprint exchange; parameter() is the first differing field, and the message lists
-/// the values and the ranks holding each.
-class ConfigMismatchError : public ConfigError {
- public:
-  using ConfigError::ConfigError;
-};
-
 /// How the groups are created. Every strategy gives the same groups; they differ in the
 /// backend calls each rank makes. With every strategy the kinds Megatron does not create
 /// but points at another kind's groups (creation_aliases) reuse that kind's communicator.

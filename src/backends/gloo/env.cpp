@@ -5,8 +5,8 @@
 #include <string>
 
 #include "commgrid/gloo.hpp"
+#include "commgrid/launch_info.hpp"
 #include "commgrid/store.hpp"
-#include "commgrid/world.hpp"
 
 namespace commgrid {
 namespace {
@@ -69,11 +69,6 @@ WorldEnv read_world_env() {
 }
 
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
-  // One way to start a world: the launcher, the job id and token, the store's interface.
-  return make_world(std::move(options));
-}
-
-std::unique_ptr<Communicator> make_world(GlooOptions options) {
   const LaunchInfo info = read_launch_info();
   if (info.timeout) options.timeout = *info.timeout;
   if (auto h = env("COMMGRID_GLOO_HOSTNAME")) {

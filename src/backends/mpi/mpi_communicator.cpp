@@ -299,14 +299,6 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm comm, std::
   return std::make_unique<MpiCommunicator>(dup, std::move(name), timeout);
 }
 
-std::unique_ptr<MpiCommunicator> world(std::chrono::milliseconds timeout) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized == 0)
-    throw BackendError("mpi world: MPI is not initialized; create an MpiEnvironment first");
-  return MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
-}
-
 int create_group_tag(std::string_view name, int tag_upper_bound) noexcept {
   const std::size_t hash_pos = name.rfind('#');
   const std::string_view prefix = hash_pos == std::string_view::npos ? name : name.substr(0, hash_pos);
@@ -890,3 +882,15 @@ std::unique_ptr<Work> MpiCommunicator::scatter(const void* send, void* recv, std
 }
 
 }  // namespace commgrid::mpi
+
+namespace commgrid {
+
+std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(std::chrono::milliseconds timeout) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized == 0)
+    throw BackendError("mpi world: MPI is not initialized; create an MpiEnvironment first");
+  return mpi::MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
+}
+
+}  // namespace commgrid

@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "commgrid/gloo.hpp"
-#include "commgrid/world.hpp"
 
 namespace {
 
@@ -43,7 +42,7 @@ int run(int argc, char** argv) {
   }
   const LaunchInfo info = read_launch_info();
   if (mode == "missing" && info.rank == target) return 0;  // never joins
-  auto w = make_world();
+  auto w = make_gloo_world_from_env();
   if (mode == "hold") {
     w->barrier()->wait();
     std::this_thread::sleep_for(std::chrono::milliseconds(target * 1000));

@@ -23,7 +23,7 @@ TEST(GlooFaults, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
     for (int r = 0; r < 3; ++r)  // rank 3 of 4 never starts
       ranks.emplace_back([&, r] {
         try {
-          make_gloo_world(store, r, 4, test_options(1500ms));
+          (void)make_gloo_world(store, r, 4, test_options(1500ms));
         } catch (const TimeoutError& e) {
           errors[static_cast<size_t>(r)] = e.what();
         }
@@ -107,10 +107,10 @@ TEST(GlooFaults, ACollectiveThatTimesOutIsATimeoutErrorNamingOpAndGroup) {
 
 TEST(GlooFaults, BadArgumentsToTheWorldAreConfigErrors) {
   auto store = make_memory_store();
-  EXPECT_THROW(make_gloo_world(store, 2, 2), RankOutOfRangeError);
-  EXPECT_THROW(make_gloo_world(store, 0, 0), InvalidValueError);
-  EXPECT_THROW(make_gloo_world(nullptr, 0, 1), ConfigError);
-  EXPECT_THROW(make_gloo_world(store, 0, 1, test_options(0ms)), InvalidValueError);
+  EXPECT_THROW((void)make_gloo_world(store, 2, 2), RankOutOfRangeError);
+  EXPECT_THROW((void)make_gloo_world(store, 0, 0), InvalidValueError);
+  EXPECT_THROW((void)make_gloo_world(nullptr, 0, 1), ConfigError);
+  EXPECT_THROW((void)make_gloo_world(store, 0, 1, test_options(0ms)), InvalidValueError);
   EXPECT_THROW(run_local_ranks(0, [](Communicator&) {}), ConfigError);
 }
 

@@ -8,7 +8,7 @@
 
 int main(int argc, char** argv) {
   commgrid::mpi::MpiEnvironment env(&argc, &argv);
-  auto world = commgrid::mpi::world(std::chrono::seconds(2));
+  auto world = commgrid::make_mpi_world(std::chrono::seconds(2));
   if (world->rank() == 1) {
     std::this_thread::sleep_for(std::chrono::seconds(60));  // ended by rank 0's abort
     return 0;

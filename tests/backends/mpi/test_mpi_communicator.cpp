@@ -18,7 +18,7 @@ namespace {
 using namespace std::chrono_literals;
 
 std::unique_ptr<mpi::MpiCommunicator> make_world(std::chrono::milliseconds timeout = 60s) {
-  return mpi::world(timeout);
+  return make_mpi_world(timeout);
 }
 
 // A value per rank and element, exactly representable in every type (bfloat16 included).

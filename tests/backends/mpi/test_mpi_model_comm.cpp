@@ -11,7 +11,7 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(MpiModelComm, PointToPointVariableRootedTypedAndMembers) {
-  auto world = mpi::world(60s);
+  auto world = make_mpi_world(60s);
   EXPECT_NO_THROW({
     suite::world_members(*world);
     suite::symmetric_and_ring(*world);
@@ -23,19 +23,19 @@ TEST(MpiModelComm, PointToPointVariableRootedTypedAndMembers) {
 }
 
 TEST(MpiModelComm, TwoHundredRandomBatches) {
-  auto world = mpi::world(60s);
+  auto world = make_mpi_world(60s);
   EXPECT_NO_THROW(suite::random_batches(*world, 200, 2024));
 }
 
 TEST(MpiModelComm, AReceiveNobodySendsTimesOutNamingThePeer) {
-  auto world = mpi::world(60s);
+  auto world = make_mpi_world(60s);
   EXPECT_NO_THROW(suite::receive_times_out(*world, 500ms));
   // The receive was cancelled, so the communicator is still usable.
   world->barrier()->wait();
 }
 
 TEST(MpiModelComm, MembersOfEveryKindMatchTheLayout) {
-  auto world = mpi::world(60s);
+  auto world = make_mpi_world(60s);
   const int n = world->size();
   std::vector<ParallelConfig> configs(2);
   configs[0].world_size = n;

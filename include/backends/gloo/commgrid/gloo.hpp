@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commgrid/communicator.hpp"
+#include "commgrid/launch_info.hpp"
 #include "commgrid/store.hpp"
 
 namespace commgrid {
@@ -37,8 +38,9 @@ struct GlooOptions {
 /// naming the ranks that did not arrive within options.timeout, BackendError for a
 /// transport failure. Sets SIGPIPE to ignored when it has its default action, so that a
 /// write to a dead peer is an error, not the death of this rank.
-std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank, int size,
-                                              const GlooOptions& options = {});
+[[nodiscard]] std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank,
+                                                            int size,
+                                                            const GlooOptions& options = {});
 
 /// The rank, size, store and timeout that a launcher put in the environment.
 struct WorldEnv {
@@ -58,9 +60,13 @@ WorldEnv read_world_env();
 /// (commgrid launch, or a user's own script exporting the variables).
 bool world_env_present();
 
-/// Creates the world from the environment: the same as make_world() in
-/// <commgrid/world.hpp> (any launcher, the job id and token). COMMGRID_TIMEOUT, when set,
-/// overrides options.timeout; COMMGRID_GLOO_HOSTNAME, when set, overrides options.hostname.
-std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options = {});
+/// Creates the Gloo world of this process from whichever launcher started it (commgrid
+/// launch, torchrun, srun, mpirun, Hydra: read_launch_info), with the store from its URL
+/// under the job id and the job's token. COMMGRID_TIMEOUT, when set, overrides
+/// options.timeout; COMMGRID_GLOO_HOSTNAME, when set, overrides options.hostname. A tcp://
+/// store is served by rank 0 (it listens on MASTER_PORT) and every rank's Gloo listens on
+/// the interface that reaches the store. Collective over the world; the errors of
+/// read_launch_info, open_store and make_gloo_world.
+[[nodiscard]] std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options = {});
 
 }  // namespace commgrid

@@ -157,12 +157,19 @@ class MpiCommunicator final : public Communicator {
   bool broken_ = false;  ///< set by a timeout; every later call throws
 };
 
-/// The world communicator of this job: a duplicate of MPI_COMM_WORLD named "world".
-/// MPI must be initialized (see MpiEnvironment).
-std::unique_ptr<MpiCommunicator> world(std::chrono::milliseconds timeout = kDefaultTimeout);
-
 /// The MPI tag that create_group uses for a group name (exposed for tests): a hash of the
 /// name's prefix before its last '#', in [0, tag_upper_bound].
 int create_group_tag(std::string_view name, int tag_upper_bound) noexcept;
 
 }  // namespace commgrid::mpi
+
+namespace commgrid {
+
+/// The world communicator of this job: a duplicate of MPI_COMM_WORLD named "world", the
+/// MPI engine's world factory (as make_gloo_world and make_nccl_world are Gloo's and NCCL's).
+/// Collective over MPI_COMM_WORLD. MPI must be initialized (see mpi::MpiEnvironment); throws
+/// BackendError when it is not.
+[[nodiscard]] std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(
+    std::chrono::milliseconds timeout = kDefaultTimeout);
+
+}  // namespace commgrid

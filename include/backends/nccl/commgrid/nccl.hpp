@@ -191,7 +191,7 @@ class NcclCommunicator final : public Communicator {
 /// call on this world and its groups (the ids of member-only groups travel over it).
 /// Throws InvalidValueError for a bad option, BackendError naming the rank and host without
 /// a device (or the ranks sharing one), TimeoutError when initialization does not complete.
-std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
-                                                  const NcclOptions& options = {});
+[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(
+    Communicator& bootstrap, const NcclOptions& options = {});
 
 }  // namespace commgrid
