@@ -283,11 +283,12 @@ bool is_rank_variable(std::string_view kv) {
 }
 
 /// A TCP port that nothing listens on right now (the kernel's choice), for torch's store
-/// on a one-node launch. Like torchrun's, it is free when chosen: a process that takes it
-/// before rank 0 does makes rank 0's init_process_group fail, naming the port.
+/// on a one-node launch; 0 when none can be had (no sockets here: MASTER_PORT is then left
+/// unset, and a torch program says so). Like torchrun's, it is free when chosen: a process
+/// that takes it before rank 0 does makes rank 0's init_process_group fail, naming the port.
 int free_tcp_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(std::string("launch: socket: ") + std::strerror(errno));
+  if (fd < 0) return 0;
   const Fd owned(fd);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -296,7 +297,7 @@ int free_tcp_port() {
   socklen_t len = sizeof(a);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    throw Error(std::string("launch: choosing a port for MASTER_PORT: ") + std::strerror(errno));
+    return 0;
   return ntohs(a.sin_port);
 }
 
@@ -461,11 +462,11 @@ class Launcher {
         {"ROLE_WORLD_SIZE", world},
         {"ROLE_NAME", "default"},
         {"MASTER_ADDR", job_.master_addr},
-        {"MASTER_PORT", std::to_string(job_.torch_port)},
         {"TORCHELASTIC_RUN_ID", job_.job_id},
         {"TORCHELASTIC_RESTART_COUNT", "0"},
         {"TORCHELASTIC_MAX_RESTARTS", "0"}};
     for (const auto& [name, value] : vars) env.push_back(std::string(name) + "=" + value);
+    if (job_.torch_port != 0) env.push_back("MASTER_PORT=" + std::to_string(job_.torch_port));
     if (!job_.token.empty()) env.push_back("COMMGRID_TOKEN=" + job_.token);
     if (timeout_) env.push_back("COMMGRID_TIMEOUT=" + *timeout_);
     // As torchrun does: N ranks on one machine each starting a thread per core would

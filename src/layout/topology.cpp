@@ -138,16 +138,17 @@ std::string kind_list(const std::vector<GroupKind>& kinds) {
 
 // The usual fix of MoE layouts whose expert groups cross nodes: expert tensor parallel 1
 // (etp defaults to tp, so tp 8 with ep 4 makes tp_ep groups of 32). "--etp 1 keeps ep and
-// expt_tp inside" (with "--order X" when the order must change too), or "" when etp is
+// expt_tp inside" (with "--order X" when the order must change too), or "" when no order is
+// needed for it (the best order, crossing `then`, keeps both inside already), etp is
 // already 1, etp 1 is not a valid layout, or it would not keep them inside without pushing
-// tp or cp out.
-std::string etp_one_advice(const Layout& layout, const NodeMap& nodes, int now) {
+// tp or cp out (crossing `now`).
+std::string etp_one_advice(const Layout& layout, const NodeMap& nodes, int now, int then) {
   const ParallelConfig& given = layout.config();
-  if (given.expert_tp() == 1) return "";
-  ParallelConfig c = given;
-  c.etp = 1;
   const int dense = priority_bit(GroupKind::tp) | priority_bit(GroupKind::cp);
   const int expert = priority_bit(GroupKind::ep) | priority_bit(GroupKind::expt_tp);
+  if (given.expert_tp() == 1 || (then & expert) == 0) return "";
+  ParallelConfig c = given;
+  c.etp = 1;
   auto serves = [&](const ParallelConfig& candidate) {
     const int mask = crossing_mask(Layout(candidate), nodes);
     return (mask & expert) == 0 && (mask & dense & ~now) == 0;
@@ -442,8 +443,8 @@ TopologyReport check_topology(const Layout& layout, std::span<const GroupKind> k
       }
     }
     if (k == GroupKind::ep || k == GroupKind::expt_tp) {
-      if (const std::string etp = etp_one_advice(layout, nodes, now); !etp.empty())
-        w.reason += w.order || !w.reason.empty() ? "; or " + etp : etp;
+      if (const std::string etp = etp_one_advice(layout, nodes, now, then); !etp.empty())
+        w.reason += (w.reason.empty() ? (w.order ? "or " : "") : "; or ") + etp;
     }
     report.warnings.push_back(std::move(w));
   }

@@ -78,7 +78,11 @@ TEST(Launch, ARankKilledBySigkillIsNamedAndTheOthersEndWithoutHanging) {
 }
 
 TEST(Launch, ARankThatNeverArrivesMakesTheOthersFailNamingIt) {
-  Result r = launch({"launch", "-n", "3", "--timeout", "2", "--", kWorker, "missing", "2"});
+  // The ranks' own 2 s timeout, without launch's --timeout: launch's deadline (the timeout
+  // + 1 s from its start) would race the ranks' on a loaded machine, where starting them
+  // alone can take longer than that second.
+  Result r = run_shell("COMMGRID_TIMEOUT=2 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                       " launch -n 3 -- " + commgrid::test::shell_quote(kWorker) + " missing 2");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(error: rank [01] exited with code 1\n)")))
       << r.err;
@@ -424,16 +428,18 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
     }
     for (int fd : fds) ::close(fd);
   });
-  Result r = launch({"launch", "-n", "4", "--master-port", std::to_string(store_port), "--timeout",
-                     "10", "--", COMMGRID_CLI, "verify", "--tp", "2", "--cp", "2", "--kinds",
-                     "tp,pp,dp,cp"});
+  // The ranks' own 10 s timeout (COMMGRID_TIMEOUT), without launch's --timeout, whose
+  // deadline one second later would race a rank's report on a loaded machine.
+  Result r = run_shell("COMMGRID_TIMEOUT=10 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                       " launch -n 4 --master-port " + std::to_string(store_port) + " -- " +
+                       commgrid::test::shell_quote(COMMGRID_CLI) + " verify --tp 2 --cp 2 --kinds " + marker);
   done = true;
   stranger.join();
   EXPECT_EQ(stranger_error, "") << "the stranger's scan of /proc threw";
   std::cout << "stranger made " << attacked.load() << " connections with garbage\n";
   EXPECT_GT(attacked.load(), 0) << "the stranger found nothing to attack";
   EXPECT_FALSE(has(r.err, "SIGABRT")) << r.err;
-  // --timeout 10: launch ends the job by 11 s, SIGKILL 5 s later; room for a loaded machine.
+  // Every rank ends by its 10 s timeout; room for a loaded machine (a hang would be 60 s).
   EXPECT_LT(r.seconds, 45.0) << "a hang";
   if (r.code != 0) {
     EXPECT_EQ(r.code, 1) << r.err;

@@ -5,6 +5,28 @@
 #include <atomic>
 #include <iostream>
 
+// What the docs call the API, declared by the umbrella header alone (a name missing from
+// it fails this build): the world factories, the launcher's view, stores, the rank-threads
+// runner and its errors, the runtime's collections and the layout's extras.
+using commgrid::AbortedError;
+using commgrid::check_topology;
+using commgrid::GradCommProcessGroups;
+using commgrid::HyperGridGroups;
+using commgrid::kDefaultTimeout;
+using commgrid::LaunchInfo;
+using commgrid::make_gloo_world;
+using commgrid::make_gloo_world_from_env;
+using commgrid::make_memory_store;
+using commgrid::ModelCommProcessGroups;
+using commgrid::open_store;
+using commgrid::P2POp;
+using commgrid::ProcessGroupCollection;
+using commgrid::RankFailedError;
+using commgrid::RankMap;
+using commgrid::read_launch_info;
+using commgrid::run_local_ranks_collect;
+using commgrid::TimeoutError;
+
 int main() {
   commgrid::ParallelConfig c;
   c.world_size = 4;
