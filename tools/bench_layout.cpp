@@ -56,12 +56,16 @@ ParallelConfig bench_config(std::int64_t world_size, BenchEdition edition) {
 
 void use_memory_mode(MemoryMode mode) {
   if (mode == MemoryMode::warm) {
-    // glibc's largest mmap threshold; below it, freed blocks return to the heap, and with
-    // trimming off the heap keeps its pages for the next repetition.
-    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+    // No mmap at all: every block comes from the heap, freed blocks return to it, and with
+    // trimming off (-1; INT_MAX is not off: 3 GiB of freed lists at 2^24 ranks exceed it)
+    // the heap keeps its pages for the next repetition. glibc's largest mmap threshold,
+    // 32 MiB, is not enough either: a kind's list at 2^24 ranks is 128 MiB, and a fresh
+    // mmap per list made the code look 9x slower than the baseline, from page faults alone.
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, -1);
   } else {
     // A fixed threshold also turns off glibc's dynamic raising of it after each free.
+    mallopt(M_MMAP_MAX, 65536);
     mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     mallopt(M_TRIM_THRESHOLD, 128 * 1024);
   }

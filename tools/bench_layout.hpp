@@ -55,7 +55,7 @@ std::vector<Rank> query_ranks(std::int64_t world_size, std::size_t n);
 /// Where the memory of each enumeration and baseline comes from. This matters more than
 /// the code: on a VM a first touch of a page can cost tens of microseconds.
 enum class MemoryMode {
-  /// The allocator keeps freed memory (mmap threshold 32 MiB, no trimming), so from the
+  /// The allocator keeps freed memory (no mmap, no trimming), so from the
   /// second repetition on, lists land in pages already mapped; baselines write into a
   /// buffer mapped beforehand. Measures the code, as in a long-running process.
   warm,

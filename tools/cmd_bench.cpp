@@ -13,6 +13,9 @@
 #include "cli_errors.hpp"
 #include "bench_layout.hpp"
 #include "bench_runtime.hpp"
+#if COMMGRID_HAS_BOOTSTRAP
+#include "bench_store.hpp"
+#endif
 #include "command.hpp"
 #include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
@@ -665,7 +668,13 @@ Command add_bench_command(CLI::App& root) {
                "         commgrid bench collectives --backend nccl --local 2 (2 GPUs; device "
                "buffers, raw NCCL as the reference)");
 
-  return {app, [app, layout, lo, init, fi, coll, fc]() -> int {
+#if COMMGRID_HAS_BOOTSTRAP
+  const Command store = add_bench_store_command(*app);  // bench_store.cpp
+#else
+  const Command store;
+#endif
+  return {app, [app, layout, lo, init, fi, coll, fc, store]() -> int {
+            if (store.app != nullptr && store.app->parsed()) return store.run();
             if (layout->parsed()) return run_bench_layout(*lo);
             if (init->parsed()) return run_bench_init(*fi);
             if (coll->parsed()) return run_bench_collectives(*fc);

@@ -51,6 +51,30 @@ class UnknownKindError(ConfigError):
     """A group kind name commgrid does not know, or one the layout does not have."""
 
 
-class StateError(Error, RuntimeError):
+class StateError(Error, RuntimeError, AssertionError):
     """A call that needs initialized parallel state came before initialization or after
-    destroy, or initialization came twice."""
+    destroy, or initialization came twice. Also a RuntimeError and an AssertionError:
+    Megatron-core raises one or the other in these cases (an ``assert`` in its getters,
+    ``RuntimeError`` in create_all_gather_groups), and code that catches Megatron's type
+    keeps working."""
+
+
+_AS_BUILTIN = {}
+
+
+def as_builtin(error, builtin):
+    """``error`` (a commgrid error) re-made as an instance of a subclass of both its own
+    class and ``builtin`` (RuntimeError, AssertionError): commgrid.torch raises a bad
+    configuration this way, as the built-in type Megatron-core raises for that rule, so
+    that ``except commgrid.DivisibilityError`` and ``except RuntimeError`` both catch it.
+    The class keeps the commgrid name; ``parameter`` is kept."""
+    cls = type(error)
+    if isinstance(error, builtin):
+        return error
+    key = (cls, builtin)
+    if key not in _AS_BUILTIN:
+        _AS_BUILTIN[key] = type(cls.__name__, (cls, builtin),
+                                {"__module__": cls.__module__, "__doc__": cls.__doc__})
+    made = _AS_BUILTIN[key](*error.args)
+    made.parameter = getattr(error, "parameter", "")
+    return made

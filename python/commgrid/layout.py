@@ -3,7 +3,7 @@
 import operator
 
 from . import _commgrid
-from .errors import InvalidValueError
+from .errors import InvalidValueError, UnknownKindError
 
 # Megatron-core's keyword names (initialize_model_parallel) and commgrid's short ones.
 _ALIASES = {
@@ -81,10 +81,14 @@ class Layout(_commgrid.Layout):
 
     def _per_level(self, kind):
         """Whether ``kind`` without a level means one result per level (hcp, hybrid_dp_cp)."""
+        self._resolve(kind, None)  # a kind name, or a typed error
         return kind in ("hcp", _HYBRID) and self.has_kind(kind)
 
     def _resolve(self, kind, level):
         """(kind, level) for a kind name, accepting HEAD's level names hybrid_dp_cp_<n>."""
+        if not isinstance(kind, str):
+            raise UnknownKindError(f"kind must be a kind name such as \"tp\", got {kind!r} "
+                                   f"(the kinds: {', '.join(_commgrid.kind_names())})", parameter="kind")
         if kind.startswith(_HYBRID + "_") and self.has_kind(_HYBRID):
             names = [self.level_name(_HYBRID, lv) for lv in range(self.levels(_HYBRID))]
             if kind in names:
@@ -94,31 +98,37 @@ class Layout(_commgrid.Layout):
                 return _HYBRID, names.index(kind)
         return kind, 0 if level is None else level
 
-    def groups(self, kind, level=None, *, as_array=False):
+    def groups(self, kind, level=None, *, as_array=False, max_output_mib=1024):
         """Every group of the kind in Megatron's order, as a list of lists of ints (with
         ``as_array=True``: as :meth:`array` returns them). For ``hcp`` and ``hybrid_dp_cp``
         without a level: one such list (array) per level; ``hybrid_dp_cp_<n>`` names one
-        hybrid level as HEAD does."""
+        hybrid level as HEAD does. A result larger than ``max_output_mib`` (about 36 bytes a
+        rank as lists, 8 as an array; 0: no limit) raises :class:`commgrid.OverflowError`
+        before anything is built."""
         get = self.groups_array if as_array else self.groups_list
         if level is None and self._per_level(kind):
-            return [get(kind, lv) for lv in range(self.levels(kind))]
-        return get(*self._resolve(kind, level))
+            return [get(kind, lv, max_output_mib) for lv in range(self.levels(kind))]
+        return get(*self._resolve(kind, level), max_output_mib)
 
-    def array(self, kind, level=None):
+    def array(self, kind, level=None, *, max_output_mib=1024):
         """Every group of the kind as a 2-D ``numpy.int64`` array (groups x group size) over
         the core's own buffer, without a copy. Raises ``InvalidValueError`` when the kind's
         groups differ in size (custom embedding policies, a ragged hybrid_dp_cp level)."""
-        return self.groups_array(*self._resolve(kind, level))
+        return self.groups_array(*self._resolve(kind, level), max_output_mib)
 
-    def group_of(self, kind, rank, level=None):
+    def group_of(self, kind, rank, level=None, *, max_output_mib=1024):
         """The members of ``rank``'s group of the kind (in the kind's member order), or
-        ``None`` when the rank is in none. For ``hcp`` without a level: one per level."""
+        ``None`` when the rank is in none. For ``hcp`` without a level: one per level. A
+        group larger than ``max_output_mib`` raises :class:`commgrid.OverflowError` (use
+        :meth:`group_ref` or ``group_size`` for its size and index)."""
         if level is None and self._per_level(kind):
-            return [self.group_members(kind, rank, lv) for lv in range(self.levels(kind))]
+            return [self.group_members(kind, rank, lv, max_output_mib) for lv in range(self.levels(kind))]
         kind, level = self._resolve(kind, level)
-        return self.group_members(kind, rank, level)
+        return self.group_members(kind, rank, level, max_output_mib)
 
     def __repr__(self):
+        if not self.initialized():
+            return "commgrid.Layout(<not initialized: its construction failed>)"
         c = self.config
         keys = _REPR_SEED + (_REPR_HEAD if c.get("compat") == "head" else ())
         fields = ", ".join(f"{k}={c[k]!r}" for k in keys)

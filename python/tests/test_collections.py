@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 import commgrid
-from commgrid._state import STATE
+from commgrid._state import GROUP_GLOBAL, STATE
 
 MODEL_FIELDS = ["tp", "pp", "mp", "embd", "pos_embd", "cp", "tp_cp", "hcp", "ep", "expt_tp",
                 "tp_ep", "tp_ep_pp", "expt_dp"]
@@ -73,7 +73,8 @@ def test_use_mpu_process_groups_before_initialization_reads_none(state):
 def test_use_mpu_process_groups_from_state(state):
     groups = {f: object() for f in MODEL_FIELDS + GRAD_FIELDS if f not in ("pos_embd", "hcp")}
     groups["hcp"] = [object(), object()]
-    state.groups.update(groups)  # pos_embd: this rank has none
+    for f, g in groups.items():  # pos_embd: this rank has none
+        state.vars[GROUP_GLOBAL[f]] = g
     m = commgrid.ModelCommProcessGroups.use_mpu_process_groups()
     for f in MODEL_FIELDS:
         assert getattr(m, f) is groups.get(f)

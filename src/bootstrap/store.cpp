@@ -9,8 +9,10 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -50,12 +52,15 @@ void store_call(std::string_view op, const std::string& where, F&& fn) {
 }  // namespace
 
 struct Store::State {
-  std::mutex mutex;
+  std::mutex mutex;        // the engine's: held around every do_* call
+  std::mutex abort_mutex;  // abort_reason's (never held with a wait in progress)
   std::atomic<bool> aborted{false};
-  std::string abort_reason;  // written once under mutex before aborted is set
+  std::string abort_reason;  // written once under abort_mutex before aborted is set
+  std::string job_secret;
 };
 
 Store::Store() : state_(std::make_unique<State>()) {}
+void Store::set_job_secret(std::string secret) { state_->job_secret = std::move(secret); }
 Store::~Store() = default;
 
 void Store::set(const std::string& key, std::span<const char> value) {
@@ -80,30 +85,50 @@ bool Store::has(const std::string& key) {
   return present;
 }
 
+std::vector<std::string> Store::do_wait(std::vector<std::string> keys,
+                                        std::chrono::milliseconds /*slice*/) {
+  std::erase_if(keys, [&](const std::string& k) { return do_has(k); });
+  return keys;
+}
+
 std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
                                          std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
+  using Ms = std::chrono::milliseconds;
   const auto deadline = Clock::now() + timeout;
   std::vector<std::string> missing(keys.begin(), keys.end());
-  // Polling rather than a condition variable: the file and Redis stores can only be polled,
-  // and one loop for all three keeps abort() and the missing-key report uniform.
-  auto pause = std::chrono::milliseconds(1);
+  // Polling (or, where the store can wait, waiting in slices) rather than one long wait:
+  // abort() and the deadline are seen between rounds, and the caller learns which keys
+  // are still missing. A slice is short so that a thread sharing this store object is
+  // not kept waiting for the engine for long.
+  auto pause = Ms(1);
   for (;;) {
     if (state_->aborted.load()) {
-      std::lock_guard lock(state_->mutex);
+      std::lock_guard lock(state_->abort_mutex);
       throw AbortedError(state_->abort_reason);
     }
-    std::erase_if(missing, [&](const std::string& k) { return has(k); });
+    const Ms left = std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
+    {
+      std::lock_guard lock(state_->mutex);
+      store_call("wait", uri(), [&] {
+        missing = do_wait(std::move(missing), waits_in_slices() ? std::min(left, Ms(2000)) : Ms(0));
+      });
+    }
     if (missing.empty() || Clock::now() >= deadline) return missing;
-    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(
-        pause, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()) +
-                   std::chrono::milliseconds(1)));
-    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+    if (waits_in_slices()) {
+      // A thread sharing this store object, blocked on the engine during the slice, gets
+      // its turn now.
+      std::this_thread::sleep_for(Ms(1));
+      continue;
+    }
+    std::this_thread::sleep_for(std::min<Ms>(
+        pause, std::chrono::duration_cast<Ms>(deadline - Clock::now()) + Ms(1)));
+    pause = std::min(pause * 2, Ms(20));
   }
 }
 
 void Store::abort(const std::string& reason) {
-  std::lock_guard lock(state_->mutex);
+  std::lock_guard lock(state_->abort_mutex);
   if (state_->aborted.load()) return;  // the first reason is the one that matters
   state_->abort_reason = reason;
   state_->aborted.store(true);
@@ -111,7 +136,15 @@ void Store::abort(const std::string& reason) {
 
 bool Store::aborted() const noexcept { return state_->aborted.load(); }
 
+const std::atomic<bool>& Store::abort_flag() const noexcept { return state_->aborted; }
+
+const std::string& Store::job_secret() const noexcept { return state_->job_secret; }
+
 std::string Store::local_address() const { return "127.0.0.1"; }
+
+std::string effective_token(const Store& store, const std::string& token) {
+  return token.empty() ? store.job_secret() : token;
+}
 
 std::string token_proof(const std::string& token, const std::string& context) {
   if (token.empty()) return "";
@@ -135,6 +168,9 @@ namespace {
 // Ranks that are threads of one process.
 class MemoryStore final : public Store {
  public:
+  // Its ranks are threads of this process; the secret still keeps a stranger on the
+  // loopback out of their Gloo pairs.
+  MemoryStore() { set_job_secret(bootstrap::random_hex(32)); }
   std::string uri() const override { return "memory"; }
 
  protected:
@@ -156,7 +192,9 @@ class MemoryStore final : public Store {
 // key in hex.
 class FileStore final : public Store {
  public:
-  explicit FileStore(std::string folder) : folder_(std::move(folder)) {}
+  FileStore(std::string folder, std::string secret) : folder_(std::move(folder)) {
+    set_job_secret(std::move(secret));
+  }
   std::string uri() const override { return "file://" + folder_; }
 
  protected:
@@ -215,66 +253,122 @@ class FileStore final : public Store {
   std::string folder_;
 };
 
-// The claim record of a job: its id and a keyed hash of its token, so that a second job
-// (another id, or the same id with another token) is told apart without the token.
-std::string claim_text(const StoreOptions& o) {
-  return o.job_id + "\n" + token_proof(o.token, "commgrid store claim " + o.job_id) + "\n";
+// The claim record of a job, "ID\nPROOF\n": its id and a keyed hash of its token, so that a
+// second job (another id, or the same id with another token) is told apart without the
+// token. A job without a token writes "ID\nsecret HEX\n" instead: the random job secret
+// its ranks then prove to each other (effective_token), generated by the first to claim.
+struct Claim {
+  std::string id, proof, secret;
+};
+
+Claim parse_claim(const std::string& text) {
+  Claim c;
+  const size_t nl = text.find('\n');
+  c.id = text.substr(0, nl);
+  std::string second = nl == std::string::npos ? "" : text.substr(nl + 1);
+  if (!second.empty() && second.back() == '\n') second.pop_back();
+  constexpr std::string_view kSecret = "secret ";
+  if (second.starts_with(kSecret)) c.secret = second.substr(kSecret.size());
+  else c.proof = second;
+  return c;
 }
 
-[[noreturn]] void conflict(const std::string& where, const std::string& found,
-                           const StoreOptions& o) {
-  const std::string other = found.substr(0, found.find('\n'));
-  if (other == o.job_id)
-    throw JobConflictError("store " + where + " is in use by another job with the id '" +
-                           other + "' and a different token: give each job its own store");
-  throw JobConflictError("store " + where + " is in use by job '" + other + "' (this is job '" +
-                         o.job_id + "'): give each job its own store");
+std::string claim_proof(const StoreOptions& o) {
+  return token_proof(o.token, "commgrid store claim " + o.job_id);
+}
+
+// What this job writes when it claims a store first.
+std::string new_claim(const StoreOptions& o) {
+  if (o.token.empty()) return o.job_id + "\nsecret " + bootstrap::random_hex(32) + "\n";
+  return o.job_id + "\n" + claim_proof(o) + "\n";
+}
+
+// A claim's text as it may appear in a message: it came from the store, so anyone who
+// could write there chose it.
+std::string shown(const std::string& text) {
+  std::string out;
+  for (char c : text.substr(0, 128)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return text.size() > 128 ? out + "..." : out;
+}
+
+// Checks the claim found in a store against this job: returns the job secret (the claim's,
+// for a job without a token; empty with a token) or throws JobConflictError.
+std::string accept_claim(const std::string& where, const std::string& found,
+                         const StoreOptions& o) {
+  const Claim c = parse_claim(found);
+  if (c.id != o.job_id)
+    throw JobConflictError("store " + where + " is in use by job '" + shown(c.id) +
+                           "' (this is job '" + o.job_id + "'): give each job its own store");
+  if (o.token.empty() && !c.secret.empty()) return c.secret;
+  if (!o.token.empty() && c.secret.empty() && c.proof.size() == 64 &&
+      CRYPTO_memcmp(c.proof.data(), claim_proof(o).data(), 64) == 0)
+    return "";
+  throw JobConflictError("store " + where + " is in use by another job with the id '" +
+                         o.job_id + "' and a different token" +
+                         (o.token.empty() ? " (that job has a token, this one none)"
+                                          : (c.secret.empty() ? "" : " (that job has none)")) +
+                         ": give each job its own store");
+}
+
+// What this process writes in a rank's place: unique to the process (a fork is another).
+std::string process_mark() {
+  static std::mutex mutex;
+  static pid_t owner = -1;
+  static std::string mark;
+  std::lock_guard lock(mutex);
+  if (owner != ::getpid()) {
+    owner = ::getpid();
+    mark = "pid " + std::to_string(owner) + " " + bootstrap::random_hex(16);
+  }
+  return mark;
 }
 
 #if COMMGRID_HAVE_HIREDIS
 // One hiredis connection (commands are serialized by Store's mutex).
 class RedisConnection {
  public:
-  RedisConnection(const std::string& host, int port, const std::string& password,
-                  std::chrono::milliseconds timeout) {
-    // hiredis blocks without limit on a server that stopped answering (SIGSTOP, a network
-    // partition); a bound per command keeps every wait within its timeout plus this.
-    const auto bound = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(2));
+  RedisConnection(std::string where, const std::string& host, int port,
+                  const std::string& password, std::chrono::milliseconds timeout)
+      : where_(std::move(where)),
+        // hiredis blocks without limit on a server that stopped answering (SIGSTOP, a
+        // network partition); a bound per command keeps every wait within its timeout plus
+        // this.
+        bound_(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(2))) {
     timeval tv{};
-    tv.tv_sec = static_cast<time_t>(bound.count() / 1000);
-    tv.tv_usec = static_cast<suseconds_t>((bound.count() % 1000) * 1000);
+    tv.tv_sec = static_cast<time_t>(bound_.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((bound_.count() % 1000) * 1000);
     // Owned from the start: a refused AUTH below throws out of the constructor, where a
     // destructor would not run.
     redis_.reset(redisConnectWithTimeout(host.c_str(), port, tv));
-    if (!redis_) throw BackendError("redis connect: cannot allocate a connection");
-    if (redis_->err != 0) throw BackendError(std::string("redis connect: ") + redis_->errstr);
+    if (!redis_) throw BackendError("redis connect to " + where_ + ": cannot allocate a connection");
+    if (redis_->err != 0) throw_failure("connect");
     redisSetTimeout(redis_.get(), tv);
     if (password.empty()) return;
-    Reply reply = command("AUTH %b", password.data(), password.size());
+    Reply reply = command("AUTH", "AUTH %b", password.data(), password.size());
     if (reply->type != REDIS_REPLY_STATUS)
       // The reply names no password.
-      throw AuthenticationError("redis AUTH refused: " + text_of(reply.get()));
+      throw AuthenticationError("redis AUTH on " + where_ + " refused: " + text_of(reply.get()));
   }
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
 
   /// SET key value NX: true when this call set it, false when the key existed.
   bool set_if_absent(const std::string& key, std::string_view value) {
-    Reply reply = command("SET %b %b NX", key.data(), key.size(), value.data(), value.size());
+    Reply reply = command("SET", "SET %b %b NX", key.data(), key.size(), value.data(), value.size());
     if (reply->type == REDIS_REPLY_STATUS) return true;
     if (reply->type == REDIS_REPLY_NIL) return false;
-    throw BackendError("redis SET: " + text_of(reply.get()));
+    throw BackendError("redis SET on " + where_ + ": " + text_of(reply.get()));
   }
   std::vector<char> get(const std::string& key) {
-    Reply reply = command("GET %b", key.data(), key.size());
+    Reply reply = command("GET", "GET %b", key.data(), key.size());
     if (reply->type != REDIS_REPLY_STRING)
-      throw BackendError("redis GET: " + text_of(reply.get()));
+      throw BackendError("redis GET on " + where_ + ": " + text_of(reply.get()));
     return {reply->str, reply->str + reply->len};
   }
   bool exists(const std::string& key) {
-    Reply reply = command("EXISTS %b", key.data(), key.size());
+    Reply reply = command("EXISTS", "EXISTS %b", key.data(), key.size());
     if (reply->type != REDIS_REPLY_INTEGER)
-      throw BackendError("redis EXISTS: " + text_of(reply.get()));
+      throw BackendError("redis EXISTS on " + where_ + ": " + text_of(reply.get()));
     return reply->integer != 0;
   }
 
@@ -285,15 +379,31 @@ class RedisConnection {
   using Reply = std::unique_ptr<redisReply, FreeReply>;
 
   template <class... Args>
-  Reply command(const char* format, Args... args) {
+  Reply command(const char* name, const char* format, Args... args) {
     auto* r = static_cast<redisReply*>(redisCommand(redis_.get(), format, args...));
-    if (r == nullptr) {
-      const bool timed_out = redis_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-      const std::string why = redis_->errstr[0] != '\0' ? redis_->errstr : "no reply";
-      if (timed_out) throw TimeoutError("redis: the server did not answer: " + why);
-      throw BackendError("redis: " + why);
-    }
+    if (r == nullptr) throw_failure(name);
     return Reply(r);
+  }
+  // What went wrong with the connection, in words: hiredis' own ("Resource temporarily
+  // unavailable", "Server closed the connection") says neither where nor what it means.
+  // Once failed, a hiredis connection stays failed: every later command says the same.
+  [[noreturn]] void throw_failure(const std::string& op) const {
+    const int err = redis_->err;
+    const std::string why = redis_->errstr[0] != '\0' ? redis_->errstr : "no reply";
+    const std::string head = "redis " + op + " on " + where_ + ": ";
+    const std::string secs = std::to_string(bound_.count() / 1000) + "." +
+                             std::to_string(bound_.count() % 1000 / 100) + " s";
+    if (err == REDIS_ERR_IO && (why.find("temporarily unavailable") != std::string::npos ||
+                                why.find("timed out") != std::string::npos))
+      throw TimeoutError(head + "the server did not answer within " + secs +
+                          " (it is stopped, overloaded or cut off from this host)");
+    if (err == REDIS_ERR_EOF || why.find("reset by peer") != std::string::npos ||
+        why.find("Broken pipe") != std::string::npos)
+      throw BackendError(head + "the server closed the connection (" + why +
+                          "): Redis stopped, restarted or dropped this client");
+    if (why.find("refused") != std::string::npos)
+      throw BackendError(head + "nothing listens there (" + why + "): is redis-server running?");
+    throw BackendError(head + why);
   }
   static std::string text_of(const redisReply* r) {
     if (r->type == REDIS_REPLY_ERROR) return std::string(r->str, r->len);
@@ -303,6 +413,8 @@ class RedisConnection {
   struct FreeContext {
     void operator()(redisContext* c) const { redisFree(c); }
   };
+  std::string where_;
+  std::chrono::milliseconds bound_;
   std::unique_ptr<redisContext, FreeContext> redis_;
 };
 
@@ -311,7 +423,7 @@ class RedisStore final : public Store {
   RedisStore(const std::string& host, int port, std::string prefix, const std::string& password,
              std::string local, std::chrono::milliseconds timeout)
       : host_(host), port_(port), prefix_(std::move(prefix)), local_(std::move(local)),
-        redis_(host, port, password, timeout) {}
+        redis_(uri(), host, port, password, timeout) {}
   std::string uri() const override {
     return "redis://" + host_ + ":" + std::to_string(port_) + "/" + prefix_;
   }
@@ -319,11 +431,13 @@ class RedisStore final : public Store {
 
   /// Claims the prefix for the job, or throws JobConflictError naming the job holding it.
   void claim(const StoreOptions& o) {
-    const std::string mine = claim_text(o);
-    if (redis_.set_if_absent(full("commgrid-job"), mine)) return;
+    const std::string mine = new_claim(o);
+    if (redis_.set_if_absent(full("commgrid-job"), mine)) {
+      set_job_secret(parse_claim(mine).secret);
+      return;
+    }
     const std::vector<char> got = get("commgrid-job");
-    const std::string found(got.begin(), got.end());
-    if (found != mine) conflict(uri(), found, o);
+    set_job_secret(accept_claim(uri(), std::string(got.begin(), got.end()), o));
   }
 
  protected:
@@ -389,13 +503,20 @@ std::string probe_tcp(const std::string& host, int port, int timeout_ms, std::st
   return last;
 }
 
-// The URI as it may be shown: a Redis password is replaced by "***".
+// Where a redis:// URI's userinfo ("[user]:password@") ends: at its last '@', since a
+// password may hold '@' (and '/'); npos when there is none. A prefix may not hold '@'.
+size_t userinfo_end(std::string_view uri) {
+  constexpr std::string_view kRedis = "redis://";
+  if (!uri.starts_with(kRedis)) return std::string_view::npos;
+  const size_t at = uri.rfind('@');
+  return at == std::string_view::npos || at < kRedis.size() ? std::string_view::npos : at;
+}
+
+// The URI as it may be shown: a Redis URI's whole userinfo is replaced by "***".
 std::string shown_uri(std::string_view uri) {
-  std::string out(uri);
-  if (!out.starts_with("redis://")) return out;
-  const size_t at = out.find('@');
-  if (at == std::string::npos) return out;
-  return "redis://***@" + out.substr(at + 1);
+  const size_t at = userinfo_end(uri);
+  if (at == std::string_view::npos) return std::string(uri);
+  return "redis://***@" + std::string(uri.substr(at + 1));
 }
 
 [[noreturn]] void bad_uri(std::string_view uri, const std::string& why) {
@@ -406,10 +527,10 @@ std::string shown_uri(std::string_view uri) {
 }
 
 // Claims a file store folder: the record is written to a private file and linked into
-// place, which fails if a claim exists (rename would replace it).
-void claim_folder(const std::string& folder, const StoreOptions& o) {
+// place, which fails if a claim exists (rename would replace it). Returns the job secret.
+std::string claim_folder(const std::string& folder, const StoreOptions& o) {
   const std::string path = folder + "/commgrid-job";
-  const std::string mine = claim_text(o);
+  const std::string mine = new_claim(o);
   std::string tmp = folder + "/.commgrid-job-XXXXXX";
   int fd = ::mkstemp(tmp.data());  // 0600
   if (fd < 0)
@@ -421,15 +542,52 @@ void claim_folder(const std::string& folder, const StoreOptions& o) {
   ::unlink(tmp.c_str());
   if (!written)
     throw BackendError("file store " + folder + ": cannot write a claim");
-  if (linked == 0) return;
+  if (linked == 0) return parse_claim(mine).secret;
   if (link_errno != EEXIST)
     throw BackendError("file store " + folder + ": cannot claim: " + std::strerror(link_errno));
   std::ifstream in(path, std::ios::binary);
   std::string found((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (found != mine) conflict("file://" + folder, found, o);
+  return accept_claim("file://" + folder, found, o);
 }
 
 }  // namespace
+
+namespace bootstrap {
+
+std::string random_hex(size_t bytes) {
+  std::vector<unsigned char> raw(bytes);
+  if (RAND_bytes(raw.data(), static_cast<int>(bytes)) != 1)
+    throw BackendError("store: OpenSSL RAND_bytes failed");
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+void join_as_rank(Store& store, const StoreOptions& o) {
+  if (o.rank < 0) return;
+  const std::string key = "commgrid-job/rank/" + std::to_string(o.rank);
+  const std::string mine = process_mark();
+  try {
+    store.set(key, std::span<const char>(mine.data(), mine.size()));
+    return;
+  } catch (const BackendError&) {
+    if (!store.has(key)) throw;  // not a taken place: the store failed
+  }
+  const std::vector<char> got = store.get(key);
+  if (std::string(got.begin(), got.end()) == mine) return;  // this process, again
+  throw JobConflictError(
+      "store " + store.uri() + " is in use by another job with the same id '" + o.job_id +
+      "': its rank " + std::to_string(o.rank) +
+      " has joined the store already (two jobs started with one id on one store, or one "
+      "rank started twice): give each job its own COMMGRID_JOB_ID or store" +
+      (o.token.empty() ? ", and a COMMGRID_TOKEN" : ""));
+}
+
+}  // namespace bootstrap
 
 std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>(); }
 
@@ -437,8 +595,9 @@ std::shared_ptr<Store> make_file_store(const std::string& folder, const StoreOpt
   std::error_code ec;
   if (!std::filesystem::is_directory(folder, ec))
     throw ConfigError("store", "file store '" + folder + "': not an existing folder");
-  claim_folder(folder, options);
-  return std::make_shared<FileStore>(folder);
+  auto store = std::make_shared<FileStore>(folder, claim_folder(folder, options));
+  bootstrap::join_as_rank(*store, options);
+  return store;
 }
 
 std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
@@ -455,9 +614,14 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
                                    std::to_string(port));
   const std::string where = "redis://" + host + ":" + std::to_string(port);
   std::string local;
-  if (std::string why = probe_tcp(host, port, 5000, &local); !why.empty()) {
+  const int probe_ms = static_cast<int>(std::clamp<long long>(options.timeout.count(), 1, 5000));
+  if (std::string why = probe_tcp(host, port, probe_ms, &local); !why.empty()) {
     if (why.find("timed out") != std::string::npos)
-      throw TimeoutError("store connect on " + where + ": " + why);
+      throw TimeoutError("store connect on " + where + ": " + why +
+                         " (no answer from the host: wrong address, or a firewall)");
+    if (why.find("refused") != std::string::npos)
+      throw BackendError("store connect on " + where + ": " + why +
+                         " (nothing listens there: is redis-server running on that port?)");
     throw BackendError("store connect on " + where + ": " + why);
   }
 #if !COMMGRID_HAVE_HIREDIS
@@ -472,6 +636,7 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
     out = std::make_shared<RedisStore>(host, port, prefix, password, local, options.timeout);
   });
   store_call("claim", out->uri(), [&] { out->claim(options); });
+  bootstrap::join_as_rank(*out, options);
   return out;
 #endif
 }
@@ -505,12 +670,12 @@ std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& opti
     std::string_view rest = uri.substr(kRedis.size());
     // redis://[user]:password@host... : the password is used, never shown.
     std::string password;
-    if (auto at = rest.find('@'); at != std::string_view::npos) {
-      std::string_view cred = rest.substr(0, at);
+    if (const size_t at = userinfo_end(uri); at != std::string_view::npos) {
+      std::string_view cred = uri.substr(kRedis.size(), at - kRedis.size());
       const auto c = cred.find(':');
       password = std::string(c == std::string_view::npos ? cred : cred.substr(c + 1));
       if (password.empty()) bad_uri(uri, "empty password before '@'");
-      rest = rest.substr(at + 1);
+      rest = uri.substr(at + 1);
     }
     if (password.empty())
       if (const char* p = std::getenv("COMMGRID_REDIS_PASSWORD"); p != nullptr) {

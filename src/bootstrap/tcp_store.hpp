@@ -1,7 +1,9 @@
 // The tcp:// rendezvous store: served by one process (rank 0, at MASTER_ADDR:MASTER_PORT),
-// the others connect; every connection proves the job's token before any request.
+// the others connect; every connection proves the job's token before any request. Also the
+// bootstrap's helpers shared by the stores (store.cpp and tcp_store.cpp).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -11,7 +13,8 @@ namespace commgrid::bootstrap {
 
 /// Serves (options.serve) or connects to the TCP store at host:port for options.job_id.
 /// Throws JobConflictError when the port serves another job (or is taken), AuthenticationError
-/// when the token is not proven, TimeoutError when no server answers within options.timeout.
+/// when the token is not proven, TimeoutError when no server answers within options.timeout,
+/// BackendError naming the server's limit when it refused this rank for the whole timeout.
 std::shared_ptr<Store> make_tcp_store(const std::string& host, int port,
                                       const StoreOptions& options);
 
@@ -19,8 +22,20 @@ std::shared_ptr<Store> make_tcp_store(const std::string& host, int port,
 /// "127.0.0.1" when it cannot be read.
 std::string socket_local_address(int fd);
 
+/// `bytes` random bytes from OpenSSL's generator, in hex.
+std::string random_hex(std::size_t bytes);
+
+/// Claims the place of options.rank (if >= 0) in a freshly opened store; JobConflictError
+/// when another process holds it (see StoreOptions::rank).
+void join_as_rank(Store& store, const StoreOptions& options);
+
 /// Largest key and value the TCP store accepts (a larger request is refused with an error).
-inline constexpr size_t kTcpStoreMaxKey = 4096;
-inline constexpr size_t kTcpStoreMaxValue = 1 << 20;
+/// A Gloo world's address blob is about 136 bytes per rank: 64 MiB holds 10^5 ranks' worth.
+inline constexpr std::size_t kTcpStoreMaxKey = 4096;
+inline constexpr std::size_t kTcpStoreMaxValue = std::size_t{64} << 20;
+/// What the TCP store counts for a key on top of its key and value bytes: the hash table's
+/// node, bucket and string headers and the allocator's own (about 104 bytes measured with
+/// glibc for short keys; 128 keeps the count above what is resident).
+inline constexpr std::size_t kTcpStoreKeyOverhead = 128;
 
 }  // namespace commgrid::bootstrap

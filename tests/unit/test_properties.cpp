@@ -62,11 +62,13 @@ ParallelConfig random_config(std::mt19937& rng) {
   return c;
 }
 
-std::vector<ParallelConfig> valid_configs(std::size_t n) {
-  std::mt19937 rng(20261129);
+// n valid configs from a random generator (which may also make invalid ones), seeded.
+std::vector<ParallelConfig> valid_configs(std::size_t n, ParallelConfig (*make)(std::mt19937&),
+                                          std::uint32_t seed) {
+  std::mt19937 rng(seed);
   std::vector<ParallelConfig> out;
   while (out.size() < n) {
-    ParallelConfig c = random_config(rng);
+    ParallelConfig c = make(rng);
     try {
       c.validate();
       out.push_back(c);
@@ -110,7 +112,7 @@ std::int64_t expected_size(const Layout& l, GroupKind k, int level) {
 class Properties : public ::testing::Test {
  protected:
   static const std::vector<ParallelConfig>& configs() {
-    static const std::vector<ParallelConfig> c = valid_configs(300);
+    static const std::vector<ParallelConfig> c = valid_configs(300, random_config, 20261129);
     return c;
   }
 };
@@ -250,20 +252,6 @@ ParallelConfig random_head_config(std::mt19937& rng) {
   return c;
 }
 
-std::vector<ParallelConfig> valid_head_configs(std::size_t n) {
-  std::mt19937 rng(20261201);
-  std::vector<ParallelConfig> out;
-  while (out.size() < n) {
-    ParallelConfig c = random_head_config(rng);
-    try {
-      c.validate();
-      out.push_back(c);
-    } catch (const ConfigError&) {
-    }
-  }
-  return out;
-}
-
 // An independent reference for HEAD's grid kinds: rank by rank, coordinates by division
 // over the grid's token order, groups keyed by the unmasked coordinates (the first token
 // fastest), members by the masked ones, plus the offset. Written from the README of the
@@ -354,7 +342,7 @@ std::vector<std::int64_t> head_sizes(const ParallelConfig& c, const std::vector<
 class HeadProperties : public ::testing::Test {
  protected:
   static const std::vector<ParallelConfig>& configs() {
-    static const std::vector<ParallelConfig> c = valid_head_configs(200);
+    static const std::vector<ParallelConfig> c = valid_configs(200, random_head_config, 20261201);
     return c;
   }
 };

@@ -2,7 +2,9 @@
 // The stores (in-memory, file, Redis, tcp) live in the commgrid::bootstrap target.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -16,8 +18,8 @@ namespace commgrid {
 
 /// A key-value store shared by the ranks of one job. Keys are written once (a second set of
 /// the same key is an error) and never removed, so every rendezvous uses a fresh key prefix.
-/// Every method is thread-safe; waits poll (a few milliseconds apart) and always end by a
-/// timeout or by abort(), never hang.
+/// Every method is thread-safe; waits poll (a few milliseconds apart, or, on a tcp:// store,
+/// wait at the server) and always end by a timeout or by abort(), never hang.
 class Store {
  public:
   virtual ~Store();
@@ -47,14 +49,31 @@ class Store {
   /// of its connection): the interface a rank's listeners bind to. "127.0.0.1" for the
   /// memory and file stores, which join ranks of one machine.
   [[nodiscard]] virtual std::string local_address() const;
+  /// The job's random secret (64 hex digits) when the job has no token, else empty: the
+  /// first rank to claim the store generated it and wrote it with the claim (a memory store
+  /// makes its own), and every rank that opens the store under the claim reads the same.
+  /// See effective_token(): only who can read the store learns it.
+  [[nodiscard]] const std::string& job_secret() const noexcept;
 
  protected:
   Store();
+  /// Sets job_secret(), once, before the store is shared (by its factory or constructor).
+  void set_job_secret(std::string secret);
   /// Backend hooks, called with the store's mutex held (so a non-thread-safe engine such as
   /// one hiredis connection is safe); none may block for long.
   virtual void do_set(const std::string& key, const std::vector<char>& value) = 0;
   virtual std::vector<char> do_get(const std::string& key) = 0;
   virtual bool do_has(const std::string& key) = 0;
+  /// The keys of `keys` still missing after waiting for them at most `slice` (a fraction of
+  /// the caller's timeout). The default checks each with do_has and does not wait (the
+  /// caller then pauses before asking again); a store that can wait where the keys are
+  /// (the tcp:// store's server) overrides it, and also waits_in_slices().
+  virtual std::vector<std::string> do_wait(std::vector<std::string> keys,
+                                           std::chrono::milliseconds slice);
+  /// Whether do_wait waits (true) or only checks (false: wait_for pauses between checks).
+  [[nodiscard]] virtual bool waits_in_slices() const { return false; }
+  /// Set by abort(); a do_wait that waits should end soon after it turns true.
+  [[nodiscard]] const std::atomic<bool>& abort_flag() const noexcept;
 
  private:
   struct State;
@@ -73,6 +92,21 @@ struct StoreOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
   /// tcp:// only: this process serves the store (rank 0, MASTER_ADDR:MASTER_PORT).
   bool serve = false;
+  /// The rank this process joins the job as (-1: none, e.g. ranks that are threads sharing
+  /// a store object, or a tool); make_gloo_world_from_env sets it. The rank claims its place
+  /// in the store (key "commgrid-job/rank/R", a value unique to the process), so that a second job with
+  /// the same id on the same store fails at once, in each of its ranks whose place is taken,
+  /// with JobConflictError "... is in use by another job with the same id ..." instead of
+  /// merging. The same process may open the store again as the same rank.
+  int rank = -1;
+  /// tcp:// server only: the most connections it serves at once (0: COMMGRID_STORE_MAX_CONNECTIONS
+  /// when set, else only the descriptor limit bounds them). A rank refused for it is told
+  /// the number and which limit it was, retries until its timeout, then fails with that.
+  std::size_t max_connections = 0;
+  /// tcp:// server only: the most bytes it holds, counting each key's bookkeeping (128 bytes)
+  /// with its key and value (0: COMMGRID_STORE_MAX_BYTES when set, else a quarter of this
+  /// machine's memory, at most 16 GiB). A set beyond it is refused, naming the limit.
+  std::size_t max_bytes = 0;
 };
 
 /// An in-memory store for ranks that are threads of one process.
@@ -100,6 +134,13 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
 /// within one process). Throws ConfigError (parameter "store") for anything else, naming
 /// the text (without a password) and the accepted forms.
 std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& options = {});
+
+/// The secret a job's ranks prove to each other (the Gloo connection gate and pair proofs):
+/// `token` when it is not empty, else store.job_secret(). Without a token this keeps out
+/// anyone who cannot read the store (a scanner of the job's ports, another job); only a
+/// token keeps out those who can read it (the same user, or anyone who reaches a token-less
+/// tcp:// store or an open Redis).
+std::string effective_token(const Store& store, const std::string& token);
 
 /// options.token in hex, keyed-hashed (HMAC-SHA256) with `context`: what a store or a peer
 /// may learn about the token without learning it. Empty when the token is empty.

@@ -142,7 +142,8 @@ class AbortedError : public BackendError {
   using BackendError::BackendError;
 };
 
-/// Another job already uses the store's folder, key prefix or port: jobs never merge.
+/// Another job already uses the store's folder, key prefix or port, or another job with the
+/// same id has taken this rank's place in it (StoreOptions::rank): jobs never merge.
 class JobConflictError : public BackendError {
  public:
   using BackendError::BackendError;

@@ -81,6 +81,7 @@ std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
   so.token = info.token;
   so.timeout = options.timeout;
   so.serve = info.rank == 0;
+  so.rank = info.rank;
   auto store = open_store(info.store, so);
   if (options.hostname.empty()) options.hostname = store->local_address();
   options.prefix = info.job_id + "/" + options.prefix;

@@ -1237,7 +1237,7 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
   if (options.prefix.empty()) throw ConfigError("prefix", "gloo world: empty key prefix");
   auto shared = std::make_shared<Shared>();
   shared->store = std::move(store);
-  shared->token = options.token;
+  shared->token = effective_token(*shared->store, options.token);  // no token: the store's job secret
   ::gloo::transport::tcp::attr attr;
   attr.hostname = options.hostname.empty() ? default_hostname(*shared->store) : options.hostname;
   guard("create device", "world",

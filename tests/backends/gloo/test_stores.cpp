@@ -12,25 +12,13 @@
 
 #include "free_port.hpp"
 #include "gloo_test_util.hpp"
+#include "redis_server.hpp"
+#include "store_test_util.hpp"
 
 namespace commgrid::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-/// A fresh temporary folder, removed afterwards.
-class TempFolder {
- public:
-  TempFolder() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempFolder() { std::filesystem::remove_all(path_); }
-  [[nodiscard]] const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Ranks as threads, but each with its own store object opened from the URI.
 void run_with_own_stores(int n, const std::string& uri, std::chrono::milliseconds timeout,
@@ -80,60 +68,6 @@ TEST(GlooFileStore, AMissingRankIsNamed) {
     EXPECT_NE(errors[static_cast<size_t>(r)].find("file://" + dir.path()), std::string::npos);
   }
 }
-
-/// A redis-server on a free loopback port, started for the test and stopped after.
-
-class RedisServer {
- public:
-  /// With a password, the server requires it (--requirepass).
-  explicit RedisServer(const std::string& password = "") {
-    const std::string exe = COMMGRID_REDIS_SERVER;
-    if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) return;
-    port_ = free_port();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const std::string port = std::to_string(port_);
-      if (password.empty())
-        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--loglevel", "warning",
-                static_cast<char*>(nullptr));
-      else
-        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--loglevel", "warning", "--requirepass",
-                password.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    // Ready when it accepts connections (a few milliseconds usually).
-    for (int i = 0; i < 200 && !ready_; ++i) {
-      std::this_thread::sleep_for(25ms);
-      try {
-        make_redis_store("127.0.0.1", port_, "probe", password, StoreOptions{});
-        ready_ = true;
-      } catch (const BackendError&) {
-      }
-    }
-  }
-  ~RedisServer() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  [[nodiscard]] bool available() const { return ready_; }
-  [[nodiscard]] std::string uri(const std::string& prefix) const {
-    return "redis://127.0.0.1:" + std::to_string(port_) + "/" + prefix;
-  }
-  [[nodiscard]] int port() const { return port_; }
-  /// Sends the server a signal (SIGKILL, SIGSTOP, SIGCONT), as a failure would.
-  void signal(int sig) const {
-    if (pid_ > 0) ::kill(pid_, sig);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int port_ = 0;
-  bool ready_ = false;
-};
 
 TEST(GlooRedisStore, RanksMeetThroughARealRedisServer) {
   RedisServer redis;

@@ -17,6 +17,7 @@
 #include "commgrid/gloo.hpp"
 #include "free_port.hpp"
 #include "gloo_test_util.hpp"
+#include "store_test_util.hpp"
 
 namespace commgrid::test {
 namespace {
@@ -258,20 +259,8 @@ TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
   run_local_ranks(3, [](Communicator& w) { w.barrier()->wait(); }, same);
 }
 
-// ---- the TCP store -------------------------------------------------------------------
-
-
-StoreOptions job(const std::string& id, const std::string& token, bool serve,
-                 std::chrono::milliseconds timeout = 5s) {
-  StoreOptions o;
-  o.job_id = id;
-  o.token = token;
-  o.serve = serve;
-  o.timeout = timeout;
-  return o;
-}
-
-std::string tcp_uri(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+// ---- the TCP store (job() and tcp_uri(): store_test_util.hpp; the store alone is tested
+// in tests/bootstrap) -------------------------------------------------------------------
 
 TEST(GlooTcpStore, RanksMeetThroughTheStoreRankZeroServes) {
   const std::string uri = tcp_uri(free_port());
@@ -296,79 +285,6 @@ TEST(GlooTcpStore, RanksMeetThroughTheStoreRankZeroServes) {
       });
   }
   for (int r = 0; r < 4; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r;
-}
-
-TEST(GlooTcpStore, AWrongTokenAnotherJobAndASecondServerFailAtOnce) {
-  const int port = free_port();
-  auto server = open_store(tcp_uri(port), job("j1", "right", true));
-  const std::string v = "value";
-  server->set("k", std::span<const char>(v.data(), v.size()));
-  auto client = open_store(tcp_uri(port), job("j1", "right", false));
-  EXPECT_TRUE(client->has("k"));
-  EXPECT_EQ(std::string(client->get("k").data(), 5), "value");
-  EXPECT_THROW(client->set("k", std::span<const char>(v.data(), v.size())), BackendError);
-
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    open_store(tcp_uri(port), job("j1", "wrong", false, 60s));
-    ADD_FAILURE() << "a wrong token was accepted";
-  } catch (const AuthenticationError& e) {
-    EXPECT_NE(std::string(e.what()).find("another token"), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find("wrong"), std::string::npos) << "token shown";
-  }
-  EXPECT_THROW(open_store(tcp_uri(port), job("j1", "", false, 60s)), AuthenticationError);
-  try {
-    open_store(tcp_uri(port), job("j2", "right", false, 60s));
-    ADD_FAILURE() << "another job was accepted";
-  } catch (const JobConflictError& e) {
-    EXPECT_NE(std::string(e.what()).find("serves job 'j1' (this is job 'j2')"), std::string::npos)
-        << e.what();
-  }
-  try {
-    open_store(tcp_uri(port), job("j2", "other", true, 60s));
-    ADD_FAILURE() << "a second server on the port";
-  } catch (const JobConflictError& e) {
-    EXPECT_NE(std::string(e.what()).find("is in use"), std::string::npos) << e.what();
-  }
-  // Immediate: the four refused calls together well under one of their 60 s timeouts.
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "refusals must be immediate";
-  // The first job's store still works.
-  EXPECT_TRUE(client->has("k"));
-}
-
-TEST(GlooTcpStore, StrangersAndGarbageDoNotHurtTheServer) {
-  const int port = free_port();
-  auto server = open_store(tcp_uri(port), job("j", "tok", true, 1s));
-  // Strangers: one sends garbage, one a huge frame length, one says nothing.
-  std::vector<int> fds;
-  for (const std::string& junk : {std::string(48, '\x7f'), std::string("\xff\xff\xff\xff", 4),
-                                  std::string()}) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    if (!junk.empty()) (void)!::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
-    fds.push_back(fd);
-  }
-  auto client = open_store(tcp_uri(port), job("j", "tok", false, 1s));
-  const std::string v((1 << 20) + 1, 'x');  // over the 1 MiB value limit
-  EXPECT_THROW(client->set("big", std::span<const char>(v.data(), v.size())), BackendError);
-  client->set("small", std::span<const char>(v.data(), 10));
-  EXPECT_TRUE(client->has("small"));
-  for (int fd : fds) ::close(fd);
-}
-
-TEST(GlooTcpStore, NoServerIsATimeoutWithinTheBound) {
-  const auto t0 = std::chrono::steady_clock::now();
-  try {
-    open_store(tcp_uri(free_port()), job("j", "", false, 1s));
-    ADD_FAILURE() << "connected to nothing";
-  } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0 serves it"), std::string::npos) << e.what();
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s + 30s) << "the timeout did not bound it";
 }
 
 // ---- the file store: one job per folder, private files -------------------------------

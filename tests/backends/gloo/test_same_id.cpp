@@ -1,0 +1,133 @@
+// Two token-less jobs with the same id on one store (issue 24, defect 4): the ranks are
+// processes that build their world from the environment (make_gloo_world_from_env), as under mpirun or
+// torchrun without COMMGRID_TOKEN. They used to merge (a rank of each job formed a world
+// with the other); now the second job's ranks fail at once, naming the conflict, and the
+// first job completes. On the file, Redis and tcp:// stores.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_runner.hpp"
+#include "commgrid/store.hpp"
+#include "free_port.hpp"
+#include "redis_server.hpp"
+
+namespace commgrid::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A rank process of the test worker: its output goes to a file.
+class Rank {
+ public:
+  Rank(const std::string& store, int rank, int size, const std::string& mode,
+       const std::string& seconds)
+      : out_(std::filesystem::temp_directory_path() /
+             ("commgrid-same-id-" + std::to_string(::getpid()) + "-" + std::to_string(serial_++))) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      for (const char* v : {"COMMGRID_TOKEN", "COMMGRID_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                            "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                            "COMMGRID_LOCAL_RANK", "COMMGRID_LOCAL_WORLD_SIZE"})
+        ::unsetenv(v);
+      ::setenv("COMMGRID_STORE", store.c_str(), 1);
+      ::setenv("COMMGRID_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("COMMGRID_WORLD_SIZE", std::to_string(size).c_str(), 1);
+      ::setenv("COMMGRID_TIMEOUT", "30", 1);
+      const int fd = ::open(out_.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execl(COMMGRID_GLOO_WORKER, COMMGRID_GLOO_WORKER, mode.c_str(), seconds.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Rank() {
+    if (pid_ > 0 && code_ == -1) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove(out_);
+  }
+  Rank(const Rank&) = delete;
+  Rank& operator=(const Rank&) = delete;
+
+  /// Waits (at most `limit`) for the process to end: its exit code, or -1 (killed then).
+  int wait(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) return -1;
+      std::this_thread::sleep_for(20ms);
+    }
+    code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return code_;
+  }
+  [[nodiscard]] std::string output() const { return slurp(out_); }
+
+ private:
+  static inline int serial_ = 0;
+  std::filesystem::path out_;
+  pid_t pid_ = -1;
+  int code_ = -1;
+};
+
+void second_job_fails_first_completes(const std::string& uri, bool served) {
+  SCOPED_TRACE(uri);
+  std::vector<std::unique_ptr<Rank>> first;
+  for (int r = 0; r < 2; ++r) first.push_back(std::make_unique<Rank>(uri, r, 2, "hold", "3"));
+  // Once the first job's ranks hold their places, start the second job.
+  StoreOptions probe;
+  probe.timeout = 30s;
+  auto store = open_store(uri, probe);  // the same (default) id, no rank
+  EXPECT_EQ(store->wait_for(std::vector<std::string>{"commgrid-job/rank/0", "commgrid-job/rank/1"}, 30s),
+            std::vector<std::string>{});
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Rank>> second;
+  for (int r = 0; r < 2; ++r) second.push_back(std::make_unique<Rank>(uri, r, 2, "ok", ""));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(second[static_cast<size_t>(r)]->wait(60s), 1) << second[static_cast<size_t>(r)]->output();
+    const std::string out = second[static_cast<size_t>(r)]->output();
+    if (served && r == 0)  // its rank 0 cannot serve where the first job's does
+      EXPECT_NE(out.find("is in use (another job"), std::string::npos) << out;
+    else
+      EXPECT_NE(out.find("is in use by another job with the same id 'default': its rank " +
+                         std::to_string(r)),
+                std::string::npos)
+          << out;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "the second job must fail at once";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(first[static_cast<size_t>(r)]->wait(60s), 0) << first[static_cast<size_t>(r)]->output();
+    EXPECT_NE(first[static_cast<size_t>(r)]->output().find("rank " + std::to_string(r) + " held"),
+              std::string::npos);
+  }
+}
+
+TEST(SameIdJobs, OnAFileStoreTheSecondFailsAndTheFirstCompletes) {
+  std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-same-XXXXXX").string();
+  const std::string dir = ::mkdtemp(pattern.data());
+  second_job_fails_first_completes("file://" + dir, false);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SameIdJobs, OnARedisStoreTheSecondFailsAndTheFirstCompletes) {
+  RedisServer redis;
+  if (!redis.available()) GTEST_SKIP() << "redis-server not found or did not start";
+  second_job_fails_first_completes(redis.uri("jobs"), false);
+}
+
+TEST(SameIdJobs, OnATcpStoreTheSecondFailsAndTheFirstCompletes) {
+  second_job_fails_first_completes("tcp://127.0.0.1:" + std::to_string(free_port()), true);
+}
+
+}  // namespace
+}  // namespace commgrid::test
