@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_errors.hpp"
 #include "bench_layout.hpp"
 #include "bench_runtime.hpp"
 #if COMMGRID_HAS_BOOTSTRAP
@@ -339,7 +340,7 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
   try {
     prepare(world->size());
   } catch (const ConfigError& e) {
-    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (rank == 0) print_error(e.what());
     return 2;
   }
   std::string text;
@@ -347,11 +348,11 @@ int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>
     MpiDirect direct(world->native(), rt.direct == "nonblocking");
     text = job(*world, &direct);
   } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
-    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (rank == 0) print_error(e.what());
     return 2;
   } catch (const Error& e) {
     // Possibly this rank's alone: end the job rather than leave the others waiting.
-    std::cerr << "error: rank " << rank << ": " << one_line(e.what()) << std::endl;
+    print_error("rank " + std::to_string(rank) + ": " + e.what());
     mpi::MpiEnvironment::abort(1);
   }
   if (rank == 0) std::cout << text << std::flush;

@@ -1,10 +1,15 @@
 // commgrid launch: starts N processes of one program on this machine, like torchrun: alone
 // with a file store in a fresh temporary folder, or as one node of several (--nnodes) with
-// the TCP store that rank 0 serves at --master-addr:--master-port.
+// the TCP store that rank 0 serves at --master-addr:--master-port. Each rank gets
+// commgrid's variables and torchrun's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), so
+// a torch program's init_process_group("gloo") starts with env:// under it.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,8 +23,10 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "cli_errors.hpp"
 #include "command.hpp"
 #include "commgrid/error.hpp"
 #include "layout_flags.hpp"
@@ -185,14 +192,27 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-/// One output stream of one rank, cut into lines that are each written whole with the
-/// rank's prefix, so that concurrent ranks never interleave within a line.
+/// How the ranks' output reaches launch's own stdout and stderr (--output).
+enum class OutputMode {
+  prefixed,  ///< every line of every rank, as "[rank i] line"
+  raw,       ///< every line of every rank as it is (still whole lines, never interleaved)
+  rank0,     ///< rank 0's lines as they are; other ranks' stderr prefixed, their stdout dropped
+};
+
+/// One output stream of one rank, cut into lines that are each written whole (with the
+/// rank's prefix, if any), so that concurrent ranks never interleave within a line.
 struct Stream {
   Fd fd;
   int target = STDOUT_FILENO;
+  std::string prefix;  ///< "[rank i] " or ""
+  bool show = true;    ///< false: read and dropped (--output rank0, another rank's stdout)
   std::string pending;
 
-  void emit(const std::string& prefix, bool flush_partial) {
+  void emit(bool flush_partial) {
+    if (!show) {
+      pending.clear();
+      return;
+    }
     size_t start = 0, nl;
     std::string out;
     while ((nl = pending.find('\n', start)) != std::string::npos) {
@@ -238,8 +258,48 @@ struct JobSetup {
   int nnodes = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a file store in a temporary folder (one node only)
+  /// torch's MASTER_PORT: never commgrid's store port, which rank 0 of a commgrid program
+  /// serves at the same address (--master-port + 1, or a free port on one node).
+  int torch_port = 0;
   std::string job_id, token;
 };
+
+/// The variables launch sets for each rank, commgrid's and torchrun's: an inherited value
+/// of any of them (an outer launch, torchrun) is replaced, never passed on.
+constexpr std::string_view kRankVariables[] = {
+    "COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_LOCAL_RANK", "COMMGRID_LOCAL_WORLD_SIZE",
+    "COMMGRID_STORE", "COMMGRID_JOB_ID", "COMMGRID_TOKEN",
+    // torchrun's (torch.distributed.run), so that env:// finds its world.
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE"};
+
+bool is_rank_variable(std::string_view kv) {
+  const std::string_view name = kv.substr(0, kv.find('='));
+  for (std::string_view v : kRankVariables)
+    if (name == v) return true;
+  return false;
+}
+
+/// A TCP port that nothing listens on right now (the kernel's choice), for torch's store
+/// on a one-node launch; 0 when none can be had (no sockets here: MASTER_PORT is then left
+/// unset, and a torch program says so). Like torchrun's, it is free when chosen: a process
+/// that takes it before rank 0 does makes rank 0's init_process_group fail, naming the port.
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  const Fd owned(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return 0;
+  return ntohs(a.sin_port);
+}
 
 double parse_seconds(const char* param, const std::string& text, bool allow_zero) {
   const char* begin = text.c_str();
@@ -254,17 +314,44 @@ double parse_seconds(const char* param, const std::string& text, bool allow_zero
   return v;
 }
 
+OutputMode parse_output(const std::string& text) {
+  if (text == "prefixed") return OutputMode::prefixed;
+  if (text == "raw") return OutputMode::raw;
+  if (text == "rank0") return OutputMode::rank0;
+  throw InvalidValueError("--output", "--output: expected prefixed, raw or rank0, got '" + text + "'");
+}
+
 struct LaunchArgs {
   std::string nproc, timeout, grace = "5", nnodes = "1", node_rank, master_addr, master_port;
+  std::string rdzv_id, output = "prefixed", stop_before_exec;
+  bool standalone = false;
   std::vector<std::string> command;
+};
+
+/// Blocks every signal for as long as it lives (around fork, so that no handler of launch
+/// runs in a child before the child has reset them), and restores the mask.
+class BlockSignals {
+ public:
+  BlockSignals() {
+    sigset_t all;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old_);
+  }
+  ~BlockSignals() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  BlockSignals(const BlockSignals&) = delete;
+  BlockSignals& operator=(const BlockSignals&) = delete;
+  [[nodiscard]] const sigset_t& old() const { return old_; }
+
+ private:
+  sigset_t old_{};
 };
 
 class Launcher {
  public:
   Launcher(int n, std::optional<std::string> timeout, double grace, JobSetup job,
-           std::vector<std::string> command)
+           std::vector<std::string> command, OutputMode output, int stop_before_exec)
       : n_(n), timeout_(std::move(timeout)), grace_(grace), job_(std::move(job)),
-        command_(std::move(command)) {}
+        command_(std::move(command)), output_(output), stop_before_exec_(stop_before_exec) {}
 
   int run() {
     std::optional<TempDir> folder;
@@ -286,10 +373,10 @@ class Launcher {
       const double t = std::strtod(timeout_->c_str(), nullptr);
       job_deadline_ = Clock::now() + std::chrono::milliseconds(std::llround(t * 1000.0) + 1000);
     }
-    for (int i = 0; i < n_; ++i) {
+    for (int i = 0; i < n_ && !stopping_; ++i) {
       std::optional<std::string> failure;
       try {
-        failure = start(i, store);
+        failure = start(i, store, sig.read.get());
       } catch (const Error& e) {
         // Out of processes or descriptors (ulimit): nothing of this job may outlive launch.
         failure = std::string(e.what()) + " (starting rank " +
@@ -297,65 +384,102 @@ class Launcher {
                   " ranks already started)";
         stop_all(SIGKILL);
         while (any_running()) reap(true);
-        std::cerr << ("error: " + *failure + "\n") << std::flush;
+        print_error(*failure);
         return 1;
       }
       if (failure) {
         stop_all(SIGKILL);
         while (any_running()) reap(true);
-        std::cerr << ("error: " + *failure + "\n") << std::flush;
+        print_error(*failure);
         return 2;
       }
     }
     loop(sig.read.get());
     if (timed_out_) {
-      std::cerr << ("error: launch: the job did not end within its --timeout of " + *timeout_ +
-                    " s; still running: " + still_running_ + "; stopped them\n")
-                << std::flush;
+      print_error("launch: the job did not end within its --timeout of " + *timeout_ +
+                  " s; still running: " + still_running_ + "; stopped them");
       return 124;
     }
     if (interrupted_ != 0) {
-      std::cerr << "error: interrupted by " << signal_name(interrupted_) << "; stopped "
-                << n_ << " ranks\n";
+      print_error("interrupted by " + signal_name(interrupted_) + "; stopped " +
+                  std::to_string(started_) + " ranks");
       return 128 + interrupted_;
     }
     if (failure_) {
-      std::cerr << "error: " << *failure_ << "\n";
-      if (!also_failed_.empty()) {
-        std::cerr << "note: also failed at about the same time:";
-        for (const auto& f : also_failed_) std::cerr << " " << f << ";";
-        std::cerr << "\n";
+      // Bad input is found by every rank alike before any communication: when each one
+      // exited 2, so does launch, as the program alone would have.
+      if (every_rank_exited(2)) {
+        print_error("every rank exited with code 2 (bad input; the ranks' errors are above)");
+        return 2;
       }
+      std::string text = "error: " + *failure_ + "\n";
+      if (!also_failed_.empty()) {
+        text += "note: also failed at about the same time:";
+        for (const auto& f : also_failed_) text += " " + f + ";";
+        text += "\n";
+      }
+      write_all(STDERR_FILENO, text);
       return 1;
     }
     return 0;
   }
 
  private:
-  // Starts rank r; returns a message when the program cannot be executed at all.
   [[nodiscard]] int global_rank(int local) const { return job_.node_rank * n_ + local; }
 
-  std::optional<std::string> start(int local, const std::string& store) {
+  [[nodiscard]] bool every_rank_exited(int code) const {
+    if (started_ != n_) return false;
+    for (const auto& c : children_)
+      if (c.running || !WIFEXITED(c.status) || WEXITSTATUS(c.status) != code) return false;
+    return true;
+  }
+
+  [[nodiscard]] std::vector<std::string> rank_environment(int local, const std::string& store) const {
     const int r = global_rank(local);
-    std::vector<std::string> env_strings;
+    const std::string world = std::to_string(n_ * job_.nnodes);
+    std::vector<std::string> env;
+    bool omp_threads = false;
     for (char** e = environ; *e != nullptr; ++e) {
-      std::string_view kv(*e);
-      if (kv.starts_with("COMMGRID_RANK=") || kv.starts_with("COMMGRID_WORLD_SIZE=") ||
-          kv.starts_with("COMMGRID_STORE=") || kv.starts_with("COMMGRID_LOCAL_RANK=") ||
-          kv.starts_with("COMMGRID_LOCAL_WORLD_SIZE=") || kv.starts_with("COMMGRID_JOB_ID=") ||
-          kv.starts_with("COMMGRID_TOKEN=") ||
-          (timeout_ && kv.starts_with("COMMGRID_TIMEOUT=")))
-        continue;
-      env_strings.emplace_back(kv);
+      const std::string_view kv(*e);
+      if (is_rank_variable(kv) || (timeout_ && kv.starts_with("COMMGRID_TIMEOUT="))) continue;
+      omp_threads = omp_threads || kv.starts_with("OMP_NUM_THREADS=");
+      env.emplace_back(kv);
     }
-    env_strings.push_back("COMMGRID_RANK=" + std::to_string(r));
-    env_strings.push_back("COMMGRID_WORLD_SIZE=" + std::to_string(n_ * job_.nnodes));
-    env_strings.push_back("COMMGRID_LOCAL_RANK=" + std::to_string(local));
-    env_strings.push_back("COMMGRID_LOCAL_WORLD_SIZE=" + std::to_string(n_));
-    env_strings.push_back("COMMGRID_STORE=" + store);
-    env_strings.push_back("COMMGRID_JOB_ID=" + job_.job_id);
-    if (!job_.token.empty()) env_strings.push_back("COMMGRID_TOKEN=" + job_.token);
-    if (timeout_) env_strings.push_back("COMMGRID_TIMEOUT=" + *timeout_);
+    const std::vector<std::pair<const char*, std::string>> vars = {
+        {"COMMGRID_RANK", std::to_string(r)},
+        {"COMMGRID_WORLD_SIZE", world},
+        {"COMMGRID_LOCAL_RANK", std::to_string(local)},
+        {"COMMGRID_LOCAL_WORLD_SIZE", std::to_string(n_)},
+        {"COMMGRID_STORE", store},
+        {"COMMGRID_JOB_ID", job_.job_id},
+        {"RANK", std::to_string(r)},
+        {"WORLD_SIZE", world},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"LOCAL_WORLD_SIZE", std::to_string(n_)},
+        {"GROUP_RANK", std::to_string(job_.node_rank)},
+        {"GROUP_WORLD_SIZE", std::to_string(job_.nnodes)},
+        {"ROLE_RANK", std::to_string(r)},
+        {"ROLE_WORLD_SIZE", world},
+        {"ROLE_NAME", "default"},
+        {"MASTER_ADDR", job_.master_addr},
+        {"TORCHELASTIC_RUN_ID", job_.job_id},
+        {"TORCHELASTIC_RESTART_COUNT", "0"},
+        {"TORCHELASTIC_MAX_RESTARTS", "0"}};
+    for (const auto& [name, value] : vars) env.push_back(std::string(name) + "=" + value);
+    if (job_.torch_port != 0) env.push_back("MASTER_PORT=" + std::to_string(job_.torch_port));
+    if (!job_.token.empty()) env.push_back("COMMGRID_TOKEN=" + job_.token);
+    if (timeout_) env.push_back("COMMGRID_TIMEOUT=" + *timeout_);
+    // As torchrun does: N ranks on one machine each starting a thread per core would
+    // oversubscribe it N times over.
+    if (!omp_threads && n_ > 1) env.emplace_back("OMP_NUM_THREADS=1");
+    return env;
+  }
+
+  // Starts rank `local` and waits until it has executed the program; returns a message when
+  // the program cannot be executed at all (bad usage).
+  std::optional<std::string> start(int local, const std::string& store, int signal_fd) {
+    const int r = global_rank(local);
+    std::vector<std::string> env_strings = rank_environment(local, store);
     // Everything the child needs is prepared before fork: after it, only async-signal-safe
     // calls are allowed.
     std::vector<char*> envp, argv;
@@ -367,47 +491,92 @@ class Launcher {
     Pipe out = make_pipe(), err = make_pipe(), exec_status = make_pipe();
     Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     const pid_t launcher_pid = ::getpid();
-    pid_t pid = ::fork();
-    if (pid < 0) throw Error(std::string("launch: fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      // Its own process group, so that stopping a rank stops what it started too.
-      ::setpgid(0, 0);
-      // A launch killed by SIGKILL cannot stop its ranks; the kernel does it for it.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher_pid) ::_exit(127);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(s, &dfl, nullptr);
-      if (devnull.open()) ::dup2(devnull.get(), STDIN_FILENO);
-      ::dup2(out.write.get(), STDOUT_FILENO);
-      ::dup2(err.write.get(), STDERR_FILENO);
-      ::execvpe(argv[0], argv.data(), envp.data());
-      const int e = errno;
-      [[maybe_unused]] auto n = ::write(exec_status.write.get(), &e, sizeof(e));
-      ::_exit(127);
+    const bool stop_first = local == stop_before_exec_;
+    pid_t pid = -1;
+    {
+      // No signal is handled between fork and the child's reset of the dispositions: a
+      // handler of launch running in the child would write into launch's signal pipe.
+      const BlockSignals blocked;
+      pid = ::fork();
+      if (pid == 0) {
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::sigaction(s, &dfl, nullptr);
+        ::pthread_sigmask(SIG_SETMASK, &blocked.old(), nullptr);
+        // Its own process group, so that stopping a rank stops what it started too.
+        ::setpgid(0, 0);
+        // A launch killed by SIGKILL cannot stop its ranks; the kernel does it for it.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != launcher_pid) ::_exit(127);
+        if (devnull.open()) ::dup2(devnull.get(), STDIN_FILENO);
+        ::dup2(out.write.get(), STDOUT_FILENO);
+        ::dup2(err.write.get(), STDERR_FILENO);
+        if (stop_first) ::raise(SIGSTOP);  // tests: a rank stopped between fork and exec
+        ::execvpe(argv[0], argv.data(), envp.data());
+        const int e = errno;
+        [[maybe_unused]] auto n = ::write(exec_status.write.get(), &e, sizeof(e));
+        ::_exit(127);
+      }
     }
+    if (pid < 0) throw Error(std::string("launch: fork: ") + std::strerror(errno));
     ::setpgid(pid, pid);  // also here: whichever runs first, the group exists before a kill
     out.write.reset();
     err.write.reset();
     exec_status.write.reset();
+    ++started_;
     Child& c = children_[static_cast<size_t>(local)];
     c.rank = r;
     c.pid = pid;
     c.running = true;
+    // --output: where each of this rank's streams goes, and with which prefix.
+    const bool first = r == 0;
+    const std::string prefix = "[rank " + std::to_string(r) + "] ";
     c.out.fd = std::move(out.read);
     c.out.target = STDOUT_FILENO;
+    c.out.prefix = output_ == OutputMode::prefixed ? prefix : "";
+    c.out.show = output_ != OutputMode::rank0 || first;
     c.err.fd = std::move(err.read);
     c.err.target = STDERR_FILENO;
-    // exec closes the CLOEXEC pipe (EOF, success) or the child reports errno through it.
-    int e = 0;
-    ssize_t got;
-    do got = ::read(exec_status.read.get(), &e, sizeof(e));
-    while (got < 0 && errno == EINTR);
-    if (got == static_cast<ssize_t>(sizeof(e)))
-      return "cannot execute '" + command_.front() + "' (rank " + std::to_string(r) +
-             "): " + std::strerror(e);
-    return std::nullopt;
+    c.err.prefix = output_ == OutputMode::prefixed || (output_ == OutputMode::rank0 && !first) ? prefix : "";
+    return await_exec(c, exec_status.read.get(), signal_fd);
+  }
+
+  // exec closes the CLOEXEC pipe (EOF, success) or the child reports errno through it. A
+  // child stopped before exec never does either: the wait ends at the job's deadline or
+  // with launch's own interruption, like every other wait of launch.
+  std::optional<std::string> await_exec(Child& c, int exec_fd, int signal_fd) {
+    for (;;) {
+      int wait_ms = 200;
+      if (job_deadline_) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(*job_deadline_ - Clock::now());
+        wait_ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 200));
+      }
+      pollfd fds[2] = {{exec_fd, POLLIN, 0}, {signal_fd, POLLIN, 0}};
+      const int ready = ::poll(fds, 2, wait_ms);
+      if (ready < 0 && errno != EINTR)
+        throw Error(std::string("launch: poll: ") + std::strerror(errno));
+      if (ready > 0 && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+        int e = 0;
+        ssize_t got;
+        do got = ::read(exec_fd, &e, sizeof(e));
+        while (got < 0 && errno == EINTR);
+        if (got == static_cast<ssize_t>(sizeof(e)))
+          return "cannot execute '" + command_.front() + "' (rank " + std::to_string(c.rank) +
+                 "): " + std::strerror(e);
+        return std::nullopt;
+      }
+      if (ready > 0 && (fds[1].revents & POLLIN)) on_signals(signal_fd);
+      reap(false);  // notes a rank stopped by a signal; a failure begins the stop
+      if (stopping_) return std::nullopt;
+      if (job_deadline_ && Clock::now() >= *job_deadline_) {
+        timed_out_ = true;
+        still_running_ = running_list();
+        begin_stop();
+        return std::nullopt;
+      }
+    }
   }
 
   bool any_running() const {
@@ -438,6 +607,7 @@ class Launcher {
   void begin_stop() {
     if (stopping_) return;
     stopping_ = true;
+    settle_until_.reset();
     stop_all(SIGTERM);
     kill_at_ = Clock::now() + std::chrono::milliseconds(static_cast<long long>(grace_ * 1000));
   }
@@ -452,9 +622,8 @@ class Launcher {
       if (WIFSTOPPED(status)) {
         c.stopped = true;
         c.stop_signal = WSTOPSIG(status);
-        std::cerr << ("launch: note: rank " + std::to_string(c.rank) + " was stopped by " +
-                      signal_name(c.stop_signal) + "\n")
-                  << std::flush;
+        write_all(STDERR_FILENO, "launch: note: rank " + std::to_string(c.rank) +
+                                     " was stopped by " + signal_name(c.stop_signal) + "\n");
         continue;
       }
       if (WIFCONTINUED(status)) {
@@ -477,9 +646,24 @@ class Launcher {
     std::stable_sort(failed_now.begin(), failed_now.end(), [](const Child* a, const Child* b) {
       return WIFSIGNALED(a->status) && !WIFSIGNALED(b->status);
     });
-    failure_ = describe_status(failed_now.front()->rank, failed_now.front()->status);
-    for (size_t i = 1; i < failed_now.size(); ++i)
-      also_failed_.push_back(describe_status(failed_now[i]->rank, failed_now[i]->status));
+    for (const Child* c : failed_now) {
+      const std::string what = describe_status(c->rank, c->status);
+      if (!failure_)
+        failure_ = what;
+      else
+        also_failed_.push_back(what);
+    }
+    // Bad input (exit 2) is found by every rank alike, before any communication: let the
+    // others reach their own exit 2 and write their error line whole, for up to --grace
+    // seconds, instead of cutting them short. Any other failure stops the job at once.
+    const bool bad_input = std::all_of(failed_now.begin(), failed_now.end(), [](const Child* c) {
+      return WIFEXITED(c->status) && WEXITSTATUS(c->status) == 2;
+    });
+    if (bad_input) {  // (an earlier failure of another kind has begun the stop already)
+      if (!settle_until_)
+        settle_until_ = Clock::now() + std::chrono::milliseconds(static_cast<long long>(grace_ * 1000));
+      return;
+    }
     begin_stop();
   }
 
@@ -487,12 +671,12 @@ class Launcher {
     std::optional<Clock::time_point> drain_until;
     for (;;) {
       std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
-      std::vector<std::pair<Child*, Stream*>> owners{{nullptr, nullptr}};
+      std::vector<Stream*> owners{nullptr};
       for (auto& c : children_)
         for (Stream* s : {&c.out, &c.err})
           if (s->fd.open()) {
             fds.push_back({s->fd.get(), POLLIN, 0});
-            owners.emplace_back(&c, s);
+            owners.push_back(s);
           }
       const bool running = any_running();
       if (!running && fds.size() == 1) return;
@@ -501,22 +685,21 @@ class Launcher {
         // A process the rank left behind still holds its output open; it was killed with
         // the rank's group, so what remains is not worth waiting for.
         for (auto& c : children_) {
-          c.out.emit(prefix(c.rank), true);
-          c.err.emit(prefix(c.rank), true);
+          c.out.emit(true);
+          c.err.emit(true);
           c.out.fd.reset();
           c.err.fd.reset();
         }
         return;
       }
       int wait_ms = 200;
-      if (job_deadline_ && !stopping_) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*job_deadline_ - Clock::now());
-        wait_ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 200));
-      }
-      if (stopping_ && running) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_at_ - Clock::now());
-        wait_ms = static_cast<int>(std::clamp<long long>(left.count(), 0, 200));
-      }
+      auto until = [&](Clock::time_point t) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now());
+        wait_ms = std::min(wait_ms, static_cast<int>(std::clamp<long long>(left.count(), 0, 200)));
+      };
+      if (job_deadline_ && !stopping_) until(*job_deadline_);
+      if (settle_until_ && !stopping_) until(*settle_until_);
+      if (stopping_ && running) until(kill_at_);
       int ready = ::poll(fds.data(), fds.size(), wait_ms);
       if (ready < 0 && errno != EINTR)
         throw Error(std::string("launch: poll: ") + std::strerror(errno));
@@ -524,14 +707,14 @@ class Launcher {
         if (fds[0].revents & POLLIN) on_signals(signal_fd);
         for (size_t i = 1; i < fds.size(); ++i) {
           if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-          auto [child, stream] = owners[i];
+          Stream* stream = owners[i];
           char buf[65536];
           ssize_t n = ::read(stream->fd.get(), buf, sizeof(buf));
           if (n > 0) {
             stream->pending.append(buf, static_cast<size_t>(n));
-            stream->emit(prefix(child->rank), false);
+            stream->emit(false);
           } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-            stream->emit(prefix(child->rank), true);
+            stream->emit(true);
             stream->fd.reset();
           }
         }
@@ -542,6 +725,8 @@ class Launcher {
         still_running_ = running_list();
         begin_stop();
       }
+      if (settle_until_ && !stopping_ && any_running() && Clock::now() >= *settle_until_)
+        begin_stop();
       if (stopping_ && any_running() && Clock::now() >= kill_at_) stop_all(SIGKILL);
     }
   }
@@ -562,19 +747,21 @@ class Launcher {
     }
   }
 
-  static std::string prefix(int rank) { return "[rank " + std::to_string(rank) + "] "; }
-
   int n_;
   std::optional<std::string> timeout_;
   double grace_;
   JobSetup job_;
   std::vector<std::string> command_;
+  OutputMode output_;
+  int stop_before_exec_;  // a local rank, or -1
+  int started_ = 0;
   std::optional<Clock::time_point> job_deadline_;
   bool timed_out_ = false;
   std::string still_running_;
   std::vector<Child> children_;
   std::optional<std::string> failure_;
   std::vector<std::string> also_failed_;
+  std::optional<Clock::time_point> settle_until_;  // after a first exit 2: see reap()
   bool stopping_ = false;
   Clock::time_point kill_at_{};
   int interrupted_ = 0;
@@ -586,26 +773,50 @@ Command add_launch_command(CLI::App& root) {
   auto args = std::make_shared<LaunchArgs>();
   CLI::App* app = root.add_subcommand(
       "launch",
-      "Start N processes of PROGRAM on this machine with COMMGRID_RANK, COMMGRID_WORLD_SIZE, "
-      "COMMGRID_STORE, COMMGRID_JOB_ID and COMMGRID_TOKEN (alone: a file store in a fresh "
-      "temporary folder; with --nnodes or --master-port: the TCP store rank 0 serves); "
-      "prefix their output with [rank i]; stop all if one fails");
-  app->add_option("-n,--nproc,--nproc-per-node", args->nproc,
+      "Start N processes of PROGRAM on this machine, like torchrun: each gets COMMGRID_RANK, "
+      "COMMGRID_WORLD_SIZE, COMMGRID_STORE, COMMGRID_JOB_ID, COMMGRID_TOKEN and torchrun's "
+      "RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ... (alone: a "
+      "file store in a fresh temporary folder; with --nnodes or --master-port: the TCP store "
+      "rank 0 serves); prefix their output with [rank i]; stop all if one fails");
+  // torchrun's flag names, with its underscore spellings too (--nproc_per_node).
+  app->add_option("-n,--nproc,--nproc-per-node,--nproc_per_node", args->nproc,
                   "Number of processes (ranks) on this node, 1-1024")->required()->type_name("INT");
   app->add_option("--nnodes", args->nnodes, "Number of nodes (launches) of the job (default 1)")->type_name("INT");
-  app->add_option("--node-rank", args->node_rank,
+  app->add_option("--node-rank,--node_rank", args->node_rank,
                   "This node's index, 0 ... nnodes-1: its ranks are node_rank*n ... "
                   "node_rank*n+n-1 (required with --nnodes > 1)")->type_name("INT");
-  app->add_option("--master-addr", args->master_addr,
-                  "Address of node 0, where rank 0 serves the TCP store (default 127.0.0.1)");
-  app->add_option("--master-port", args->master_port,
-                  "Port of the TCP store on node 0 (required with --nnodes > 1)")->type_name("INT");
+  app->add_option("--master-addr,--master_addr", args->master_addr,
+                  "Address of node 0 (default 127.0.0.1): rank 0 serves the TCP store there "
+                  "and torch's MASTER_ADDR is it");
+  app->add_option("--master-port,--master_port", args->master_port,
+                  "Port of commgrid's TCP store on node 0 (required with --nnodes > 1); torch's "
+                  "MASTER_PORT is the next port (without it, on one node: a free port)")
+      ->type_name("INT");
+  app->add_option("--rdzv-id,--rdzv_id", args->rdzv_id,
+                  "The job's id (COMMGRID_JOB_ID, TORCHELASTIC_RUN_ID); the same on every node "
+                  "(default: COMMGRID_JOB_ID, else a fresh one on one node)")->type_name("ID");
+  app->add_flag("--standalone", args->standalone,
+                "torchrun's one-node mode: the default without --nnodes (accepted for torchrun "
+                "command lines)");
+  app->add_option("--output", args->output,
+                  "prefixed (default: every line as \"[rank i] line\"), raw (every line as it "
+                  "is) or rank0 (rank 0's lines as they are, the other ranks' stderr prefixed "
+                  "and their stdout dropped: one rank's JSON pipes cleanly)")
+      ->type_name("MODE");
   app->add_option("--timeout", args->timeout,
                   "Seconds: bound of every rendezvous and collective of the ranks (exported as "
                   "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)")->type_name("SECONDS");
   app->add_option("--grace", args->grace,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)");
+  // Hidden (empty group): a rank stops itself between fork and exec, to test launch's bound.
+  app->add_option("--stop-before-exec", args->stop_before_exec)->group("");
   app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();
+  app->footer(
+      "Examples: commgrid launch -n 8 -- commgrid verify --tp 2 --pp 2 --ep 2\n"
+      "          commgrid launch -n 8 -- python3 train.py   (init_process_group(\"gloo\"), env://)\n"
+      "          commgrid launch --output rank0 -n 4 -- commgrid-train-gpt --pp 2 --format json\n"
+      "Exit codes: 0 every rank exited 0, 1 a rank failed, 2 bad usage or every rank exited 2, "
+      "124 --timeout, 128+N interrupted by signal N.");
   return {app, [args]() -> int {
             const auto n = parse_integer("-n", args->nproc, 1, kMaxRanks);
             JobSetup job;
@@ -616,6 +827,10 @@ Command add_launch_command(CLI::App& root) {
                                                       std::to_string(job.nnodes) +
                                                       " exceeds " + std::to_string(kMaxRanks) +
                                                       " ranks");
+            if (args->standalone && job.nnodes > 1)
+              throw IncompatibleError("--standalone", "launch: --standalone is one node; it does "
+                                                      "not go with --nnodes " +
+                                                          std::to_string(job.nnodes));
             if (!args->node_rank.empty())
               job.node_rank = static_cast<int>(
                   parse_integer("--node-rank", args->node_rank, 0, job.nnodes - 1));
@@ -624,27 +839,37 @@ Command add_launch_command(CLI::App& root) {
                                                    " needs --node-rank (0 ... " +
                                                    std::to_string(job.nnodes - 1) + ")");
             if (!args->master_addr.empty()) job.master_addr = args->master_addr;
-            if (!args->master_port.empty())
-              job.master_port = static_cast<int>(parse_integer("--master-port", args->master_port, 1, 65535));
-            else if (job.nnodes > 1)
+            if (!args->master_port.empty()) {
+              // torch's store takes the next port: both must be ports.
+              job.master_port = static_cast<int>(parse_integer("--master-port", args->master_port, 1, 65534));
+              job.torch_port = job.master_port + 1;
+            } else if (job.nnodes > 1) {
               throw ConfigError("--master-port", "launch: --nnodes " + std::to_string(job.nnodes) +
                                                      " needs --master-port (the TCP store of node 0)");
-            // The job's identity: the user's or scheduler's, else (one node) a fresh one.
-            // Several nodes must share it, so they cannot each make one up.
+            }
+            const OutputMode output = parse_output(args->output);
+            // The job's identity: --rdzv-id, the user's or scheduler's, else (one node) a
+            // fresh one. Several nodes must share it, so they cannot each make one up.
             const char* id = std::getenv("COMMGRID_JOB_ID");
             const char* token = std::getenv("COMMGRID_TOKEN");
             if (id != nullptr && *id == '\0')
               throw InvalidValueError("COMMGRID_JOB_ID", "COMMGRID_JOB_ID is set but empty");
             if (token != nullptr && *token == '\0')
               throw InvalidValueError("COMMGRID_TOKEN", "COMMGRID_TOKEN is set but empty");
+            if (!args->rdzv_id.empty()) {
+              if (args->rdzv_id.find_first_of("/ \n\t") != std::string::npos || args->rdzv_id.size() > 200)
+                throw InvalidValueError("--rdzv-id", "--rdzv-id: a job id has at most 200 "
+                                                     "characters and no '/', spaces or newlines");
+              id = args->rdzv_id.c_str();
+            }
             if (job.nnodes > 1) {
               job.job_id = id ? id : "launch-" + job.master_addr + "-" + std::to_string(job.master_port);
               job.token = token ? token : "";
               if (!token)
-                std::cerr << "launch: note: COMMGRID_TOKEN is not set: the ranks of this "
-                             "multi-node job do not authenticate each other (set the same "
-                             "COMMGRID_JOB_ID and COMMGRID_TOKEN on every node; see "
-                             "docs/security.md)\n" << std::flush;
+                write_all(STDERR_FILENO,
+                          "launch: note: COMMGRID_TOKEN is not set: the ranks of this multi-node "
+                          "job do not authenticate each other (set the same COMMGRID_JOB_ID and "
+                          "COMMGRID_TOKEN on every node; see docs/security.md)\n");
             } else {
               job.job_id = id ? id : "launch-" + random_hex(8);
               job.token = token ? token : random_hex(32);
@@ -655,11 +880,18 @@ Command add_launch_command(CLI::App& root) {
               timeout = args->timeout;
             }
             const double grace = parse_seconds("--grace", args->grace, true);
+            const int stop_before_exec =
+                args->stop_before_exec.empty()
+                    ? -1
+                    : static_cast<int>(parse_integer("--stop-before-exec", args->stop_before_exec, 0, n - 1));
             if (args->command.empty() || args->command.front().empty())
               throw ConfigError("command", "launch: no program given (usage: commgrid launch "
                                            "-n N -- PROGRAM ARGS...)");
+            if (job.torch_port == 0) job.torch_port = free_tcp_port();
             std::cout.flush();
-            return Launcher(static_cast<int>(n), timeout, grace, job, args->command).run();
+            return Launcher(static_cast<int>(n), timeout, grace, job, args->command, output,
+                            stop_before_exec)
+                .run();
           }};
 }
 

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "cli_errors.hpp"
 #include "command.hpp"
 #include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
@@ -108,26 +109,25 @@ int run_verify_command(const VerifyFlags& f) {
       for (GroupKind k : opts.kinds)
         if (!layout.has_kind(k)) (void)layout.num_groups(k);  // throws, saying why it is absent
     } catch (const ConfigError& e) {
-      if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+      if (rank == 0) print_error(e.what());
       return 2;
     }
     VerifyReport report;
     try {
       report = run_verify(*world, config, opts);
     } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
-      if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+      if (rank == 0) print_error(e.what());
       return 2;
     } catch (const Error& e) {
       // Possibly seen by this rank alone (a timeout, a backend failure): end the job, or
       // the other ranks would wait for this one until their own timeout.
-      std::cerr << ("error: rank " + std::to_string(rank) + ": " + one_line(e.what()) + "\n")
-                << std::flush;  // one write: a line is never cut by the abort
+      print_error("rank " + std::to_string(rank) + ": " + e.what());
       mpi::MpiEnvironment::abort(1);
     }
     if (rank == 0) {
       std::cout << format_verify_report(report) << std::flush;
       for (const KindVerdict& v : report.kinds)
-        if (!v.passed) std::cerr << "error: verify failed: " << v.label << ": " << v.failure << "\n";
+        if (!v.passed) print_error("verify failed: " + v.label + ": " + v.failure);
     }
     return report.passed() ? 0 : 1;
   }

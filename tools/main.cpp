@@ -5,32 +5,54 @@
 #include <iostream>
 #include <vector>
 
+#include "cli_errors.hpp"
 #include "command.hpp"
+#include "commgrid/backends.hpp"
 #include "commgrid/communicator.hpp"
 #include "commgrid/error.hpp"
 
 namespace {
 
-// Empty values are errors like any other bad value: `--timeout ''` never means "default".
-// Positional arguments (a launched program's arguments) may be empty.
+// "commgrid bench layout" for a subcommand's app.
+std::string command_path(const CLI::App& app) {
+  std::string path;
+  for (const CLI::App* a = &app; a != nullptr; a = a->get_parent())
+    path = (a->get_parent() == nullptr ? std::string("commgrid") : a->get_name()) +
+           (path.empty() ? "" : " " + path);
+  return path;
+}
+
+// Empty values are errors like any other bad value: `--timeout ''` never means "default";
+// neither is "--" a value (`launch -n -- PROGRAM`: CLI11 hands it to -n). Positional
+// arguments (a launched program's arguments) may be empty.
 void reject_empty_values(const CLI::App& app) {
   for (const CLI::Option* o : app.get_options()) {
     if (!o->nonpositional() || o->get_type_size() == 0 || o->count() == 0) continue;
-    for (const std::string& v : o->results())
+    for (const std::string& v : o->results()) {
       if (v.empty())
         throw commgrid::InvalidValueError(
             o->get_name(), app.get_name() + ": " + o->get_name() +
                                " needs a value, got an empty one (omit the flag for the default)");
+      if (v == "--")
+        throw commgrid::InvalidValueError(o->get_name(), app.get_name() + ": " + o->get_name() +
+                                                             " needs a value; see " +
+                                                             command_path(app) + " --help");
+    }
   }
   for (const CLI::App* sub : app.get_subcommands()) reject_empty_values(*sub);
 }
 
-// Each error is one line written with one write(2), so that a rank stopped right after it
-// (by launch, or by its own exit) never leaves half a line.
-void print_error(const std::string& text) {
-  std::string line = "error: " + commgrid::cli::one_line(text) + "\n";
-  std::cout.flush();
-  std::cerr << line << std::flush;
+// "commgrid 0.1.0 (backends: gloo, mpi)": what `--version` prints.
+std::string version_text() {
+  std::string backends;
+  auto add = [&](bool has, const char* name) {
+    if (has) backends += (backends.empty() ? "" : ", ") + std::string(name);
+  };
+  add(COMMGRID_HAS_GLOO, "gloo");
+  add(COMMGRID_HAS_MPI, "mpi");
+  add(COMMGRID_HAS_NCCL, "nccl");
+  return std::string("commgrid ") + COMMGRID_VERSION + " (backends: " +
+         (backends.empty() ? "none" : backends) + ")";
 }
 
 }  // namespace
@@ -40,6 +62,7 @@ int main(int argc, char** argv) {
   CLI::App app{"commgrid: lay out, create and verify the communication groups of "
                "N-dimensional parallel training"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text(), "print the version and the backends built in");
   std::vector<cli::Command> commands;
   commands.push_back(cli::add_plan_command(app));
   commands.push_back(cli::add_verify_command(app));
@@ -49,34 +72,39 @@ int main(int argc, char** argv) {
   try {
     // CLI11 reports an unknown first word as "a subcommand is required"; name it instead.
     std::string valid;
+    std::vector<std::string> names;
     bool known = false;
     for (const auto& c : commands) {
       valid += (valid.empty() ? "" : ", ") + c.app->get_name();
+      names.push_back(c.app->get_name());
       known = known || (argc > 1 && c.app->get_name() == argv[1]);
     }
     if (argc > 1 && argv[1][0] != '-' && !known) {
-      std::cerr << "error: unknown command \"" << argv[1] << "\" (valid: " << valid << ")\n";
+      const std::string near = cli::closest_name(argv[1], names);
+      cli::print_error("unknown command \"" + std::string(argv[1]) + "\"" +
+                       (near.empty() ? "" : " (did you mean " + near + "?)") + " (valid: " +
+                       valid + "); see commgrid --help");
       return 2;
     }
     app.parse(argc, argv);
     reject_empty_values(app);
     for (auto& c : commands)
       if (c.app->parsed()) return c.run();
-    std::cerr << "error: no subcommand given\n";
+    cli::print_error("no subcommand given; see commgrid --help");
     return 2;
   } catch (const CLI::Success& e) {  // --help and friends: CLI11 prints, exit 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    print_error(e.what());
+    cli::print_error(cli::explain_parse_error(app, e, argc, argv, "commgrid"));
     return 2;
   } catch (const ConfigError& e) {
-    print_error(e.what());
+    cli::print_error(e.what());
     return 2;
   } catch (const Error& e) {
-    print_error(e.what());
+    cli::print_error(e.what());
     return 1;
   } catch (const std::exception& e) {
-    print_error(std::string("internal: ") + e.what());
+    cli::print_error(std::string("internal: ") + e.what());
     return 1;
   }
 }

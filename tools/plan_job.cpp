@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
@@ -14,6 +15,47 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+/// A job file is a few kilobytes; these bound what a hostile or broken one can cost.
+constexpr std::size_t kMaxJobBytes = 16u << 20;
+constexpr int kMaxJobDepth = 32;  // a job nests 5 deep: {modules: [{groups: [[...]]}]}
+constexpr std::size_t kMaxExcerpt = 60;
+constexpr std::size_t kMaxName = 64;  // module and dim names
+
+/// The text shortened to an excerpt: an error names a bad value, it does not repeat it.
+std::string excerpt(std::string text, std::size_t max = kMaxExcerpt) {
+  if (text.size() <= max) return text;
+  const std::size_t total = text.size();
+  text.resize(max);
+  return text + "... (" + std::to_string(total) + " characters)";
+}
+
+std::string excerpt(const Json& v) {
+  // Values nest at most kMaxJobDepth deep (checked before parsing), so dump() is safe.
+  return excerpt(v.dump());
+}
+
+/// The deepest nesting of arrays and objects in JSON text (outside strings), and where
+/// it first exceeds `limit`: the parser and every walk of the document recurse per level.
+std::optional<std::size_t> too_deep(const std::string& text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::nullopt;
+}
+
 [[noreturn]] void bad(const std::string& field, const std::string& what) {
   throw ConfigError("job", "job." + field + ": " + what);
 }
@@ -25,32 +67,48 @@ const Json& member(const Json& obj, const std::string& where, const char* key) {
 
 std::int64_t integer(const Json& v, const std::string& field, std::int64_t min) {
   if (!v.is_number_integer() || v.get<std::int64_t>() < min)
-    bad(field, "expected an integer >= " + std::to_string(min) + ", got " + v.dump());
+    bad(field, "expected an integer >= " + std::to_string(min) + ", got " + excerpt(v));
   return v.get<std::int64_t>();
 }
 
 std::string text(const Json& v, const std::string& field) {
-  if (!v.is_string() || v.get<std::string>().empty()) bad(field, "expected a non-empty string, got " + v.dump());
+  if (!v.is_string() || v.get<std::string>().empty()) bad(field, "expected a non-empty string, got " + excerpt(v));
+  // Names are echoed in messages and table rows: a long one is a mistake, not a name.
+  if (v.get<std::string>().size() > kMaxName)
+    bad(field, "expected a name of at most " + std::to_string(kMaxName) + " characters, got " + excerpt(v));
   return v.get<std::string>();
 }
 
 void check_keys(const Json& obj, const std::string& where, std::initializer_list<const char*> keys) {
-  if (!obj.is_object()) bad(where, "expected an object, got " + obj.dump());
+  if (!obj.is_object()) bad(where.empty() ? "(the document)" : where, "expected an object, got " + excerpt(obj));
   for (auto it = obj.begin(); it != obj.end(); ++it)
     if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; }))
-      bad((where.empty() ? "" : where + ".") + it.key(), "unknown field");
+      bad((where.empty() ? "" : where + ".") + excerpt(it.key()), "unknown field");
 }
 
 }  // namespace
 
 Job read_job(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError("job", "job: cannot read \"" + path + "\"");
+  std::string content;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    content.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (content.size() > kMaxJobBytes)
+      throw ConfigError("job", "job: \"" + path + "\" is larger than " +
+                                   std::to_string(kMaxJobBytes >> 20) + " MiB; a job file is a few kilobytes");
+  }
+  if (const auto at = too_deep(content, kMaxJobDepth))
+    throw ConfigError("job", "job: \"" + path + "\" nests arrays and objects deeper than " +
+                                 std::to_string(kMaxJobDepth) + " levels (at byte " +
+                                 std::to_string(*at) + "); a job file nests 5");
   Json j;
   try {
-    j = Json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ConfigError("job", "job: \"" + path + "\" is not valid JSON (" + e.what() + ")");
+    j = Json::parse(content);
+  } catch (const nlohmann::json::exception& e) {
+    // parse_error, and out_of_range for a number no double holds ("size": 1e999).
+    throw ConfigError("job", "job: \"" + path + "\" is not valid JSON (" + excerpt(e.what(), 4 * kMaxExcerpt) + ")");
   }
   check_keys(j, "", {"world_size", "modules"});
   Job job;
@@ -95,11 +153,17 @@ Job read_job(const std::string& path) {
         std::vector<std::string> set;
         for (std::size_t k = 0; k < groups[g].size(); ++k)
           set.push_back(text(groups[g][k], gw + "[" + std::to_string(k) + "]"));
+        std::string key;
         try {
-          (void)grid->key(set);
+          key = grid->key(set);
         } catch (const ConfigError& e) {
           bad(gw, e.what());
         }
+        // verify creates each set's groups once: the same dims twice (in any order) would
+        // create them twice, which HEAD refuses (a KeyError), and so does verify --job.
+        for (std::size_t e = 0; e < sets.size(); ++e)
+          if (grid->key(sets[e]) == key)
+            bad(gw, "the groups over " + key + " are listed twice (also groups[" + std::to_string(e) + "])");
         sets.push_back(std::move(set));
       }
     } else {

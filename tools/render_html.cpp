@@ -83,7 +83,7 @@ constexpr const char* kScript = R"JS(
         row.appendChild(el("td", "-"));
         row.appendChild(el("td", "in no group", "none"));
       } else {
-        row.appendChild(el("td", gi + " / " + p.groups));
+        row.appendChild(el("td", "g" + gi + " of " + p.groups));
         row.appendChild(el("td", p.text[gi]));
       }
       table.appendChild(row);
@@ -238,7 +238,7 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
       << "<p>" << total_nodes << (total_nodes == 1 ? " node" : " nodes") << " of " << opt.gpus_per_node
       << " GPUs; drawn: nodes " << geo.first_node << "-" << last_node
       << ". Rows are nodes, columns local devices; each colour is one group"
-      << (geo.labels ? " (g12 = group 12, where colours run out)" : "") << ". "
+      << " (g12 = group 12" << (geo.labels ? ", printed in the cells where colours run out" : "") << "). "
       << (geo.coordinates ? "Cells show the rank and its coordinates (t c d p; expert panels t e d p)."
                           : "Cells show the rank.")
       << " Hover a cell for its coordinates and groups; click to pin it.</p>\n"

@@ -68,8 +68,10 @@ std::size_t legend_lines(const PicturePanel& p) {
   return n;
 }
 
+// "g3: [0,8]": the group's index as the cells' labels print it (where colours run out),
+// in every legend, so that a picture reads one way whatever its number of groups.
 std::string legend_text(const PicturePanel& p, std::size_t i) {
-  return (p.labels ? "g" : "") + std::to_string(p.shown[i]) + ": " + p.members[i];
+  return "g" + std::to_string(p.shown[i]) + ": " + p.members[i];
 }
 
 std::string group_summary(const PicturePanel& p) {
@@ -384,7 +386,7 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
   else
     out << "cell: rank (coordinates are printed up to " << kMaxRanksWithCoordinates
         << " ranks; here they are in each cell's tooltip); each colour is one group";
-  if (geo.labels) out << "; g12 = group 12, where colours run out";
+  out << "; g12 = group 12" << (geo.labels ? " (cells print it where colours run out)" : "");
   out << "</text>\n";
   hy += kHeaderLineH;
   out << "<text class=\"hs\" x=\"" << hx << "\" y=\"" << hy << "\">";

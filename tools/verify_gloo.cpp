@@ -1,3 +1,4 @@
+#include "cli_errors.hpp"
 #include "verify_gloo.hpp"
 #include "command.hpp"
 
@@ -39,7 +40,7 @@ int run_verify_gloo(const LayoutFlags& layout, const VerifyOptions& options,
       }
     }, gloo);
     if (run.first_failed_rank >= 0) {
-      std::cerr << "error: " << one_line(run.first_failure) << "\n";
+      print_error(run.first_failure);
       return is_config_error(run.errors[static_cast<size_t>(run.first_failed_rank)]) ? 2 : 1;
     }
     return print_verify_report(*report);
@@ -53,11 +54,10 @@ int run_verify_gloo(const LayoutFlags& layout, const VerifyOptions& options,
   try {
     report = run_verify(*world, config, options);
   } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
-    if (world->rank() == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (world->rank() == 0) print_error(e.what());
     return 2;
   } catch (const Error& e) {
-    std::cerr << ("error: rank " + std::to_string(world->rank()) + ": " + one_line(e.what()) +
-                  "\n") << std::flush;  // one write: never cut mid-line
+    print_error("rank " + std::to_string(world->rank()) + ": " + e.what());  // one write: never cut mid-line
     return 1;
   }
   if (world->rank() == 0) return print_verify_report(report);

@@ -1,3 +1,4 @@
+#include "cli_errors.hpp"
 #include "verify_nccl.hpp"
 #include "command.hpp"
 
@@ -30,10 +31,10 @@ int verify_one_rank(Communicator& boot, const ParallelConfig& config, const Veri
     const auto world = make_nccl_world(boot, nccl);
     report = run_verify(*world, config, options);
   } catch (const ConfigError& e) {
-    if (boot.rank() == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (boot.rank() == 0) print_error(e.what());
     return 2;
   } catch (const Error& e) {
-    std::cerr << "error: rank " << boot.rank() << ": " << one_line(e.what()) << std::endl;
+    print_error("rank " + std::to_string(boot.rank()) + ": " + e.what());
     if (abort_job != nullptr) abort_job();
     return 1;
   }
@@ -63,7 +64,7 @@ int run_verify_nccl(const LayoutFlags& layout, const VerifyOptions& options,
       }
     }, gloo);
     if (run.first_failed_rank >= 0) {
-      std::cerr << "error: " << one_line(run.first_failure) << "\n";
+      print_error(run.first_failure);
       try {
         std::rethrow_exception(run.errors[static_cast<std::size_t>(run.first_failed_rank)]);
       } catch (const ConfigError&) {
@@ -92,7 +93,7 @@ int run_verify_nccl(const LayoutFlags& layout, const VerifyOptions& options,
   try {
     config = checked_verify_config(layout, options, boot->size());
   } catch (const ConfigError& e) {
-    if (boot->rank() == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (boot->rank() == 0) print_error(e.what());
     return 2;
   }
   return verify_one_rank(*boot, config, options, timeout, [] { mpi::MpiEnvironment::abort(1); });

@@ -1,3 +1,4 @@
+#include "cli_errors.hpp"
 #include "verify_run.hpp"
 
 #include <algorithm>
@@ -187,7 +188,7 @@ ParallelConfig checked_verify_config(const LayoutFlags& layout, const VerifyOpti
 int print_verify_report(const VerifyReport& report) {
   std::cout << format_verify_report(report) << std::flush;
   for (const KindVerdict& v : report.kinds)
-    if (!v.passed) std::cerr << "error: verify failed: " << v.label << ": " << v.failure << "\n";
+    if (!v.passed) print_error("verify failed: " + v.label + ": " + v.failure);
   return report.passed() ? 0 : 1;
 }
 

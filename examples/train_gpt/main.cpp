@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli_errors.hpp"
 #include "layout_flags.hpp"
 #include "setup.hpp"
 #include "trainer.hpp"
@@ -41,12 +42,6 @@ struct Flags {
   std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
 };
-
-std::string one_line(std::string s) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
-}
 
 double parse_double(const std::string& param, const std::string& text, double min) {
   char* end = nullptr;
@@ -222,7 +217,7 @@ int run(const Flags& f) {
           },
           gloo);
       if (r.first_failed_rank >= 0) {
-        std::cerr << "error: " << one_line(r.first_failure) << "\n";
+        commgrid::cli::print_error(r.first_failure);
         return is_config_error(r.errors[static_cast<std::size_t>(r.first_failed_rank)]) ? 2 : 1;
       }
       print(f.format, layout, config, results);
@@ -247,18 +242,18 @@ int run(const Flags& f) {
   try {
     std::tie(layout, config) = checked(world->size());
   } catch (const commgrid::ConfigError& e) {
-    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (rank == 0) commgrid::cli::print_error(e.what());
     return 2;
   }
   try {
     const auto results = train_gpt::run_rank(*world, layout, config, fault);
     if (rank == 0) print(f.format, layout, config, results);
   } catch (const commgrid::ConfigError& e) {  // the same on every rank
-    if (rank == 0) std::cerr << "error: " << one_line(e.what()) << "\n";
+    if (rank == 0) commgrid::cli::print_error(e.what());
     return 2;
   } catch (const std::exception& e) {
     // Possibly this rank alone: end the job instead of leaving the others waiting.
-    std::cerr << "error: rank " << rank << ": " << one_line(e.what()) << std::endl;
+    commgrid::cli::print_error("rank " + std::to_string(rank) + ": " + e.what());
     commgrid::mpi::MpiEnvironment::abort(1);
   }
   return 0;
@@ -318,13 +313,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "error: " << one_line(e.what()) << "\n";
+    commgrid::cli::print_error(commgrid::cli::explain_parse_error(app, e, argc, argv, "commgrid-train-gpt"));
     return 2;
   } catch (const commgrid::ConfigError& e) {
-    std::cerr << "error: " << one_line(e.what()) << "\n";
+    commgrid::cli::print_error(e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << one_line(e.what()) << "\n";
+    commgrid::cli::print_error(e.what());
     return 1;
   }
 }

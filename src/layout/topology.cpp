@@ -136,6 +136,38 @@ std::string kind_list(const std::vector<GroupKind>& kinds) {
   return s;
 }
 
+// The usual fix of MoE layouts whose expert groups cross nodes: expert tensor parallel 1
+// (etp defaults to tp, so tp 8 with ep 4 makes tp_ep groups of 32). "--etp 1 keeps ep and
+// expt_tp inside" (with "--order X" when the order must change too), or "" when no order is
+// needed for it (the best order, crossing `then`, keeps both inside already), etp is
+// already 1, etp 1 is not a valid layout, or it would not keep them inside without pushing
+// tp or cp out (crossing `now`).
+std::string etp_one_advice(const Layout& layout, const NodeMap& nodes, int now, int then) {
+  const ParallelConfig& given = layout.config();
+  const int dense = priority_bit(GroupKind::tp) | priority_bit(GroupKind::cp);
+  const int expert = priority_bit(GroupKind::ep) | priority_bit(GroupKind::expt_tp);
+  if (given.expert_tp() == 1 || (then & expert) == 0) return "";
+  ParallelConfig c = given;
+  c.etp = 1;
+  auto serves = [&](const ParallelConfig& candidate) {
+    const int mask = crossing_mask(Layout(candidate), nodes);
+    return (mask & expert) == 0 && (mask & dense & ~now) == 0;
+  };
+  try {
+    std::string order_flag;
+    if (!serves(c)) {
+      c.order = best_order(c, nodes);
+      if (!serves(c)) return "";
+      order_flag = " --order " + c.order;
+    }
+    return "--etp 1" + order_flag + " keeps ep and expt_tp inside (expert dp " +
+           std::to_string(layout.expert_dp()) + " -> " + std::to_string(Layout(c).expert_dp()) +
+           ")";
+  } catch (const ConfigError&) {
+    return "";  // etp 1 breaks another rule of this config
+  }
+}
+
 }  // namespace
 
 NodeMap::NodeMap(std::int64_t gpus_per_node) : g_(gpus_per_node) {
@@ -340,7 +372,8 @@ std::string TopologyWarning::message() const {
   if (order) return s + "order \"" + *order + "\" keeps them inside" + (reason.empty() ? "" : "; " + reason);
   if (group_size > gpus_per_node)
     return s + "no order keeps them inside: a group has " + std::to_string(group_size) +
-           " ranks, a node " + std::to_string(gpus_per_node) + " GPUs";
+           " ranks, a node " + std::to_string(gpus_per_node) + " GPUs" +
+           (reason.empty() ? "" : "; " + reason);
   if (!reason.empty()) return s + reason;
   return s + "no valid order keeps them inside";
 }
@@ -408,6 +441,10 @@ TopologyReport check_topology(const Layout& layout, std::span<const GroupKind> k
                                 : why + ": " + name + " groups must cross nodes") +
                    "; keeping " + kind_list(kept) + " inside";
       }
+    }
+    if (k == GroupKind::ep || k == GroupKind::expt_tp) {
+      if (const std::string etp = etp_one_advice(layout, nodes, now, then); !etp.empty())
+        w.reason += (w.reason.empty() ? (w.order ? "or " : "") : "; or ") + etp;
     }
     report.warnings.push_back(std::move(w));
   }

@@ -186,7 +186,7 @@ TEST(RedisStoreErrors, AFrozenServerIsATimeoutSayingItDidNotAnswer) {
                                   "/frozen: the server did not answer within 1.0 s"))
         << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s + 30s) << "the frozen server held the wait";
   // Opening a store on it fails within the timeout too.
   try {
     open_store(redis.uri("frozen2"), o);
@@ -194,7 +194,7 @@ TEST(RedisStoreErrors, AFrozenServerIsATimeoutSayingItDidNotAnswer) {
   } catch (const TimeoutError& e) {
     EXPECT_TRUE(has(e.what(), "did not answer")) << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s + 30s) << "the frozen server held the open";
   redis.signal(SIGCONT);
 }
 

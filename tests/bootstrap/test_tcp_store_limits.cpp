@@ -120,7 +120,7 @@ TEST(TcpStoreLimits, TheConnectionLimitIsNamedInTheRefusedRanksError) {
     EXPECT_TRUE(has(what, "retried for")) << what;
     EXPECT_FALSE(has(what, "handshake failed")) << what;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms + 30s) << "the timeout did not bound the retries";
   // Strangers cannot take the ranks' places: with every place held by a silent stranger, a
   // rank still gets in (the stranger waiting longest for its proof makes room).
   ranks.pop_back();

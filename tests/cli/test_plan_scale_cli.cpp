@@ -110,7 +110,7 @@ TEST_P(PlanRefuses, ExitTwoNothingPrinted) {
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find(GetParam().must_contain), std::string::npos) << r.err;
-  EXPECT_LT(r.seconds, 10.0) << "refusing took " << r.seconds << " s";
+  EXPECT_LT(r.seconds, 30.0) << "refusing took " << r.seconds << " s";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -227,7 +227,7 @@ TEST(PlanScale, TopologyOfTheLargestWorld) {
       EXPECT_EQ(k["max_nodes_spanned"], 268435456);
     }
   EXPECT_TRUE(dp_seen);
-  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_LT(r.seconds, 60.0) << "not O(1) per kind";
 }
 
 TEST(PlanScale, HelpShowsIntegerFlagsAsInt) {

@@ -1,6 +1,9 @@
 # ctest driver: install the build tree into a fresh prefix, then configure, build and run
-# the consumer project against it with find_package(commgrid).
-# Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR.
+# the consumer project against it with find_package(commgrid): layout-only (which must look
+# for no backend), with each backend component this build has, and asking for a component
+# it lacks (which must fail, naming it).
+# Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR, BACKENDS (comma-separated), CXX_FLAGS,
+# LINKER_FLAGS.
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 function(step)
@@ -11,8 +14,27 @@ function(step)
   message(STATUS "${out}")
 endfunction()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${WORK_DIR}/build
-     -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
-     -DCMAKE_CXX_FLAGS=${CXX_FLAGS} -DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS})
-step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-step(${WORK_DIR}/build/consumer)
+if(EXISTS ${BUILD_DIR}/examples/train_gpt/commgrid-train-gpt AND
+   NOT EXISTS ${WORK_DIR}/prefix/bin/commgrid-train-gpt)
+  message(FATAL_ERROR "cmake --install did not install commgrid-train-gpt")
+endif()
+string(REPLACE "," ";" BACKENDS "${BACKENDS}")
+foreach(_component "" ${BACKENDS})
+  set(_build ${WORK_DIR}/build${_component})
+  step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer -B ${_build}
+       -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCOMPONENT=${_component}
+       -DCMAKE_CXX_FLAGS=${CXX_FLAGS} -DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS})
+  step(${CMAKE_COMMAND} --build ${_build})
+  step(${_build}/consumer)
+  # The backend program runs where it can here: Gloo's rank-threads need nothing else.
+  if(_component STREQUAL "gloo")
+    step(${_build}/consumer_gloo)
+  endif()
+endforeach()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer
+                -B ${WORK_DIR}/build-missing -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+                -DCOMPONENT=nosuch RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT "${out}${err}" MATCHES "built without the component \"nosuch\"")
+  message(FATAL_ERROR "asking for a missing component: exit ${rc}\n${out}\n${err}")
+endif()
+message(STATUS "package test: ok (layout-only and components: ${BACKENDS})")

@@ -153,7 +153,8 @@ TEST(Streaming, LargestWorldInPieces) {
 }
 
 // Each hcp level is located in O(1): 200,000 levels (sizes 1, cp 1) stay well under a
-// second, where a walk over the levels before each one took minutes.
+// second, where a walk over the levels before each one took minutes (the bound leaves
+// room for a loaded machine).
 TEST(Streaming, ManyHcpLevelsAreLinear) {
   ParallelConfig c = test::make_config(2, 1);
   c.hcp.assign(200000, 1);
@@ -167,7 +168,7 @@ TEST(Streaming, ManyHcpLevelsAreLinear) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(sum, 200000 * 3);
-  EXPECT_LT(s, 10.0) << "200,000 hcp levels took " << s << " s";
+  EXPECT_LT(s, 60.0) << "200,000 hcp levels took " << s << " s";
 }
 
 }  // namespace

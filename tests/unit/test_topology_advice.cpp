@@ -190,6 +190,35 @@ TEST(TopologyAdvice, OversizedGroupIsNotAvoidable) {
   EXPECT_FALSE(r.avoidable());
 }
 
+// MoE with the default etp (= tp = 8) and ep 4: tp_ep groups of 32 ranks, so no order
+// keeps both ep and expt_tp inside an 8-GPU node. The usual fix, expert tensor parallel 1,
+// is offered beside the order, and following it leaves nothing to warn about.
+TEST(TopologyAdvice, MoeWithTheDefaultEtpOffersEtpOne) {
+  const NodeMap nodes(8);
+  const ParallelConfig c = make_config(256, 8, 1, 1, 4);
+  const TopologyReport r = check_topology(Layout(c), {}, nodes);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_EQ(r.warnings[0].kind, GroupKind::ep);
+  EXPECT_EQ(r.warnings[0].message(),
+            "ep groups cross nodes (64 of 64 groups span up to 4 nodes); order \"cp-ep-tp-dp-pp\" "
+            "keeps them inside; expt_tp groups then cross (ep\u00b7expt_tp = 32 > 8 GPUs per node); "
+            "or --etp 1 keeps ep and expt_tp inside (expert dp 8 -> 64)");
+  ParallelConfig fixed = c;
+  fixed.etp = 1;
+  EXPECT_TRUE(check_topology(Layout(fixed), {}, nodes).warnings.empty());
+
+  // expt_tp larger than a node (etp 16): no order helps, etp 1 does.
+  const TopologyReport big = check_topology(Layout(make_config(256, 16, 1, 1, 2)), {}, nodes);
+  bool offered = false;
+  for (const TopologyWarning& w : big.warnings)
+    offered = offered || w.message().find("--etp 1 keeps ep and expt_tp inside") != std::string::npos;
+  EXPECT_TRUE(offered) << big.warnings.size();
+
+  // An ep group larger than a node: etp 1 cannot help, so it is not offered.
+  for (const TopologyWarning& w : check_topology(Layout(make_config(256, 2, 1, 1, 16)), {}, nodes).warnings)
+    EXPECT_EQ(w.message().find("--etp"), std::string::npos) << w.message();
+}
+
 // The largest world: the advice and the spans of the node-local kinds need no memory
 // proportional to the world.
 TEST(TopologyAdvice, LargestWorldAdviceIsCheap) {

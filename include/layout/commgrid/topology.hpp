@@ -70,7 +70,9 @@ struct TopologyWarning {
   bool avoidable = false;
   /// Without an order: why the kind must cross ("tp·cp = 16 > 8 GPUs per node: cp groups
   /// must cross nodes; keeping tp inside"). With one: the less important kinds that the
-  /// order pushes out instead ("cp groups then cross"), or empty.
+  /// order pushes out instead ("cp groups then cross"), or empty. For ep and expt_tp it
+  /// ends with the usual MoE fix when that keeps them inside and the layout has etp > 1:
+  /// "or --etp 1 keeps ep and expt_tp inside (expert dp 8 -> 64)".
   std::string reason;
   /// One line without a prefix: `tp groups cross nodes (8 of 8 groups span up to 2 nodes);
   /// order "tp-cp-ep-dp-pp" keeps them inside`.

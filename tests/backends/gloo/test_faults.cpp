@@ -30,7 +30,7 @@ TEST(GlooFaults, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
         }
       });
   }
-  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_LT(seconds_since(t0), 1.5 + 30.0) << "the timeout did not bound world creation";
   for (const auto& e : errors) {
     EXPECT_NE(e.find("on world"), std::string::npos) << e;
     EXPECT_NE(e.find("rank 3 (global 3) of 4"), std::string::npos) << e;
@@ -54,7 +54,7 @@ TEST(GlooFaults, AMemberMissingFromAGroupIsNamedWithItsGlobalRank) {
     }
   }, test_options(1500ms));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
-  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_LT(seconds_since(t0), 1.5 + 30.0) << "the timeout did not bound create_group";
 }
 
 TEST(GlooFaults, ARankThatThrowsUnblocksTheOthersAndIsReportedFirst) {
@@ -65,8 +65,8 @@ TEST(GlooFaults, ARankThatThrowsUnblocksTheOthersAndIsReportedFirst) {
     w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
     if (w.rank() == 2) throw std::runtime_error("model diverged");
     for (int k = 0; k < 100; ++k) w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
-  }, test_options(60s));
-  EXPECT_LT(seconds_since(t0), 20.0);
+  }, test_options(100s));
+  EXPECT_LT(seconds_since(t0), 60.0) << "the others waited out their 100 s timeout";
   EXPECT_EQ(r.first_failed_rank, 2);
   EXPECT_EQ(r.first_failure, "rank 2: model diverged");
   for (int k : {0, 1, 3}) {
@@ -90,7 +90,7 @@ TEST(GlooFaults, ACollectiveThatTimesOutIsATimeoutErrorNamingOpAndGroup) {
   auto r = run_local_ranks_collect(2, [](Communicator& w) {
     auto g = w.split(0, w.rank(), "tp#0");
     if (w.rank() == 1) {
-      std::this_thread::sleep_for(3s);  // late beyond the 1 s timeout
+      std::this_thread::sleep_for(6s);  // late far beyond the 1 s timeout, even when loaded
       return;
     }
     std::int32_t v = 1, out = 0;
@@ -103,7 +103,7 @@ TEST(GlooFaults, ACollectiveThatTimesOutIsATimeoutErrorNamingOpAndGroup) {
     }
   }, test_options(1s));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
-  EXPECT_LT(seconds_since(t0), 15.0);
+  EXPECT_LT(seconds_since(t0), 6.0 + 30.0) << "the timeout did not end the allreduce";
 }
 
 TEST(GlooFaults, ACollectiveThatTimesOutNamesTheRanksThatDidNotArrive) {

@@ -61,7 +61,8 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
   for (int r = 0; r < 4; ++r) {
     const std::string& e = errors[static_cast<size_t>(r)];
     EXPECT_NE(e, "initialized") << "rank " << r;
-    EXPECT_LT(took[static_cast<size_t>(r)], 5.0) << "rank " << r << ": " << e;
+    // The 3 s deadline (the 17 kinds would take several times that); room for a loaded machine.
+    EXPECT_LT(took[static_cast<size_t>(r)], 3.0 + 30.0) << "rank " << r << ": " << e;
     if (e.find("the world's timeout of 3 s bounds the whole call") != std::string::npos) ++timeouts;
     EXPECT_EQ(worlds[static_cast<size_t>(r)]->timeout(), 3000ms) << "rank " << r;
   }

@@ -1,5 +1,6 @@
 // `commgrid launch` end to end: real processes, the file store, output prefixes, exit codes,
 // and faults (a rank exiting non-zero, a rank killed by SIGKILL, a rank never arriving).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -7,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -60,27 +63,31 @@ TEST(Launch, EnvironmentStoreFolderPartialLinesAndStderr) {
 }
 
 TEST(Launch, ARankExitingNonZeroStopsTheOthersAndIsNamed) {
-  Result r = launch({"launch", "-n", "3", "--timeout", "60", "--", kWorker, "exit", "1", "3"});
+  Result r = launch({"launch", "-n", "3", "--timeout", "60", "--", kWorker, "exit", "1", "3"}, 120);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(has(r.err, "error: rank 1 exited with code 3\n")) << r.err;
-  // The others would sleep 100 s: launch stopped them.
-  EXPECT_LT(r.seconds, 30) << "the others were not stopped promptly";
+  // The others would sleep 100 s: launch stopped them (a bound with room for a loaded machine).
+  EXPECT_LT(r.seconds, 50) << "the others were not stopped promptly";
 }
 
 TEST(Launch, ARankKilledBySigkillIsNamedAndTheOthersEndWithoutHanging) {
-  Result r = launch({"launch", "-n", "4", "--timeout", "60", "--", kWorker, "sigkill", "2"});
+  Result r = launch({"launch", "-n", "4", "--timeout", "100", "--", kWorker, "sigkill", "2"}, 150);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(has(r.err, "error: rank 2 killed by signal 9 (SIGKILL)\n")) << r.err;
-  EXPECT_LT(r.seconds, 30) << "survivors waited for their 60 s timeout";
+  EXPECT_LT(r.seconds, 60) << "survivors waited for their 100 s timeout";
 }
 
 TEST(Launch, ARankThatNeverArrivesMakesTheOthersFailNamingIt) {
-  Result r = launch({"launch", "-n", "3", "--timeout", "2", "--", kWorker, "missing", "2"});
+  // The ranks' own 2 s timeout, without launch's --timeout: launch's deadline (the timeout
+  // + 1 s from its start) would race the ranks' on a loaded machine, where starting them
+  // alone can take longer than that second.
+  Result r = run_shell("COMMGRID_TIMEOUT=2 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                       " launch -n 3 -- " + commgrid::test::shell_quote(kWorker) + " missing 2");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(error: rank [01] exited with code 1\n)")))
       << r.err;
   EXPECT_TRUE(has(r.err, "rank 2 (global 2) of 3 to arrive")) << r.err;
-  EXPECT_LT(r.seconds, 30);
+  EXPECT_LT(r.seconds, 50) << "the others did not end at their 2 s timeout";
 }
 
 TEST(Launch, BadUsageIsExitTwo) {
@@ -100,10 +107,10 @@ TEST(Launch, BadUsageIsExitTwo) {
 TEST(Launch, ExitCodeIsZeroOnlyWhenEveryRankExitsZero) {
   EXPECT_EQ(launch({"launch", "-n", "3", "--", "sh", "-c", "exit 0"}).code, 0);
   Result r = launch({"launch", "-n", "3", "--grace", "1", "--", "sh", "-c",
-                     "if [ $COMMGRID_RANK = 2 ]; then kill -SEGV $$; fi; sleep 30"});
+                     "if [ $COMMGRID_RANK = 2 ]; then kill -SEGV $$; fi; sleep 100"}, 120);
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(has(r.err, "error: rank 2 killed by signal 11 (SIGSEGV)")) << r.err;
-  EXPECT_LT(r.seconds, 20);
+  EXPECT_LT(r.seconds, 50) << "the others slept on";
 }
 
 TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
@@ -114,7 +121,7 @@ TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
                        " & pid=$!; sleep 2; kill -TERM $pid; wait $pid");
   EXPECT_EQ(r.code, 143) << r.err;
   EXPECT_TRUE(has(r.err, "error: interrupted by SIGTERM; stopped 2 ranks")) << r.err;
-  EXPECT_LT(r.seconds, 15);
+  EXPECT_LT(r.seconds, 50) << "the ranks slept on";
   std::smatch m;
   std::string out = r.out;
   int pids = 0;
@@ -126,16 +133,128 @@ TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
   EXPECT_EQ(pids, 2) << r.out;
 }
 
+// ---- torchrun's variables, output modes, exit codes --------------------------------
+
+// The lines of `text` that start with `prefix`, in order.
+std::vector<std::string> lines_with(const std::string& text, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) out.push_back(line);
+  return out;
+}
+
+TEST(Launch, SetsTorchrunsVariablesWithAMasterPortApartFromTheStore) {
+  const int store_port = free_port();
+  // An outer launcher's RANK and MASTER_PORT are replaced, never passed on.
+  Result r = run_shell("RANK=7 MASTER_PORT=1 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                       " launch -n 2 --master-port " + std::to_string(store_port) +
+                       " --rdzv-id my-job -- sh -c " +
+                       commgrid::test::shell_quote(
+                           "echo \"v $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
+                           "$GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+                           "$TORCHELASTIC_RUN_ID $COMMGRID_JOB_ID $COMMGRID_STORE\""));
+  EXPECT_EQ(r.code, 0) << r.err;
+  const std::string tail = " 2 127.0.0.1 " + std::to_string(store_port + 1) +
+                           " my-job my-job tcp://127.0.0.1:" + std::to_string(store_port) + "\n";
+  EXPECT_TRUE(has(r.out, "[rank 0] v 0 2 0 2 0 1 0" + tail)) << r.out;
+  EXPECT_TRUE(has(r.out, "[rank 1] v 1 2 1 2 0 1 1" + tail)) << r.out;
+
+  // One node, no --master-port: the file store, and a free port for torch.
+  Result one = launch({"launch", "-n", "2", "--", "sh", "-c", "echo \"p $MASTER_PORT $COMMGRID_STORE\""});
+  EXPECT_EQ(one.code, 0) << one.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(one.out, m, std::regex(R"(\[rank 0\] p (\d+) file://)"))) << one.out;
+  EXPECT_GT(std::stoi(m[1].str()), 0);
+  EXPECT_TRUE(has(one.out, "[rank 1] p " + m[1].str() + " file://")) << "one MASTER_PORT per job: " << one.out;
+}
+
+TEST(Launch, TorchrunsFlagNamesAndSpellingsAreAccepted) {
+  Result r = launch({"launch", "--standalone", "--nproc_per_node", "2", "--rdzv_id", "abc", "--",
+                     "sh", "-c", "echo \"id $TORCHELASTIC_RUN_ID of $WORLD_SIZE\""});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "[rank 1] id abc of 2\n")) << r.out;
+  Result bad = launch({"launch", "--standalone", "--nnodes", "2", "--node-rank", "0",
+                       "--master-port", "1234", "-n", "1", "--", "true"});
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_TRUE(has(bad.err, "--standalone is one node")) << bad.err;
+  Result id = launch({"launch", "-n", "1", "--rdzv-id", "a/b", "--", "true"});
+  EXPECT_EQ(id.code, 2) << id.err;
+  EXPECT_TRUE(has(id.err, "error: --rdzv-id: ")) << id.err;
+}
+
+TEST(Launch, OutputRawAndRank0) {
+  const std::string script = "echo \"out $RANK\"; echo \"err $RANK\" >&2";
+  Result raw = launch({"launch", "-n", "3", "--output", "raw", "--", "sh", "-c", script});
+  EXPECT_EQ(raw.code, 0) << raw.err;
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(has(raw.out, "out " + std::to_string(k) + "\n")) << raw.out;
+    EXPECT_TRUE(has(raw.err, "err " + std::to_string(k) + "\n")) << raw.err;
+  }
+  EXPECT_FALSE(has(raw.out + raw.err, "[rank")) << raw.out << raw.err;
+  // rank0: rank 0's stdout alone on stdout, so that it pipes cleanly into a parser; the
+  // other ranks' stderr stays visible, prefixed.
+  Result r0 = launch({"launch", "-n", "3", "--output", "rank0", "--", "sh", "-c",
+                      "if [ $RANK = 0 ]; then printf '{\\n  \"a\": [1,\\n 2]\\n}\\n'; else echo chatter; fi; "
+                      "echo \"err $RANK\" >&2"});
+  EXPECT_EQ(r0.code, 0) << r0.err;
+  EXPECT_EQ(r0.out, "{\n  \"a\": [1,\n 2]\n}\n");
+  EXPECT_TRUE(has(r0.err, "err 0\n") && has(r0.err, "[rank 1] err 1\n") && has(r0.err, "[rank 2] err 2\n"))
+      << r0.err;
+  Result bad = launch({"launch", "-n", "1", "--output", "tee", "--", "true"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(has(bad.err, "error: --output: expected prefixed, raw or rank0, got 'tee'")) << bad.err;
+}
+
+TEST(Launch, AFlagErrorInEveryRankExitsTwoWithEveryLineWhole) {
+  Result r = launch({"launch", "-n", "4", "--", COMMGRID_CLI, "plan", "--world-size", "8", "--tp", "--pp", "4"});
+  EXPECT_EQ(r.code, 2) << r.err;
+  const auto errors = lines_with(r.err, "[rank ");
+  EXPECT_EQ(errors.size(), 4u) << r.err;
+  for (const auto& line : errors)
+    EXPECT_TRUE(std::regex_match(line, std::regex(R"(\[rank \d\] error: plan: --tp needs a value \(got the flag --pp instead\); see commgrid plan --help)")))
+        << line;
+  EXPECT_TRUE(has(r.err, "error: every rank exited with code 2 (bad input; the ranks' errors are above)\n"))
+      << r.err;
+  // A rank slower to fail (its error written in two pieces, a second apart) is not cut
+  // short by the first rank's exit 2: its line arrives whole.
+  Result slow = launch({"launch", "-n", "3", "--", "sh", "-c",
+                        "if [ $RANK != 0 ]; then printf 'error: ' >&2; sleep 1; echo \"slow rank $RANK\" >&2; fi; exit 2"});
+  EXPECT_EQ(slow.code, 2) << slow.err;
+  EXPECT_TRUE(has(slow.err, "[rank 1] error: slow rank 1\n") && has(slow.err, "[rank 2] error: slow rank 2\n"))
+      << slow.err;
+  // Exit 2 from some ranks only, 0 or 1 from the others: a failure (1), naming the first.
+  Result mixed = launch({"launch", "-n", "2", "--", "sh", "-c", "exit $((2 - RANK))"});
+  EXPECT_EQ(mixed.code, 1) << mixed.err;
+  EXPECT_TRUE(has(mixed.err, "error: rank 0 exited with code 2\n")) << mixed.err;
+}
+
 // ---- starting from other launchers, across nodes ------------------------------------
 
 
 const std::string kCli = commgrid::test::shell_quote(COMMGRID_CLI);
 
+// A file of /proc read with read(2), "" when it cannot be: a process may end while it is
+// read (ESRCH), which std::ifstream reports by throwing from inside its buffer.
+std::string read_proc(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
 // Whether a process exists and is not a zombie (an orphan's zombie stays until its new
 // parent reaps it, which a container's init may never do).
 bool alive(int pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string stat = read_proc("/proc/" + std::to_string(pid) + "/stat");
   const size_t close = stat.rfind(") ");
   return close != std::string::npos && stat.size() > close + 2 && stat[close + 2] != 'Z';
 }
@@ -219,30 +338,37 @@ TEST(Launchers, ASecondJobOnTheSamePortFailsAtOnceAndTheFirstCompletes) {
   EXPECT_TRUE(has(r.err, "is in use") || has(r.err, "serves job")) << r.err;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(took_ms (\d+))"))) << r.out;
-  EXPECT_LT(std::stoi(m[1].str()), 2500) << "the second job did not fail at once";
+  // At once: not after its 20 s --timeout (a bound with room for a loaded machine).
+  EXPECT_LT(std::stoi(m[1].str()), 10000) << "the second job did not fail at once";
 }
 
 // ---- strangers ---------------------------------------------------------------------
 
 // The listening TCP ports of processes whose command line contains `marker`, read from
-// /proc (socket inodes of their descriptors matched against /proc/net/tcp{,6}).
+// /proc (socket inodes of their descriptors matched against /proc/net/tcp{,6}). The ranks
+// come and go while it reads: a process or descriptor that vanishes is skipped, and
+// nothing here throws.
 std::set<int> listening_ports_of(const std::string& marker) {
   std::set<std::string> inodes;
-  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
-    const std::string pid = d.path().filename();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmd(d.path() / "cmdline", std::ios::binary);
-    std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
-    if (line.find(marker) == std::string::npos || std::stoi(pid) == ::getpid()) continue;
-    std::error_code ec;
-    for (const auto& fd : std::filesystem::directory_iterator(d.path() / "fd", ec)) {
-      const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
-      if (target.starts_with("socket:[")) inodes.insert(target.substr(8, target.size() - 9));
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/proc", ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string pid = it->path().filename().string();
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (pid == std::to_string(::getpid())) continue;
+    if (read_proc("/proc/" + pid + "/cmdline").find(marker) == std::string::npos) continue;
+    std::error_code fd_ec;
+    std::filesystem::directory_iterator fds("/proc/" + pid + "/fd", fd_ec);
+    for (; !fd_ec && fds != end; fds.increment(fd_ec)) {
+      std::error_code link_ec;
+      const std::string target = std::filesystem::read_symlink(fds->path(), link_ec).string();
+      if (!link_ec && target.starts_with("socket:[") && target.size() > 9)
+        inodes.insert(target.substr(8, target.size() - 9));
     }
   }
   std::set<int> ports;
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
+    std::istringstream in(read_proc(table));
     std::string row;
     std::getline(in, row);
     while (std::getline(in, row)) {
@@ -251,8 +377,9 @@ std::set<int> listening_ports_of(const std::string& marker) {
       f >> slot >> local >> remote >> state;
       for (int i = 0; i < 5; ++i) f >> skip;
       f >> inode;
-      if (state == "0A" && inodes.count(inode) != 0)
-        ports.insert(std::stoi(local.substr(local.rfind(':') + 1), nullptr, 16));
+      const size_t colon = local.rfind(':');
+      if (state != "0A" || inodes.count(inode) == 0 || colon == std::string::npos) continue;
+      ports.insert(static_cast<int>(std::strtol(local.c_str() + colon + 1, nullptr, 16)));
     }
   }
   return ports;
@@ -268,11 +395,18 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
   const int store_port = free_port();
   std::atomic<bool> done{false};
   std::atomic<int> attacked{0};
+  std::string stranger_error;  // an exception of the stranger's thread, reported by the test
   std::jthread stranger([&] {
     std::vector<int> fds;
     std::set<int> seen;
     while (!done.load()) {
-      std::set<int> targets = listening_ports_of(marker);
+      std::set<int> targets;
+      try {
+        targets = listening_ports_of(marker);
+      } catch (const std::exception& e) {
+        stranger_error = e.what();  // never std::terminate: the test fails and says why
+        break;
+      }
       targets.insert(store_port);  // refused until rank 0 serves it
       for (int port : targets) {
         if (port != store_port && !seen.insert(port).second) continue;
@@ -294,15 +428,19 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
     }
     for (int fd : fds) ::close(fd);
   });
-  Result r = launch({"launch", "-n", "4", "--master-port", std::to_string(store_port), "--timeout",
-                     "10", "--", COMMGRID_CLI, "verify", "--tp", "2", "--cp", "2", "--kinds",
-                     "tp,pp,dp,cp"});
+  // The ranks' own 10 s timeout (COMMGRID_TIMEOUT), without launch's --timeout, whose
+  // deadline one second later would race a rank's report on a loaded machine.
+  Result r = run_shell("COMMGRID_TIMEOUT=10 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                       " launch -n 4 --master-port " + std::to_string(store_port) + " -- " +
+                       commgrid::test::shell_quote(COMMGRID_CLI) + " verify --tp 2 --cp 2 --kinds " + marker);
   done = true;
   stranger.join();
+  EXPECT_EQ(stranger_error, "") << "the stranger's scan of /proc threw";
   std::cout << "stranger made " << attacked.load() << " connections with garbage\n";
   EXPECT_GT(attacked.load(), 0) << "the stranger found nothing to attack";
   EXPECT_FALSE(has(r.err, "SIGABRT")) << r.err;
-  EXPECT_LT(r.seconds, 15.0) << "a hang";
+  // Every rank ends by its 10 s timeout; room for a loaded machine (a hang would be 60 s).
+  EXPECT_LT(r.seconds, 45.0) << "a hang";
   if (r.code != 0) {
     EXPECT_EQ(r.code, 1) << r.err;
     // The rank whose listener the stranger took reports "unauthenticated peer at ADDR"; its
@@ -314,9 +452,10 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
 // ---- every timeout a bound ---------------------------------------------------------
 
 TEST(LaunchBounds, TimeoutBoundsTheWholeJobWithExit124NamingTheRanks) {
-  Result r = launch({"launch", "-n", "2", "--timeout", "2", "--", "sleep", "30"});
+  Result r = launch({"launch", "-n", "2", "--timeout", "2", "--", "sleep", "100"}, 120);
   EXPECT_EQ(r.code, 124) << r.err;
-  EXPECT_LT(r.seconds, 4.0);
+  EXPECT_GE(r.seconds, 3.0) << "the job's deadline is --timeout + 1 s";
+  EXPECT_LT(r.seconds, 50.0) << "the ranks slept on";
   EXPECT_TRUE(has(r.err, "error: launch: the job did not end within its --timeout of 2 s; "
                          "still running: rank 0, rank 1; stopped them\n"))
       << r.err;
@@ -328,7 +467,26 @@ TEST(LaunchBounds, ASigstoppedRankIsNamedAtTheDeadline) {
   EXPECT_EQ(r.code, 124) << r.err;
   EXPECT_TRUE(has(r.err, "launch: note: rank 1 was stopped by SIGSTOP\n")) << r.err;
   EXPECT_TRUE(has(r.err, "still running: rank 1 (stopped by SIGSTOP); stopped them")) << r.err;
-  EXPECT_LT(r.seconds, 6.0);
+  EXPECT_LT(r.seconds, 40.0) << "the stopped rank held launch";
+}
+
+TEST(LaunchBounds, ARankStoppedBetweenForkAndExecIsBoundedByTheTimeout) {
+  // The wait for a rank's exec ends at the job's deadline like every other wait.
+  Result r = launch({"launch", "-n", "3", "--timeout", "1", "--grace", "1", "--stop-before-exec", "1",
+                     "--", "sleep", "30"});
+  EXPECT_EQ(r.code, 124) << r.err;
+  EXPECT_TRUE(has(r.err, "launch: note: rank 1 was stopped by SIGSTOP\n")) << r.err;
+  EXPECT_TRUE(has(r.err, "still running: rank 0, rank 1 (stopped by SIGSTOP); stopped them\n")) << r.err;
+  EXPECT_LT(r.seconds, 30.0) << "launch waited for the stopped rank";
+}
+
+TEST(LaunchBounds, ARankStoppedBetweenForkAndExecDoesNotBlockSigint) {
+  // No --timeout: SIGINT still ends the launch, and the stopped rank with it.
+  Result r = run_shell("timeout 60 " + kCli + " launch -n 2 --grace 1 --stop-before-exec 1 -- sleep 100 "
+                       "& pid=$!; sleep 1; kill -INT $pid; wait $pid");
+  EXPECT_EQ(r.code, 130) << r.err;
+  EXPECT_TRUE(has(r.err, "error: interrupted by SIGINT; stopped 2 ranks")) << r.err;
+  EXPECT_LT(r.seconds, 30.0);
 }
 
 TEST(LaunchBounds, DescriptorExhaustionLeavesNoProcessBehind) {
@@ -364,7 +522,7 @@ TEST(LaunchBounds, SighupAndSigintStopEveryRankToo) {
                          "sleep 1; kill -" + sig + " $pid; wait $pid");
     EXPECT_EQ(r.code, sig == "HUP" ? 129 : 130) << r.err;
     EXPECT_TRUE(has(r.err, "error: interrupted by SIG" + sig + "; stopped 2 ranks")) << r.err;
-    EXPECT_LT(r.seconds, 10);
+    EXPECT_LT(r.seconds, 50) << "the ranks slept on";
   }
 }
 
@@ -382,7 +540,7 @@ TEST(LaunchBounds, UnderMpirunARankStoppedBeforeMpiInitEndsTheJobWithAMessage) {
   EXPECT_TRUE(has(r.out + r.err, "error: mpi MPI_Init_thread: did not complete within 2.0 s (a "
                                  "rank of the job did not start or is stopped); ending this rank\n"))
       << r.out << r.err;
-  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_LT(r.seconds, 45.0) << "mpirun outlived the 2 s watchdog by far";
 }
 
 TEST(LaunchBounds, EmptyFlagValuesAreErrors) {
@@ -448,14 +606,14 @@ TEST(GlooFaultsProcesses, ASurvivorNamesThePeerThatDied) {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("commgrid-dies-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string env = "COMMGRID_WORLD_SIZE=2 COMMGRID_TIMEOUT=30 COMMGRID_STORE=file://" + dir;
+  const std::string env = "COMMGRID_WORLD_SIZE=2 COMMGRID_TIMEOUT=100 COMMGRID_STORE=file://" + dir;
   const std::string worker = commgrid::test::shell_quote(kWorker);
-  Result r = run_shell(env + " COMMGRID_RANK=0 timeout 60 " + worker + " sigkill 1 & " + env +
-                       " COMMGRID_RANK=1 timeout 60 " + worker + " sigkill 1; wait $!");
+  Result r = run_shell(env + " COMMGRID_RANK=0 timeout 150 " + worker + " sigkill 1 & " + env +
+                       " COMMGRID_RANK=1 timeout 150 " + worker + " sigkill 1; wait $!");
   std::filesystem::remove_all(dir);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(has(r.err, "gloo allreduce on world: ")) << r.err;
   EXPECT_TRUE(has(r.err, "the peer that closed the connection is rank 1 of world (global rank 1)"))
       << r.err;
-  EXPECT_LT(r.seconds, 20) << "the survivor waited for its timeout instead of failing at once";
+  EXPECT_LT(r.seconds, 60) << "the survivor waited for its 100 s timeout instead of failing at once";
 }

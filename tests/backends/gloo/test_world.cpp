@@ -252,7 +252,7 @@ TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
         << errors[static_cast<size_t>(r)];
     EXPECT_EQ(errors[static_cast<size_t>(r)].find("token-"), std::string::npos) << "token shown";
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s + 30s) << "a rank was left waiting";
   // With the same token the world forms and works.
   GlooOptions same = test_options(10s);
   same.token = "the-job-token";

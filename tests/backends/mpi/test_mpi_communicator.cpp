@@ -357,8 +357,8 @@ TEST(MpiCommunicator, RecvTimeoutIsCancelledAndLeavesTheCommunicatorUsable) {
                 std::string::npos) << e.what();
     }
     const auto waited = std::chrono::steady_clock::now() - t0;
-    EXPECT_GE(waited, 200ms);
-    EXPECT_LT(waited, 5s);
+    EXPECT_GE(waited, 200ms);  // the timeout guarantees it
+    EXPECT_LT(waited, 30s) << "the timeout did not bound the receive";
   }
   comm->set_timeout(30s);
   comm->barrier()->wait();  // still usable
@@ -388,7 +388,9 @@ TEST(MpiCommunicator, CollectiveTimeoutNamesTheGroupAndBreaksTheCommunicator) {
       EXPECT_NE(std::string(e.what()).find("unusable after an earlier timeout"), std::string::npos) << e.what();
     }
   } else {
-    std::this_thread::sleep_for(600ms);
+    // Late by far more than rank 0's 300 ms, so that a loaded machine that delays rank 0
+    // cannot let them arrive in time.
+    std::this_thread::sleep_for(3s);
     // The late ranks complete the collective rank 0 started (it progresses while waiting
     // in the world barrier below).
     std::int64_t mine = 1, sum = 0;

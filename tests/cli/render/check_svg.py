@@ -84,6 +84,12 @@ def check_picture(exe, name, layout, gpus, kinds, max_bytes):
         ngroups = len(panel_groups(groups, kind, level))
         # Cells carry group labels exactly when colours run out (more than 12 groups).
         check((labelled > 0) == (ngroups > 12), f"{where}: {labelled} labelled cells for {ngroups} groups")
+        # One legend style, whatever the number of groups: "g<index>: <members>".
+        for t in pn.findall(f"{NS}text"):
+            if t.get("class") != "lg" or (t.text or "").startswith(("... and", "in no group")):
+                continue
+            m = re.fullmatch(r"g(\d+): \[.*\]( \(\d+ ranks\))?", t.text or "")
+            check(m is not None, f"{where}: legend line {t.text!r} is not 'g<index>: [members]'")
         for c in cells:
             r = int(c.get("data-rank"))
             rect = c.find(f"{NS}rect")
