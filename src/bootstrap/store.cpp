@@ -68,6 +68,28 @@ void Store::set(const std::string& key, std::span<const char> value) {
   store_call("set", uri(), [&] { do_set(key, {value.begin(), value.end()}); });
 }
 
+bool Store::set_if_absent(const std::string& key, std::span<const char> value) {
+  std::lock_guard lock(state_->mutex);
+  bool set = false;
+  store_call("set_if_absent", uri(), [&] { set = do_set_if_absent(key, {value.begin(), value.end()}); });
+  return set;
+}
+
+bool Store::fence(const std::string& process, const std::string& message) {
+  std::lock_guard lock(state_->mutex);
+  bool enforced = false;
+  store_call("fence", uri(), [&] { enforced = do_fence(process, message); });
+  return enforced;
+}
+
+bool Store::do_fence(const std::string& /*process*/, const std::string& /*message*/) { return false; }
+
+bool Store::do_set_if_absent(const std::string& key, const std::vector<char>& value) {
+  if (do_has(key)) return false;
+  do_set(key, value);
+  return true;
+}
+
 std::vector<char> Store::get(const std::string& key) {
   std::lock_guard lock(state_->mutex);
   std::vector<char> out;
@@ -178,6 +200,9 @@ class MemoryStore final : public Store {
     if (!map_.emplace(key, value).second)
       throw BackendError("store set on memory: key '" + key + "' is already set");
   }
+  bool do_set_if_absent(const std::string& key, const std::vector<char>& value) override {
+    return map_.emplace(key, value).second;
+  }
   std::vector<char> do_get(const std::string& key) override { return map_.at(key); }
   bool do_has(const std::string& key) override { return map_.count(key) != 0; }
 
@@ -199,6 +224,27 @@ class FileStore final : public Store {
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& data) override {
+    if (!link_new(key, data))
+      throw BackendError("file store " + folder_ + ": key '" + key + "' is already set");
+  }
+  // link(2) refuses a name that exists, atomically on the file system (NFS included), so
+  // of the processes racing for a key exactly one links its file.
+  bool do_set_if_absent(const std::string& key, const std::vector<char>& data) override {
+    return link_new(key, data);
+  }
+  std::vector<char> do_get(const std::string& key) override {
+    std::ifstream in(path_of(key), std::ios::binary);
+    if (!in) throw BackendError("file store " + folder_ + ": cannot read key '" + key + "'");
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  bool do_has(const std::string& key) override {
+    return ::access(path_of(key).c_str(), F_OK) == 0;
+  }
+
+ private:
+  // Writes `data` under a temporary name and links it to the key's file: false when the key
+  // exists.
+  bool link_new(const std::string& key, const std::vector<char>& data) {
     static std::atomic<unsigned long> serial{0};
     const std::string path = path_of(key);
     const std::string tmp = folder_ + "/.tmp-" + std::to_string(::getpid()) + "-" +
@@ -226,21 +272,11 @@ class FileStore final : public Store {
     ::unlink(tmp.c_str());
     if (err != 0) throw fail("cannot write " + tmp, err);
     if (linked != 0) {
-      if (link_err == EEXIST)
-        throw BackendError("file store " + folder_ + ": key '" + key + "' is already set");
+      if (link_err == EEXIST) return false;
       throw fail("cannot link " + tmp + " to " + path, link_err);
     }
+    return true;
   }
-  std::vector<char> do_get(const std::string& key) override {
-    std::ifstream in(path_of(key), std::ios::binary);
-    if (!in) throw BackendError("file store " + folder_ + ": cannot read key '" + key + "'");
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  }
-  bool do_has(const std::string& key) override {
-    return ::access(path_of(key).c_str(), F_OK) == 0;
-  }
-
- private:
   std::string path_of(const std::string& key) const {
     static constexpr char kHex[] = "0123456789abcdef";
     std::string out = folder_ + "/key-";
@@ -444,6 +480,9 @@ class RedisStore final : public Store {
   void do_set(const std::string& key, const std::vector<char>& value) override {
     if (!redis_.set_if_absent(full(key), std::string_view(value.data(), value.size())))
       throw BackendError("store set on " + uri() + ": key '" + key + "' is already set");
+  }
+  bool do_set_if_absent(const std::string& key, const std::vector<char>& value) override {
+    return redis_.set_if_absent(full(key), std::string_view(value.data(), value.size()));
   }
   std::vector<char> do_get(const std::string& key) override { return redis_.get(full(key)); }
   bool do_has(const std::string& key) override { return redis_.exists(full(key)); }

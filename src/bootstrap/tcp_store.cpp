@@ -379,6 +379,18 @@ class TcpStoreServer {
     std::lock_guard lock(mutex_);
     return map_.count(key) != 0;
   }
+  // Fences a process (resilience): every later request of a connection that identified as it
+  // is refused with `message` and the connection closed, and it cannot identify again.
+  void fence(const std::string& process, const std::string& message) {
+    std::lock_guard lock(mutex_);
+    fenced_.emplace(process, message);
+  }
+  std::optional<std::string> fenced(const std::string& process) const {
+    std::lock_guard lock(mutex_);
+    auto it = fenced_.find(process);
+    if (it == fenced_.end()) return std::nullopt;
+    return it->second;
+  }
   // Waits at most `slice` (and at most 100 ms: the caller then sees abort()) for the keys.
   std::vector<std::string> wait(std::vector<std::string> keys, Ms slice) {
     std::unique_lock lock(mutex_);
@@ -406,6 +418,7 @@ class TcpStoreServer {
     Socket socket;
     uint32_t events = 0;  // as registered with epoll
     bool authed = false, closing = false, dead = false;
+    std::string process;  // the identity it gave ('I'), for fencing; empty: none
     std::string nonce;  // the challenge sent in the greeting
     // Before the proof: the fixed buffer. After: requests as they arrive.
     std::array<char, kPreAuthBuffer> small{};
@@ -821,11 +834,34 @@ class TcpStoreServer {
     return true;
   }
 
+  // A fenced process's request: refused with the fencing message, and the connection closed.
+  bool refuse_fenced(Conn& c, const std::string& process) {
+    std::optional<std::string> why = fenced(process);
+    if (!why) return false;
+    queue(c, encode({'Z', {*why}}));
+    c.closing = true;
+    c.in_off = c.in.size();  // what else it sent is not served
+    return true;
+  }
+
   bool serve(Conn& c, Message m) {
+    if (!c.process.empty() && refuse_fenced(c, c.process)) return true;
     if (m.type == 'W') return park(c, std::move(m));
     if (m.fields.empty() || m.fields[0].size() > kTcpStoreMaxKey) return false;
     const std::string& key = m.fields[0];
-    if (m.type == 'S' && m.fields.size() == 2) {
+    if (m.type == 'I' && m.fields.size() == 1) {  // identify as a process
+      if (refuse_fenced(c, key)) return true;
+      c.process = key;
+      queue(c, encode({'K', {}}));
+      return true;
+    }
+    if (m.type == 'P' && m.fields.size() == 2) {  // fence a process
+      if (m.fields[1].size() > kTcpStoreMaxKey) return false;
+      fence(key, m.fields[1]);
+      queue(c, encode({'K', {}}));
+      return true;
+    }
+    if ((m.type == 'S' || m.type == 'X') && m.fields.size() == 2) {
       if (m.fields[1].size() > kTcpStoreMaxValue) return false;
       std::string why;
       switch (insert(key, m.fields[1], &why)) {
@@ -834,7 +870,9 @@ class TcpStoreServer {
           wake_key(key);
           break;
         case SetResult::exists:
-          queue(c, encode({'E', {"key '" + printable(key) + "' is already set"}}));
+          // 'X' (set if absent): the key existed, which is an answer, not an error.
+          if (m.type == 'X') queue(c, encode({'F', {}}));
+          else queue(c, encode({'E', {"key '" + printable(key) + "' is already set"}}));
           break;
         case SetResult::full:
           queue(c, encode({'E', {why}}));
@@ -1032,6 +1070,7 @@ class TcpStoreServer {
   std::unordered_map<std::string, std::string> map_;  // nodes stay put: values are sent from it
   size_t bytes_ = 0;
   std::vector<std::string> woken_;  // keys the serving process set, to wake waits with
+  std::unordered_map<std::string, std::string> fenced_;  // process -> why (guarded by mutex_)
 
   // The loop thread's alone.
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
@@ -1060,6 +1099,7 @@ class TcpStore final : public Store {
       return;
     }
     set_job_secret(connect());
+    identify();
   }
 
   std::string uri() const override { return "tcp://" + host_ + ":" + std::to_string(port_); }
@@ -1083,6 +1123,35 @@ class TcpStore final : public Store {
     if (r.type == 'E' && !r.fields.empty())
       throw BackendError("tcp store " + uri() + ": " + printable(r.fields[0]));
     if (r.type != 'K') throw BackendError("tcp store " + uri() + ": unexpected reply to set");
+  }
+  bool do_set_if_absent(const std::string& key, const std::vector<char>& value) override {
+    check_sizes(key, value.size());
+    if (server_) {
+      std::string why;
+      switch (server_->set(key, std::string_view(value.data(), value.size()), &why)) {
+        case TcpStoreServer::SetResult::ok:
+          return true;
+        case TcpStoreServer::SetResult::exists:
+          return false;
+        case TcpStoreServer::SetResult::full:
+          throw BackendError("tcp store " + uri() + ": " + why);
+      }
+    }
+    Message r = request({'X', {key, std::string(value.begin(), value.end())}});
+    if (r.type == 'E' && !r.fields.empty())
+      throw BackendError("tcp store " + uri() + ": " + printable(r.fields[0]));
+    if (r.type != 'K' && r.type != 'F')
+      throw BackendError("tcp store " + uri() + ": unexpected reply to set_if_absent");
+    return r.type == 'K';
+  }
+  bool do_fence(const std::string& process, const std::string& message) override {
+    if (server_) {
+      server_->fence(process, message);
+      return true;
+    }
+    Message r = request({'P', {process, message}});
+    if (r.type != 'K') throw BackendError("tcp store " + uri() + ": unexpected reply to fence");
+    return true;
   }
   std::vector<char> do_get(const std::string& key) override {
     check_sizes(key, 0);
@@ -1130,6 +1199,14 @@ class TcpStore final : public Store {
   }
 
   enum class Handshake { ok, refused, dropped, timed_out };
+
+  // Tells the server which process this connection is (StoreOptions::process), so that a
+  // fence of it closes this connection too; FencedError when it was fenced already.
+  void identify() {
+    if (options_.process.empty()) return;
+    Message r = request({'I', {options_.process}});
+    if (r.type != 'K') throw BackendError("tcp store " + uri() + ": unexpected reply to identify");
+  }
 
   // Connects, retrying while the server (rank 0) is not listening yet, refuses this rank
   // for a limit (the refusal is said if it lasts the whole timeout) or drops the connection
@@ -1268,11 +1345,19 @@ class TcpStore final : public Store {
       if (!reconnect_) throw BackendError("tcp store " + uri() + ": not connected");
       reconnect_ = false;
       (void)connect();
+      if (!options_.process.empty() && m.type != 'I') identify();
     }
     const auto deadline = Clock::now() + options_.timeout;
     try {
       send_message(socket_.get(), m, deadline);
-      return recv_message(socket_.get(), deadline + wait, kMaxFrame, stop);
+      Message r = recv_message(socket_.get(), deadline + wait, kMaxFrame, stop);
+      if (r.type == 'Z') {
+        socket_ = Socket();
+        throw FencedError("tcp store " + uri() + ": " +
+                          (r.fields.empty() ? std::string("this process is fenced")
+                                            : printable(r.fields[0])));
+      }
+      return r;
     } catch (const IoTimeout&) {
       socket_ = Socket();
       throw TimeoutError("tcp store " + uri() + ": no reply within " +

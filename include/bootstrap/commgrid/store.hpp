@@ -28,6 +28,14 @@ class Store {
 
   /// Sets `key` to `value`. Throws BackendError if the key exists or the store fails.
   void set(const std::string& key, std::span<const char> value);
+  /// Sets `key` to `value` unless it is present: true when this call set it, false when the
+  /// key was already set (its value is then the first writer's; read it with get()).
+  /// Atomic across every process that uses the store: of concurrent calls on one key
+  /// exactly one returns true (memory: under the store's mutex; file: link(2), which
+  /// refuses an existing name; Redis: SET NX; tcp://: decided by the server). This is the
+  /// compare-and-set the resilience runtime agrees with (docs/resilience.md). Throws
+  /// BackendError when the store fails.
+  [[nodiscard]] bool set_if_absent(const std::string& key, std::span<const char> value);
   /// The value of `key`, which must be present (wait for it first).
   [[nodiscard]] std::vector<char> get(const std::string& key);
   /// Whether `key` is present; never blocks.
@@ -36,6 +44,11 @@ class Store {
   /// (empty: all present). Throws AbortedError once abort() was called.
   std::vector<std::string> wait_for(std::span<const std::string> keys,
                                     std::chrono::milliseconds timeout);
+  /// Fences `process` (StoreOptions::process of the fenced one): the store refuses its every
+  /// later request with FencedError carrying `message`, and it cannot connect as it again.
+  /// Returns whether the store enforces it: only the tcp:// store (whose server is ours);
+  /// with memory, file and Redis stores fencing is cooperative (docs/resilience.md).
+  bool fence(const std::string& process, const std::string& message);
   /// Makes every current and future wait on this store object throw AbortedError with
   /// `reason`. Used to unblock sibling threads when one rank of a local job fails.
   void abort(const std::string& reason);
@@ -62,6 +75,12 @@ class Store {
   /// Backend hooks, called with the store's mutex held (so a non-thread-safe engine such as
   /// one hiredis connection is safe); none may block for long.
   virtual void do_set(const std::string& key, const std::vector<char>& value) = 0;
+  /// set_if_absent's hook. The default (do_has, then do_set) is atomic only among the users
+  /// of this one store object; every store of commgrid overrides it with its engine's own
+  /// atomic operation.
+  virtual bool do_set_if_absent(const std::string& key, const std::vector<char>& value);
+  /// fence()'s hook; the default enforces nothing and returns false.
+  virtual bool do_fence(const std::string& process, const std::string& message);
   virtual std::vector<char> do_get(const std::string& key) = 0;
   virtual bool do_has(const std::string& key) = 0;
   /// The keys of `keys` still missing after waiting for them at most `slice` (a fraction of
@@ -78,6 +97,12 @@ class Store {
  private:
   struct State;
   std::unique_ptr<State> state_;
+};
+
+/// This process was declared dead (fenced) by the job it belonged to: it may not rejoin.
+class FencedError : public BackendError {
+ public:
+  using BackendError::BackendError;
 };
 
 /// Which job a store is opened for, and with what secret.
@@ -99,6 +124,10 @@ struct StoreOptions {
   /// with JobConflictError "... is in use by another job with the same id ..." instead of
   /// merging. The same process may open the store again as the same rank.
   int rank = -1;
+  /// The process identity this store connection speaks for (resilience: "process/3/0",
+  /// process 3's first incarnation), so that a fence() of it is enforced: a tcp:// store's
+  /// server refuses the process's requests from then on (FencedError). Empty: none.
+  std::string process;
   /// tcp:// server only: the most connections it serves at once (0: COMMGRID_STORE_MAX_CONNECTIONS
   /// when set, else only the descriptor limit bounds them). A rank refused for it is told
   /// the number and which limit it was, retries until its timeout, then fails with that.
