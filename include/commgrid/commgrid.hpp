@@ -39,6 +39,7 @@
 #if __has_include("commgrid/store.hpp")
 #include "commgrid/launch_info.hpp"
 #include "commgrid/rank_threads.hpp"
+#include "commgrid/recovery.hpp"
 #include "commgrid/store.hpp"
 #endif
 

@@ -1,0 +1,136 @@
+// Recovery: lose a process, keep the job. Detect (a failed epoch is marked in the store),
+// agree (one decision per epoch, by set_if_absent), fence (the dead may not rejoin) and
+// regroup (the next epoch's world and ProcessGroups, spares taking the dead ranks' places).
+// Backend-neutral: the world of an epoch comes from a factory (make_gloo_world with the
+// epoch's prefix). See docs/resilience.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "commgrid/communicator.hpp"
+#include "commgrid/process_groups.hpp"
+#include "commgrid/rank_map.hpp"
+#include "commgrid/store.hpp"
+
+namespace commgrid {
+
+/// How a process takes part in recovery.
+struct RecoveryOptions {
+  /// The job's timeout: bounds every wait of the agreement (re-armed per epoch).
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);
+  /// The part of the timeout a deciding process waits for the others to register before it
+  /// declares those missing dead (and the part each later candidate waits for a decision).
+  double decision_window = 0.25;
+  /// Every key of recovery lives under it.
+  std::string prefix = "resilience";
+  /// This process's incarnation (0, then 1, 2, ... for each restart by commgrid launch).
+  int incarnation = 0;
+};
+
+/// What one epoch's decision said.
+struct EpochDecision {
+  std::int64_t epoch = 0;                 ///< the epoch it starts
+  std::vector<std::int64_t> dead;         ///< processes declared dead (and fenced)
+  std::vector<std::int64_t> revived;      ///< restarted processes back as spares
+  std::int64_t decider = -1;              ///< the process whose write won
+  std::string text;                       ///< as stored
+};
+
+/// The world and groups of one epoch on one process (empty on a spare). Replaced as a
+/// whole by the next epoch; never changed under the code holding it.
+struct EpochGroups {
+  std::int64_t epoch = 0;
+  std::shared_ptr<Communicator> world;
+  std::shared_ptr<ProcessGroups> groups;
+};
+
+/// Creates the world of an epoch: `prefix` is the epoch's store prefix, `rank` this
+/// process's logical rank, `size` the world size. E.g. make_gloo_world(store, rank, size,
+/// {.timeout = t, .prefix = prefix, .token = token}).
+using WorldFactory =
+    std::function<std::unique_ptr<Communicator>(const std::string& prefix, int rank, int size)>;
+
+/// One process's view of the job's epochs. Not thread-safe: one thread per process uses it.
+class Recovery {
+ public:
+  /// `map` is epoch 0's (RankMap(world, {spares})), `process` this process (0 ... W+S-1).
+  /// The store must be the job's (every process of every incarnation shares it). A
+  /// restarted process (options.incarnation > 0) first finds the job's current epoch.
+  Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t process,
+           RecoveryOptions options = {});
+
+  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] const RankMap& map() const noexcept { return map_; }
+  [[nodiscard]] std::int64_t process() const noexcept { return process_; }
+  [[nodiscard]] const RecoveryOptions& options() const noexcept { return options_; }
+  /// This process's logical rank in the current epoch; nullopt on a spare.
+  [[nodiscard]] std::optional<Rank> logical_rank() const { return map_.logical_rank(process_); }
+  /// The decisions adopted so far, oldest first.
+  [[nodiscard]] const std::vector<EpochDecision>& history() const noexcept { return history_; }
+  /// The identity this process gives the store (StoreOptions::process), e.g. "process/3/0".
+  [[nodiscard]] static std::string identity(std::int64_t process, int incarnation);
+  /// The store prefix of the current epoch's world (and groups).
+  [[nodiscard]] std::string world_prefix() const;
+
+  /// Marks the current epoch failed (the first reason is kept); idempotent, never blocks.
+  void mark_failed(const std::string& reason);
+  /// Whether the current epoch is marked failed: one store read (the per-step check).
+  [[nodiscard]] bool failed();
+  /// The reason the current epoch was marked failed; empty when it was not.
+  [[nodiscard]] std::string failure_reason();
+  /// Marks the job finished (every active process is done): spares then stop waiting.
+  void mark_done();
+  /// Whether mark_done() was called by any process.
+  [[nodiscard]] bool done();
+  /// A spare's wait: true when the current epoch failed, false when the job is done;
+  /// the wait is re-armed every timeout, so a spare waits as long as the job runs.
+  bool wait_for_failure();
+
+  /// Agrees with every live process on the next epoch and adopts it: registers, then the
+  /// lowest registered process (or, when it does not decide within the window, the next)
+  /// writes the decision with set_if_absent; every process reads the one that won. Returns
+  /// it. Throws FencedError when this process is declared dead in it, NoSpareError when a
+  /// dead rank finds no spare (the job cannot go on with this layout), TimeoutError when no
+  /// decision comes within the timeout.
+  const EpochDecision& agree();
+
+  /// Creates the current epoch's world and groups (nothing on a spare). A failure (a peer
+  /// that died during recovery) marks the epoch failed and is rethrown.
+  EpochGroups build(const WorldFactory& factory, const ParallelConfig& config,
+                    const InitOptions& init = {});
+  /// agree() and build() until a world is built (a failure during recovery starts the next
+  /// epoch from the last decision): the new epoch's groups, empty on a spare.
+  EpochGroups recover(const WorldFactory& factory, const ParallelConfig& config,
+                      const InitOptions& init = {});
+
+ private:
+  std::string key(std::int64_t epoch, const std::string& name) const;
+  void adopt(const std::string& text);
+  std::string decide(const std::vector<std::int64_t>& dead, const std::vector<std::int64_t>& revived);
+  [[nodiscard]] bool dead_known(std::int64_t process);
+
+  std::shared_ptr<Store> store_;
+  RankMap map_;
+  std::int64_t process_;
+  RecoveryOptions options_;
+  std::int64_t epoch_ = 0;
+  std::vector<int> incarnation_;  ///< per process, as the decisions said
+  std::vector<EpochDecision> history_;
+};
+
+/// The store keys commgrid launch posts for a process's death (so that agreement need not
+/// wait out the window for it): "<prefix>/process/<p>/<incarnation>/dead".
+[[nodiscard]] std::string dead_process_key(const std::string& prefix, std::int64_t process,
+                                           int incarnation);
+/// "<prefix>/epoch/<e>/failed".
+[[nodiscard]] std::string epoch_failed_key(const std::string& prefix, std::int64_t epoch);
+/// "<prefix>/epoch/<e>/decision".
+[[nodiscard]] std::string epoch_decision_key(const std::string& prefix, std::int64_t epoch);
+
+}  // namespace commgrid
