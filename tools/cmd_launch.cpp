@@ -29,7 +29,12 @@
 #include "cli_errors.hpp"
 #include "command.hpp"
 #include "commgrid/error.hpp"
+#include "commgrid/rank_map.hpp"
 #include "layout_flags.hpp"
+#if COMMGRID_HAS_BOOTSTRAP
+#include "commgrid/recovery.hpp"
+#include "commgrid/store.hpp"
+#endif
 
 namespace commgrid::cli {
 namespace {
@@ -231,7 +236,8 @@ struct Stream {
 };
 
 struct Child {
-  int rank = 0;
+  int rank = 0;         // the process number (the rank without spares)
+  int incarnation = 0;  // 0, then one more for each restart (--max-restarts)
   pid_t pid = -1;
   bool running = false;
   bool stopped = false;  // by SIGSTOP/SIGTSTP/..., until continued
@@ -262,6 +268,10 @@ struct JobSetup {
   /// serves at the same address (--master-port + 1, or a free port on one node).
   int torch_port = 0;
   std::string job_id, token;
+  /// --spares S (0: none): the last S processes of the job hold no rank; launch keeps the
+  /// job going when a process dies and posts its death to the store it serves.
+  int spares = 0;
+  int max_restarts = 0;  ///< --max-restarts R: dead processes restarted as spares
 };
 
 /// The variables launch sets for each rank, commgrid's and torchrun's: an inherited value
@@ -273,7 +283,10 @@ constexpr std::string_view kRankVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE"};
+    "TORCHELASTIC_USE_AGENT_STORE",
+    // --spares (docs/resilience.md).
+    "COMMGRID_PROCESS", "COMMGRID_NUM_PROCESSES", "COMMGRID_SPARES", "COMMGRID_INCARNATION",
+    "COMMGRID_STORE_SERVED"};
 
 bool is_rank_variable(std::string_view kv) {
   const std::string_view name = kv.substr(0, kv.find('='));
@@ -323,7 +336,7 @@ OutputMode parse_output(const std::string& text) {
 
 struct LaunchArgs {
   std::string nproc, timeout, grace = "5", nnodes = "1", node_rank, master_addr, master_port;
-  std::string rdzv_id, output = "prefixed", stop_before_exec;
+  std::string rdzv_id, output = "prefixed", stop_before_exec, spares, max_restarts;
   bool standalone = false;
   std::vector<std::string> command;
 };
@@ -362,17 +375,31 @@ class Launcher {
     } else {
       store = "tcp://" + job_.master_addr + ":" + std::to_string(job_.master_port);
     }
+#if COMMGRID_HAS_BOOTSTRAP
+    if (job_.spares > 0) {
+      // Served here, not by rank 0 (torchrun's agent store): losing any rank loses no store.
+      StoreOptions so;
+      so.job_id = job_.job_id;
+      so.token = job_.token;
+      so.serve = job_.node_rank == 0;
+      if (timeout_) so.timeout = std::chrono::milliseconds(std::llround(std::strtod(timeout_->c_str(), nullptr) * 1000.0));
+      store_ = open_store(store, so);
+    }
+#endif
     Pipe sig = make_pipe();
     ::fcntl(sig.read.get(), F_SETFL, O_NONBLOCK);
     ::fcntl(sig.write.get(), F_SETFL, O_NONBLOCK);
     SignalGuard guard(sig.write.get());
     children_.resize(static_cast<size_t>(n_));
-    if (timeout_) {
+    if (timeout_ && job_.spares == 0) {
+      // (With spares the job outlives its failures, so --timeout bounds each operation only.)
       // The ranks' operations are bounded by T each; the job as a whole by T and a second,
       // so that a rank's own timeout error (which names the missing peer) is seen first.
       const double t = std::strtod(timeout_->c_str(), nullptr);
       job_deadline_ = Clock::now() + std::chrono::milliseconds(std::llround(t * 1000.0) + 1000);
     }
+    store_uri_ = store;
+    signal_fd_ = sig.read.get();
     for (int i = 0; i < n_ && !stopping_; ++i) {
       std::optional<std::string> failure;
       try {
@@ -405,6 +432,13 @@ class Launcher {
                   std::to_string(started_) + " ranks");
       return 128 + interrupted_;
     }
+    if (job_.spares > 0 && job_done() && some_exited_ok_) {
+      // Failures the job recovered from were said above, as they happened.
+      if (failure_)
+        write_all(STDERR_FILENO, "launch: the job finished after recovering from: " + *failure_ +
+                                     (also_failed_.empty() ? "" : " and " + std::to_string(also_failed_.size()) + " more") + "\n");
+      return 0;
+    }
     if (failure_) {
       // Bad input is found by every rank alike before any communication: when each one
       // exited 2, so does launch, as the program alone would have.
@@ -426,6 +460,76 @@ class Launcher {
 
  private:
   [[nodiscard]] int global_rank(int local) const { return job_.node_rank * n_ + local; }
+  [[nodiscard]] int num_processes() const { return n_ * job_.nnodes; }
+  [[nodiscard]] int world_size() const { return num_processes() - job_.spares; }
+
+  // Whether the program said the job is finished (Recovery::mark_done).
+  bool job_done() {
+#if COMMGRID_HAS_BOOTSTRAP
+    try {
+      return store_ && store_->has("resilience/done");
+    } catch (const Error&) {
+      return false;
+    }
+#else
+    return false;
+#endif
+  }
+
+  // What a dead process wrote last, before its stream is replaced by its restart's.
+  static void drain(Stream& s) {
+    char buf[65536];
+    while (s.fd.open()) {
+      pollfd p{s.fd.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) break;
+      const ssize_t n = ::read(s.fd.get(), buf, sizeof(buf));
+      if (n <= 0) break;
+      s.pending.append(buf, static_cast<size_t>(n));
+    }
+    s.emit(true);
+    s.fd.reset();
+  }
+
+  // A process of a job with spares died: its death is posted (the survivors need not wait
+  // out a timeout for it) and the job goes on; it is restarted while the budget lasts.
+  void on_process_death(Child& c) {
+    std::string note = "launch: note: " + describe_status(c.rank, c.status);
+#if COMMGRID_HAS_BOOTSTRAP
+    try {
+      const std::string why = describe_status(c.rank, c.status);
+      const std::span<const char> v(why.data(), why.size());
+      (void)store_->set_if_absent(dead_process_key("resilience", c.rank, c.incarnation), v);
+      // The current epoch: the last one decided.
+      while (store_->has(epoch_decision_key("resilience", epoch_ + 1))) ++epoch_;
+      (void)store_->set_if_absent(epoch_failed_key("resilience", epoch_), v);
+      note += "; posted it to the job's store (epoch " + std::to_string(epoch_) + ")";
+    } catch (const Error& e) {
+      note += std::string("; could not post it: ") + e.what();
+    }
+#endif
+    if (restarts_ < job_.max_restarts && !stopping_ && !job_done()) {
+      ++restarts_;
+      ++c.incarnation;
+      note += "; restarting it as a spare (restart " + std::to_string(restarts_) + " of " +
+              std::to_string(job_.max_restarts) + ")";
+      write_all(STDERR_FILENO, note + "\n");
+      const int local = c.rank - job_.node_rank * n_;
+      drain(c.out);
+      drain(c.err);
+      std::optional<std::string> failure;
+      try {
+        failure = start(local, store_uri_, signal_fd_);
+      } catch (const Error& e) {
+        failure = e.what();
+      }
+      if (failure) {
+        write_all(STDERR_FILENO, "launch: note: restarting process " + std::to_string(c.rank) +
+                                     " failed: " + *failure + "\n");
+      }
+      return;
+    }
+    write_all(STDERR_FILENO, note + "; the job goes on without it\n");
+  }
 
   [[nodiscard]] bool every_rank_exited(int code) const {
     if (started_ != n_) return false;
@@ -436,7 +540,8 @@ class Launcher {
 
   [[nodiscard]] std::vector<std::string> rank_environment(int local, const std::string& store) const {
     const int r = global_rank(local);
-    const std::string world = std::to_string(n_ * job_.nnodes);
+    const std::string world = std::to_string(world_size());
+    const int incarnation = children_[static_cast<size_t>(local)].incarnation;
     std::vector<std::string> env;
     bool omp_threads = false;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -445,7 +550,7 @@ class Launcher {
       omp_threads = omp_threads || kv.starts_with("OMP_NUM_THREADS=");
       env.emplace_back(kv);
     }
-    const std::vector<std::pair<const char*, std::string>> vars = {
+    std::vector<std::pair<const char*, std::string>> vars = {
         {"COMMGRID_RANK", std::to_string(r)},
         {"COMMGRID_WORLD_SIZE", world},
         {"COMMGRID_LOCAL_RANK", std::to_string(local)},
@@ -463,8 +568,22 @@ class Launcher {
         {"ROLE_NAME", "default"},
         {"MASTER_ADDR", job_.master_addr},
         {"TORCHELASTIC_RUN_ID", job_.job_id},
-        {"TORCHELASTIC_RESTART_COUNT", "0"},
-        {"TORCHELASTIC_MAX_RESTARTS", "0"}};
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(incarnation)},
+        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job_.max_restarts)}};
+    if (job_.spares > 0) {
+      // Processes, not ranks: a spare (process >= W) holds no rank until a decision gives
+      // it one, so it gets no COMMGRID_RANK or RANK.
+      if (r >= world_size())
+        std::erase_if(vars, [](const auto& v) {
+          return std::string_view(v.first) == "COMMGRID_RANK" || std::string_view(v.first) == "RANK" ||
+                 std::string_view(v.first) == "ROLE_RANK";
+        });
+      vars.insert(vars.end(), {{"COMMGRID_PROCESS", std::to_string(r)},
+                               {"COMMGRID_NUM_PROCESSES", std::to_string(num_processes())},
+                               {"COMMGRID_SPARES", std::to_string(job_.spares)},
+                               {"COMMGRID_INCARNATION", std::to_string(incarnation)},
+                               {"COMMGRID_STORE_SERVED", "launch"}});
+    }
     for (const auto& [name, value] : vars) env.push_back(std::string(name) + "=" + value);
     if (job_.torch_port != 0) env.push_back("MASTER_PORT=" + std::to_string(job_.torch_port));
     if (!job_.token.empty()) env.push_back("COMMGRID_TOKEN=" + job_.token);
@@ -635,10 +754,23 @@ class Launcher {
       // Anything the rank started in its group goes with it.
       ::kill(-c.pid, SIGKILL);
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      some_exited_ok_ = some_exited_ok_ || ok;
       if (!ok && !stopping_) failed_now.push_back(&c);
       if (block) break;
     }
     if (failed_now.empty()) return;
+    if (job_.spares > 0 && !std::all_of(failed_now.begin(), failed_now.end(), [](const Child* c) {
+          return WIFEXITED(c->status) && WEXITSTATUS(c->status) == 2;
+        })) {
+      // The job goes on: the survivors and spares recover (docs/resilience.md). It fails
+      // only when no process finishes it.
+      for (Child* c : failed_now) {
+        if (!failure_) failure_ = describe_status(c->rank, c->status);
+        else also_failed_.push_back(describe_status(c->rank, c->status));
+        on_process_death(*c);
+      }
+      return;
+    }
     // Ranks found failed in one pass ended within moments of each other, and the order in
     // which they are reaped is fork order, not exit order. A death by signal (a crash, the
     // OOM killer) is likelier the cause than an exit code (often a peer's reaction to it),
@@ -670,7 +802,8 @@ class Launcher {
   void loop(int signal_fd) {
     std::optional<Clock::time_point> drain_until;
     for (;;) {
-      std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+      signal_fd_ = signal_fd;
+    std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
       std::vector<Stream*> owners{nullptr};
       for (auto& c : children_)
         for (Stream* s : {&c.out, &c.err})
@@ -765,6 +898,15 @@ class Launcher {
   bool stopping_ = false;
   Clock::time_point kill_at_{};
   int interrupted_ = 0;
+  // --spares: the store launch serves, the epoch it last saw decided, restarts used.
+#if COMMGRID_HAS_BOOTSTRAP
+  std::shared_ptr<Store> store_;
+#endif
+  std::string store_uri_;
+  int signal_fd_ = -1;
+  std::int64_t epoch_ = 0;
+  int restarts_ = 0;
+  bool some_exited_ok_ = false;
 };
 
 }  // namespace
@@ -808,6 +950,13 @@ Command add_launch_command(CLI::App& root) {
                   "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)")->type_name("SECONDS");
   app->add_option("--grace", args->grace,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)");
+  app->add_option("--spares", args->spares,
+                  "Hot spares: the last S of the job's processes hold no rank; when a process "
+                  "dies the job goes on (the program recovers: docs/resilience.md) and launch "
+                  "serves the TCP store itself (default 0)")->type_name("S");
+  app->add_option("--max-restarts,--max_restarts", args->max_restarts,
+                  "With --spares: restart up to R dead processes, which rejoin as spares "
+                  "(torchrun's name for the budget; default 0)")->type_name("R");
   // Hidden (empty group): a rank stops itself between fork and exec, to test launch's bound.
   app->add_option("--stop-before-exec", args->stop_before_exec)->group("");
   app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();
@@ -887,6 +1036,38 @@ Command add_launch_command(CLI::App& root) {
             if (args->command.empty() || args->command.front().empty())
               throw ConfigError("command", "launch: no program given (usage: commgrid launch "
                                            "-n N -- PROGRAM ARGS...)");
+            if (!args->spares.empty()) {
+              job.spares = static_cast<int>(parse_integer("--spares", args->spares, 0, kMaxRanks));
+              const std::int64_t procs = n * job.nnodes;
+              if (job.spares >= procs)
+                throw InvalidValueError("--spares", "launch: --spares " + std::to_string(job.spares) +
+                                                        " leaves no process for the world (" +
+                                                        std::to_string(procs) + " processes)");
+              // The placement RankMap checks: on several nodes, spares are whole nodes.
+              SparePlacement placement;
+              placement.spares = job.spares;
+              if (job.nnodes > 1) placement.gpus_per_node = n;
+              if (job.spares > 0) (void)RankMap(procs - job.spares, placement);
+            }
+            if (!args->max_restarts.empty()) {
+              job.max_restarts = static_cast<int>(parse_integer("--max-restarts", args->max_restarts, 0, kMaxRanks));
+              if (job.max_restarts > 0 && job.spares == 0)
+                throw IncompatibleError("--max-restarts", "launch: --max-restarts " + args->max_restarts +
+                                                              " needs --spares (a restarted process "
+                                                              "rejoins as a spare)");
+            }
+            if (job.spares > 0) {
+#if !COMMGRID_HAS_BOOTSTRAP
+              throw IncompatibleError("--spares", "launch: --spares needs the bootstrap library "
+                                                  "(OpenSSL), which this build lacks");
+#endif
+              if (job.master_port == 0) {
+                // The TCP store launch serves: on a free port of this machine.
+                job.master_port = free_tcp_port();
+                if (job.master_port == 0)
+                  throw Error("launch: --spares: no free TCP port for the store");
+              }
+            }
             if (job.torch_port == 0) job.torch_port = free_tcp_port();
             std::cout.flush();
             return Launcher(static_cast<int>(n), timeout, grace, job, args->command, output,

@@ -17,6 +17,7 @@
 
 #include "cli_errors.hpp"
 #include "layout_flags.hpp"
+#include "resilient.hpp"
 #include "setup.hpp"
 #include "trainer.hpp"
 
@@ -41,6 +42,7 @@ struct Flags {
   bool moe = false;
   std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
+  std::string spares, snapshot_every = "1", fault_kill;  // docs/resilience.md
 };
 
 double parse_double(const std::string& param, const std::string& text, double min) {
@@ -169,6 +171,36 @@ bool is_config_error(const std::exception_ptr& e) {
   }
 }
 
+// --spares S under commgrid launch --spares S: the resilient loop (resilient.hpp).
+template <class Checked>
+int run_with_spares(const Flags& f, const Checked& checked) {
+  const auto launch = commgrid::read_spare_launch();
+  const std::int64_t spares = parse_integer("spares", f.spares, 0, 1 << 20);
+  if (!launch)
+    throw commgrid::IncompatibleError("spares", "--spares " + f.spares + " runs under commgrid launch --spares " +
+                                                    f.spares + " (COMMGRID_PROCESS is not set)");
+  if (launch->spares != spares)
+    throw commgrid::IncompatibleError("spares", "--spares " + f.spares + " but commgrid launch started " +
+                                                    std::to_string(launch->spares) + " spares");
+  train_gpt::ResilienceConfig resilience;
+  resilience.snapshot_every = to_int("snapshot_every", f.snapshot_every, 1);
+  std::string kills = f.fault_kill;
+  while (!kills.empty()) {  // P:S[,P:S...]
+    const std::string item = kills.substr(0, kills.find(','));
+    kills.erase(0, std::min(kills.size(), item.size() + 1));
+    const auto colon = item.find(':');
+    if (colon == std::string::npos)
+      throw commgrid::InvalidValueError("fault_kill", "fault_kill: expected PROCESS:STEP, got \"" + item + "\"");
+    resilience.kills.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
+                                to_int("fault_kill", item.substr(colon + 1), 0)});
+  }
+  const auto [layout, config] = checked(launch->world_size());
+  train_gpt::check_resilient_config(config, layout);
+  const auto results = train_gpt::run_resilient(*launch, layout, config, resilience);
+  if (results) print(f.format, layout, config, *results);
+  return 0;
+}
+
 int run(const Flags& f) {
   if (f.format != "table" && f.format != "json")
     throw commgrid::InvalidValueError("format",
@@ -197,6 +229,7 @@ int run(const Flags& f) {
     return std::pair{layout, c};
   };
 
+  if (!f.spares.empty()) return run_with_spares(f, checked);
   if (backend == "gloo") {
 #if COMMGRID_HAS_GLOO
     commgrid::GlooOptions gloo;
@@ -300,12 +333,19 @@ int main(int argc, char** argv) {
   app.add_option("--aux-loss-coeff,--moe-aux-loss-coeff", f.aux_loss_coeff,
                  "weight of the load-balancing loss (0.01)");
   app.add_option("--format", f.format, "table or json (table)");
+  app.add_option("--spares", f.spares,
+                 "run under commgrid launch --spares S: survive the loss of processes (state "
+                 "from data-parallel replicas; docs/resilience.md)");
+  app.add_option("--snapshot-every", f.snapshot_every,
+                 "with --spares: keep an in-memory snapshot of the state every K steps (1)");
+  app.add_option("--fault-kill", f.fault_kill)->group("");
   // Hidden (empty group): test-only faults that a comparison with one rank must catch.
   app.add_option("--fault", f.fault)->group("");
   app.footer(
       "Examples: train_gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
       "          mpirun -np 4 train_gpt --cp 2 --dist-opt --format json\n"
       "          commgrid launch -n 4 -- train_gpt --pp 2 --vpp 2 --micro-batches 2\n"
+      "          commgrid launch -n 5 --spares 1 -- train_gpt --tp 2 --spares 1\n"
       "Exit codes: 0 trained, 1 a communication failure, 2 bad input.");
   try {
     app.parse(argc, argv);

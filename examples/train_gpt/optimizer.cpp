@@ -189,4 +189,21 @@ void Optimizer::apply(double clip) {
   }
 }
 
+void Optimizer::save_state(std::vector<double>& out) const {
+  for (const auto* v : {&m_, &v_, &master_}) out.insert(out.end(), v->begin(), v->end());
+  out.push_back(static_cast<double>(steps_));
+}
+
+void Optimizer::load_state(std::span<const double> in, std::size_t& at) {
+  for (auto* v : {&m_, &v_, &master_}) {
+    if (at + v->size() > in.size())
+      throw commgrid::InternalError("optimizer state: " + std::to_string(in.size()) +
+                                    " values are too few for this rank's shapes");
+    std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(at), v->size(), v->begin());
+    at += v->size();
+  }
+  if (at >= in.size()) throw commgrid::InternalError("optimizer state: the step count is missing");
+  steps_ = static_cast<int>(in[at++]);
+}
+
 }  // namespace train_gpt

@@ -61,6 +61,11 @@ class Optimizer {
   void apply(double clip);
   /// min(1, clip_grad / norm) (1 without clipping).
   double clip_coefficient(double norm) const;
+  /// Appends Adam's state on this rank (moments, the dist_opt master shard, the step
+  /// count) to `out`: what a rank that takes this rank's place needs besides the values.
+  void save_state(std::vector<double>& out) const;
+  /// Reads what save_state wrote from `in` at `at` (advanced past it).
+  void load_state(std::span<const double> in, std::size_t& at);
 
  private:
   void pack_grads(std::vector<double>& flat) const;

@@ -83,21 +83,30 @@ void check_train_config(const TrainConfig& c, const commgrid::ParallelConfig& la
   check_moe(c, layout.tp, layout.ep, layout.expert_tp());
 }
 
-std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_groups,
-                              const commgrid::GradCommProcessGroups& grad_groups,
-                              const TrainConfig& config) {
-  commgrid::Communicator& dp = *grad_groups.dp();
-  commgrid::Communicator& dp_cp = *grad_groups.dp_cp();
-  check_sizes(config, model_groups.tp()->size(), model_groups.pp()->size(),
-              model_groups.cp()->size(), dp.size());
-  if (config.moe)
-    check_moe(config, model_groups.tp()->size(), model_groups.ep()->size(),
-              model_groups.expt_tp()->size());
-  const ModelParallel mp(model_groups, config.sequence_parallel);
-  // Each MoE layer adds its share of the auxiliary loss here during forward.
-  const auto aux_sum = std::make_shared<double>(0.0);
-  MlpFactory make_mlp;
-  if (config.moe) {
+struct Trainer::Impl {
+  Impl(const commgrid::ModelCommProcessGroups& model_groups,
+       const commgrid::GradCommProcessGroups& grad_groups, const TrainConfig& c)
+      : config(c), dp(*grad_groups.dp()), dp_cp(*grad_groups.dp_cp()),
+        mp(model_groups, c.sequence_parallel), model(c.model, mp, c.vpp, mlp_factory(model_groups)),
+        params(model.params()),
+        data(c.model, c.global_batch, c.micro_batches, dp.rank(), dp.size(),
+             mp.positions_of(mp.cp_rank(), c.model.seq)) {
+    std::vector<Param*> dense_params, expert_params;
+    for (Param* p : params) (p->domain == ParamDomain::expert ? expert_params : dense_params).push_back(p);
+    optimizer = std::make_unique<Optimizer>(dense_params, grad_groups, mp, config.optimizer);
+    if (config.moe)
+      expert_optimizer = std::make_unique<Optimizer>(expert_params, grad_groups, mp, config.optimizer,
+                                                     ParamDomain::expert,
+                                                     &*model_groups.tp_ep_pp());
+    total_tokens = static_cast<double>(config.global_batch) * config.model.seq;
+    // Each rank's gradient is that of the mean over its own tokens; averaging over dp_cp
+    // (which has as many ranks as there are token shards) gives the global mean's.
+    local_tokens = total_tokens / static_cast<double>(dp_cp.size());
+    last_stage = mp.pp_rank() == mp.pp_size() - 1;
+  }
+
+  MlpFactory mlp_factory(const commgrid::ModelCommProcessGroups& model_groups) {
+    if (!config.moe) return {};
     MoeConfig moe;
     moe.experts = config.experts;
     moe.topk = config.topk;
@@ -110,63 +119,109 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
     moe.allgather_dispatcher = config.allgather_dispatcher;
     const ExpertGroups expert_groups{&*model_groups.ep(), &*model_groups.tp_cp(),
                                      &*model_groups.tp_ep(), &*model_groups.expt_tp()};
-    make_mlp = [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux_sum,
-                &config](int layer, const std::string& name) -> std::unique_ptr<Mlp> {
+    return [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux = aux_sum,
+            this](int layer, const std::string& name) -> std::unique_ptr<Mlp> {
       if (layer % config.moe_every != 0) return dense(layer, name);
-      return std::make_unique<MoeMlp>(name, config.model, moe, expert_groups, aux_sum);
+      return std::make_unique<MoeMlp>(name, config.model, moe, expert_groups, aux);
     };
   }
-  GptModel model(config.model, mp, config.vpp, make_mlp);
-  const std::vector<Param*> params = model.params();
-  std::vector<Param*> dense_params, expert_params;
-  for (Param* p : params) (p->domain == ParamDomain::expert ? expert_params : dense_params).push_back(p);
-  Optimizer optimizer(dense_params, grad_groups, mp, config.optimizer);
-  std::unique_ptr<Optimizer> expert_optimizer;
-  if (config.moe)
-    expert_optimizer = std::make_unique<Optimizer>(expert_params, grad_groups, mp, config.optimizer,
-                                                   ParamDomain::expert,
-                                                   &*model_groups.tp_ep_pp());
-  const DataLoader data(config.model, config.global_batch, config.micro_batches, dp.rank(),
-                        dp.size(), mp.positions_of(mp.cp_rank(), config.model.seq));
-  const double total_tokens = static_cast<double>(config.global_batch) * config.model.seq;
-  // Each rank's gradient is that of the mean over its own tokens; averaging over dp_cp
-  // (which has as many ranks as there are token shards) gives the global mean's.
-  const double local_tokens = total_tokens / static_cast<double>(dp_cp.size());
-  const bool last_stage = mp.pp_rank() == mp.pp_size() - 1;
 
-  std::vector<StepResult> results;
-  for (int step = 0; step < config.steps; ++step) {
-    model.zero_grad();
-    *aux_sum = 0.0;
-    double loss =
-        run_pipeline(model, mp, data, step, config.micro_batches, config.vpp, 1.0 / local_tokens);
-    finalize_model_grads(params, mp, config.fault_skip_embd_sum);
-    double norm = 0;
-    if (expert_optimizer) {
-      // One global norm over both domains: dense squares summed over mp, expert squares
-      // over tp_ep_pp; both sets clipped by the same coefficient.
-      norm = std::sqrt(optimizer.reduce() + expert_optimizer->reduce());
-      const double clip = optimizer.clip_coefficient(norm);
-      optimizer.apply(clip);
-      expert_optimizer->apply(clip);
-    } else {
-      norm = optimizer.step();
-    }
-    // The loss lives on the last stage: summed over its data-parallel ranks, then sent to
-    // every stage.
-    if (last_stage && dp_cp.size() > 1)
-      dp_cp.allreduce(std::span<double>(&loss, 1), ReduceOp::sum)->wait();
-    if (mp.pp_size() > 1) mp.pp().broadcast(std::span<double>(&loss, 1), mp.pp_size() - 1)->wait();
-    // Every rank holds a share of the aux loss (its tokens, its layers): summed over
-    // dp_cp and mp (tp x pp), that is over every rank.
-    double aux = *aux_sum;
-    if (config.moe) {
-      if (dp_cp.size() > 1) dp_cp.allreduce(std::span<double>(&aux, 1), ReduceOp::sum)->wait();
-      if (mp.mp().size() > 1) mp.mp().allreduce(std::span<double>(&aux, 1), ReduceOp::sum)->wait();
-      aux /= config.global_batch;
-    }
-    results.push_back({step + 1, loss / total_tokens + aux, norm, aux});
+  const TrainConfig& config;
+  commgrid::Communicator& dp;
+  commgrid::Communicator& dp_cp;
+  const ModelParallel mp;
+  // Each MoE layer adds its share of the auxiliary loss here during forward.
+  const std::shared_ptr<double> aux_sum = std::make_shared<double>(0.0);
+  GptModel model;
+  const std::vector<Param*> params;
+  std::unique_ptr<Optimizer> optimizer, expert_optimizer;
+  const DataLoader data;
+  double total_tokens = 0, local_tokens = 0;
+  bool last_stage = false;
+};
+
+Trainer::Trainer(const commgrid::ModelCommProcessGroups& model_groups,
+                 const commgrid::GradCommProcessGroups& grad_groups, const TrainConfig& config) {
+  check_sizes(config, model_groups.tp()->size(), model_groups.pp()->size(),
+              model_groups.cp()->size(), grad_groups.dp()->size());
+  if (config.moe)
+    check_moe(config, model_groups.tp()->size(), model_groups.ep()->size(),
+              model_groups.expt_tp()->size());
+  impl_ = std::make_unique<Impl>(model_groups, grad_groups, config);
+}
+
+Trainer::~Trainer() = default;
+
+StepResult Trainer::step(int step) {
+  Impl& t = *impl_;
+  const TrainConfig& config = t.config;
+  const ModelParallel& mp = t.mp;
+  t.model.zero_grad();
+  *t.aux_sum = 0.0;
+  double loss =
+      run_pipeline(t.model, mp, t.data, step, config.micro_batches, config.vpp, 1.0 / t.local_tokens);
+  finalize_model_grads(t.params, mp, config.fault_skip_embd_sum);
+  double norm = 0;
+  if (t.expert_optimizer) {
+    // One global norm over both domains: dense squares summed over mp, expert squares
+    // over tp_ep_pp; both sets clipped by the same coefficient.
+    norm = std::sqrt(t.optimizer->reduce() + t.expert_optimizer->reduce());
+    const double clip = t.optimizer->clip_coefficient(norm);
+    t.optimizer->apply(clip);
+    t.expert_optimizer->apply(clip);
+  } else {
+    norm = t.optimizer->step();
   }
+  // The loss lives on the last stage: summed over its data-parallel ranks, then sent to
+  // every stage.
+  if (t.last_stage && t.dp_cp.size() > 1)
+    t.dp_cp.allreduce(std::span<double>(&loss, 1), ReduceOp::sum)->wait();
+  if (mp.pp_size() > 1) mp.pp().broadcast(std::span<double>(&loss, 1), mp.pp_size() - 1)->wait();
+  // Every rank holds a share of the aux loss (its tokens, its layers): summed over
+  // dp_cp and mp (tp x pp), that is over every rank.
+  double aux = *t.aux_sum;
+  if (config.moe) {
+    if (t.dp_cp.size() > 1) t.dp_cp.allreduce(std::span<double>(&aux, 1), ReduceOp::sum)->wait();
+    if (mp.mp().size() > 1) mp.mp().allreduce(std::span<double>(&aux, 1), ReduceOp::sum)->wait();
+    aux /= config.global_batch;
+  }
+  return {step + 1, loss / t.total_tokens + aux, norm, aux};
+}
+
+std::vector<double> Trainer::state() const {
+  std::vector<double> out;
+  for (const Param* p : impl_->params) {
+    const auto v = elements(p->value);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  impl_->optimizer->save_state(out);
+  if (impl_->expert_optimizer) impl_->expert_optimizer->save_state(out);
+  return out;
+}
+
+void Trainer::set_state(std::span<const double> state) {
+  std::size_t at = 0;
+  for (Param* p : impl_->params) {
+    const auto v = elements(p->value);
+    if (at + v.size() > state.size())
+      throw commgrid::InternalError("train state: " + std::to_string(state.size()) +
+                                    " values are too few for this rank's parameters");
+    std::copy_n(state.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+    at += v.size();
+  }
+  impl_->optimizer->load_state(state, at);
+  if (impl_->expert_optimizer) impl_->expert_optimizer->load_state(state, at);
+  if (at != state.size())
+    throw commgrid::InternalError("train state: " + std::to_string(state.size() - at) +
+                                  " values left over for this rank's shapes");
+}
+
+std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_groups,
+                              const commgrid::GradCommProcessGroups& grad_groups,
+                              const TrainConfig& config) {
+  Trainer trainer(model_groups, grad_groups, config);
+  std::vector<StepResult> results;
+  for (int step = 0; step < config.steps; ++step) results.push_back(trainer.step(step));
   return results;
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "model_config.hpp"
@@ -51,6 +53,30 @@ struct StepResult {
 /// micro-batches by pp with vpp, several dist-opt instances only with the distributed
 /// optimizer. Throws a commgrid::ConfigError subclass naming the parameter and the values.
 void check_train_config(const TrainConfig& config, const commgrid::ParallelConfig& layout);
+
+/// One rank's model, optimizers and data over the two collections (which must outlive
+/// it): train() is a loop of step(); the resilient loop (resilient.hpp) also saves and
+/// restores the state.
+class Trainer {
+ public:
+  /// Collective over the collections' groups (ModelParallel exchanges cp's members). Throws
+  /// ConfigError when the groups' sizes do not fit the model.
+  Trainer(const commgrid::ModelCommProcessGroups& model_groups,
+          const commgrid::GradCommProcessGroups& grad_groups, const TrainConfig& config);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  /// Step `step` (0-based; its data is a function of the step alone).
+  StepResult step(int step);
+  /// Every parameter value and the optimizers' state of this rank, flattened.
+  [[nodiscard]] std::vector<double> state() const;
+  /// Restores what state() returned on a rank with the same coordinates.
+  void set_state(std::span<const double> state);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// Trains for config.steps steps and returns every step's loss and gradient norm.
 /// Collective over every group of both collections. Throws ConfigError when the groups'

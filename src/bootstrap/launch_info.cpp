@@ -184,7 +184,9 @@ std::shared_ptr<Store> open_launch_store(const LaunchInfo& info, std::chrono::mi
   so.job_id = info.job_id;
   so.token = info.token;
   so.timeout = timeout;
-  so.serve = info.rank == 0;
+  // Under commgrid launch --spares the launcher serves the store (so that losing rank 0
+  // loses no store).
+  so.serve = info.rank == 0 && std::getenv("COMMGRID_STORE_SERVED") == nullptr;
   so.rank = info.rank;
   return open_store(info.store, so);
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -78,10 +79,22 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   // (and the fresh process of epoch 0 finds none).
   while (store_->has(epoch_decision_key(options_.prefix, epoch_ + 1)))
     adopt(text(store_->get(epoch_decision_key(options_.prefix, epoch_ + 1))));
-  // A restarted process asks to come back as a spare at the next decision.
-  if (options_.incarnation > 0 && map_.role(process_) == ProcessRole::dead)
-    (void)store_->set_if_absent(key(epoch_ + 1, "alive/" + std::to_string(process_)),
-                                bytes(std::to_string(options_.incarnation)));
+  // A restarted process first waits for the decision that declares its previous
+  // incarnation dead (launch restarts it at once), then asks to come back as a spare at
+  // the next decision (adopt registers it).
+  if (options_.incarnation > incarnation_[static_cast<std::size_t>(process_)]) {
+    const auto deadline = Clock::now() + options_.timeout;
+    while (map_.role(process_) != ProcessRole::dead) {
+      const std::string k = epoch_decision_key(options_.prefix, epoch_ + 1);
+      if (!store_->wait_for(std::vector<std::string>{k}, Ms(1000)).empty()) {
+        if (Clock::now() >= deadline)
+          throw TimeoutError("recovery: restarted process " + std::to_string(process_) +
+                             " saw no decision on its previous incarnation within the timeout");
+        continue;
+      }
+      adopt(text(store_->get(k)));
+    }
+  }
 }
 
 std::string Recovery::key(std::int64_t epoch, const std::string& name) const {
@@ -202,8 +215,15 @@ const EpochDecision& Recovery::agree() {
     const std::vector<std::string> missing_keys = store_->wait_for(keys, window);
     const std::set<std::string> missing_set(missing_keys.begin(), missing_keys.end());
     std::vector<std::int64_t> registered, dead = known_dead;
-    for (std::size_t i = 0; i < waiting.size(); ++i)
-      (missing_set.count(keys[i]) ? dead : registered).push_back(waiting[i]);
+    for (std::size_t i = 0; i < waiting.size(); ++i) {
+      // A registration by another incarnation (a restart of a process that died) is not
+      // this incarnation's: the one the map knows is dead.
+      const bool here = missing_set.count(keys[i]) == 0 &&
+                        (waiting[i] == process_ ||
+                         parse_number(text(store_->get(keys[i])), "incarnation") ==
+                             incarnation_[static_cast<std::size_t>(waiting[i])]);
+      (here ? registered : dead).push_back(waiting[i]);
+    }
     // Candidates in registration order's stand-in, the process number: round k's is the
     // k-th registered; the ones before it did not decide within their window: dead.
     const std::size_t idx = std::min<std::size_t>(static_cast<std::size_t>(round), registered.size() - 1);
@@ -266,6 +286,67 @@ EpochGroups Recovery::recover(const WorldFactory& factory, const ParallelConfig&
       if (attempt + 1 >= map_.num_processes()) throw;
     }
   }
+}
+
+namespace {
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+std::string required_env(const char* name) {
+  auto v = env(name);
+  if (!v || v->empty())
+    throw ConfigError(name, std::string(name) + " is not set (commgrid launch --spares sets it)");
+  return *v;
+}
+std::int64_t env_number(const char* name, std::int64_t min) {
+  const std::string t = required_env(name);
+  std::int64_t v = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (ec != std::errc() || end != t.data() + t.size() || v < min)
+    throw InvalidValueError(name, std::string(name) + "=" + t + " is not an integer >= " +
+                                      std::to_string(min));
+  return v;
+}
+}  // namespace
+
+std::optional<SpareLaunch> read_spare_launch() {
+  if (!env("COMMGRID_PROCESS")) return std::nullopt;
+  SpareLaunch l;
+  l.process = env_number("COMMGRID_PROCESS", 0);
+  l.num_processes = env_number("COMMGRID_NUM_PROCESSES", 1);
+  l.spares = env_number("COMMGRID_SPARES", 0);
+  l.incarnation = static_cast<int>(env_number("COMMGRID_INCARNATION", 0));
+  if (l.process >= l.num_processes || l.spares >= l.num_processes)
+    throw InvalidValueError("COMMGRID_PROCESS", "COMMGRID_PROCESS=" + std::to_string(l.process) +
+                                                    " and COMMGRID_SPARES=" + std::to_string(l.spares) +
+                                                    " do not fit COMMGRID_NUM_PROCESSES=" +
+                                                    std::to_string(l.num_processes));
+  l.store = required_env("COMMGRID_STORE");
+  l.job_id = env("COMMGRID_JOB_ID").value_or("default");
+  l.token = env("COMMGRID_TOKEN").value_or("");
+  if (auto t = env("COMMGRID_TIMEOUT")) {
+    const double s = std::strtod(t->c_str(), nullptr);
+    if (!(s > 0)) throw InvalidValueError("COMMGRID_TIMEOUT", "COMMGRID_TIMEOUT=" + *t + " is not a positive number of seconds");
+    l.timeout = std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
+  }
+  return l;
+}
+
+std::unique_ptr<Recovery> make_recovery(const SpareLaunch& launch, RecoveryOptions options) {
+  StoreOptions so;
+  so.job_id = launch.job_id;
+  so.token = launch.token;
+  if (launch.timeout) so.timeout = *launch.timeout;
+  so.process = Recovery::identity(launch.process, launch.incarnation);
+  if (launch.timeout) options.timeout = *launch.timeout;
+  options.incarnation = launch.incarnation;
+  SparePlacement placement;
+  placement.spares = launch.spares;
+  return std::make_unique<Recovery>(open_store(launch.store, so),
+                                    RankMap(launch.world_size(), placement), launch.process,
+                                    options);
 }
 
 }  // namespace commgrid

@@ -1341,6 +1341,7 @@ class TcpStore final : public Store {
   // With `stop`, nullopt when it turned true first: the connection, now out of step, is
   // dropped and made again by the next request.
   std::optional<Message> request(const Message& m, Ms wait, const std::atomic<bool>* stop) {
+    if (!fenced_.empty()) throw FencedError(fenced_);
     if (socket_.get() < 0) {
       if (!reconnect_) throw BackendError("tcp store " + uri() + ": not connected");
       reconnect_ = false;
@@ -1353,9 +1354,10 @@ class TcpStore final : public Store {
       Message r = recv_message(socket_.get(), deadline + wait, kMaxFrame, stop);
       if (r.type == 'Z') {
         socket_ = Socket();
-        throw FencedError("tcp store " + uri() + ": " +
-                          (r.fields.empty() ? std::string("this process is fenced")
-                                            : printable(r.fields[0])));
+        // Kept: every later request says it again (a caller may have wrapped the first).
+        fenced_ = "tcp store " + uri() + ": " +
+                  (r.fields.empty() ? std::string("this process is fenced") : printable(r.fields[0]));
+        throw FencedError(fenced_);
       }
       return r;
     } catch (const IoTimeout&) {
@@ -1380,6 +1382,7 @@ class TcpStore final : public Store {
   std::unique_ptr<TcpStoreServer> server_;
   Socket socket_;
   bool reconnect_ = false;
+  std::string fenced_;  // the server's refusal, once it fenced this process
   std::string local_ = "127.0.0.1";
 };
 

@@ -69,6 +69,8 @@ class Recovery {
   [[nodiscard]] const RankMap& map() const noexcept { return map_; }
   [[nodiscard]] std::int64_t process() const noexcept { return process_; }
   [[nodiscard]] const RecoveryOptions& options() const noexcept { return options_; }
+  /// The job's store.
+  [[nodiscard]] const std::shared_ptr<Store>& store() const noexcept { return store_; }
   /// This process's logical rank in the current epoch; nullopt on a spare.
   [[nodiscard]] std::optional<Rank> logical_rank() const { return map_.logical_rank(process_); }
   /// The decisions adopted so far, oldest first.
@@ -123,6 +125,26 @@ class Recovery {
   std::vector<int> incarnation_;  ///< per process, as the decisions said
   std::vector<EpochDecision> history_;
 };
+
+/// What `commgrid launch --spares S` tells each of its processes (COMMGRID_PROCESS,
+/// COMMGRID_NUM_PROCESSES, COMMGRID_SPARES, COMMGRID_WORLD_SIZE, COMMGRID_INCARNATION,
+/// COMMGRID_STORE, COMMGRID_JOB_ID, COMMGRID_TOKEN, COMMGRID_TIMEOUT).
+struct SpareLaunch {
+  std::int64_t process = 0;        ///< this process, 0 ... num_processes-1
+  std::int64_t num_processes = 1;  ///< W + S
+  std::int64_t spares = 0;         ///< S
+  int incarnation = 0;             ///< restarts of this process so far
+  std::string store, job_id, token;
+  std::optional<std::chrono::milliseconds> timeout;
+  [[nodiscard]] std::int64_t world_size() const noexcept { return num_processes - spares; }
+};
+/// Reads them; nullopt when COMMGRID_PROCESS is unset (the job has no spares). Throws
+/// ConfigError naming a missing or malformed variable.
+[[nodiscard]] std::optional<SpareLaunch> read_spare_launch();
+/// Opens the job's store as this process (its fencing identity, never serving: launch
+/// serves it) and the Recovery of this process over epoch 0's RankMap(W, {S}).
+[[nodiscard]] std::unique_ptr<Recovery> make_recovery(const SpareLaunch& launch,
+                                                      RecoveryOptions options = {});
 
 /// The store keys commgrid launch posts for a process's death (so that agreement need not
 /// wait out the window for it): "<prefix>/process/<p>/<incarnation>/dead".

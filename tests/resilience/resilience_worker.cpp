@@ -1,0 +1,161 @@
+// A program for the resilience tests, run under `commgrid launch --spares`: a tp 2 layout
+// whose every step allreduces (step + 1) * (rank + 1) over dp; each rank keeps the sums as
+// its "state", replicated across its dp group. Asked to, one process dies (SIGKILL) or
+// stops itself (SIGSTOP) at a chosen step; the others detect it, agree, regroup with a
+// spare, roll back to the earliest unfinished step, the spare fetches its state from a dp
+// replica, and at the end every rank prints its sums:
+//   resilience_worker STEPS [kill P K]... [stop P K]
+//   resilience_worker continue PID   (waits for epoch 1's decision, then SIGCONTs PID)
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commgrid/gloo.hpp"
+#include "commgrid/recovery.hpp"
+
+namespace {
+
+using namespace commgrid;
+using namespace std::chrono_literals;
+
+struct Fault {
+  std::int64_t process = -1;
+  int step = -1;
+  int signal = SIGKILL;
+};
+
+std::int64_t min_over(Communicator& c, std::int64_t v) {
+  c.allreduce(std::span<std::int64_t>(&v, 1), ReduceOp::min)->wait();
+  return v;
+}
+
+int run(int argc, char** argv) {
+  const auto launch = read_spare_launch();
+  if (!launch) {
+    std::cerr << "error: run under commgrid launch --spares\n";
+    return 2;
+  }
+  if (argc == 3 && std::string(argv[1]) == "continue") {
+    // The helper of a stopped process: once the others decided epoch 1, wake it.
+    StoreOptions so;
+    so.job_id = launch->job_id;
+    so.token = launch->token;
+    auto store = open_store(launch->store, so);
+    const std::vector<std::string> keys{epoch_decision_key("resilience", 1)};
+    while (!store->wait_for(keys, 1s).empty()) {
+    }
+    ::kill(static_cast<pid_t>(std::atoll(argv[2])), SIGCONT);
+    return 0;
+  }
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 4;
+  std::vector<Fault> faults;
+  for (int i = 2; i + 2 < argc; i += 3) {
+    Fault f;
+    f.signal = std::string(argv[i]) == "stop" ? SIGSTOP : SIGKILL;
+    f.process = std::atoll(argv[i + 1]);
+    f.step = std::atoi(argv[i + 2]);
+    faults.push_back(f);
+  }
+  auto rec = make_recovery(*launch);
+  ParallelConfig config;
+  config.world_size = launch->world_size();
+  config.tp = 2;
+  const std::string token = launch->token;
+  auto factory = [&](const std::string& prefix, int rank, int size) {
+    GlooOptions o;
+    o.timeout = rec->options().timeout;
+    o.prefix = prefix;
+    o.token = effective_token(*rec->store(), token);
+    return make_gloo_world(rec->store(), rank, size, o);
+  };
+  std::vector<double> sums;  // the state: one per finished step
+  int step = 0;
+  EpochGroups g = rec->build(factory, config);
+  bool fresh = !g.world;  // a spare has no state of its own until it takes a rank
+  // After a regroup: every rank resumes at the earliest step a survivor has not finished;
+  // a rank without state fetches it from a survivor of its dp group (a replica).
+  auto resync = [&] {
+    const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+    step = static_cast<int>(min_over(*g.world, fresh ? big : step));
+    Communicator& dp = g.groups->group(GroupKind::dp);
+    const std::int64_t source = min_over(dp, fresh ? big : dp.rank());
+    if (source == big)
+      throw BackendError("the state of logical rank " + std::to_string(*rec->logical_rank()) +
+                         " is lost: every replica in its dp group died");
+    sums.resize(static_cast<std::size_t>(step));
+    dp.broadcast(std::span<double>(sums), static_cast<int>(source))->wait();
+    fresh = false;
+  };
+  while (step < steps) {
+    if (!g.world) {
+      if (!rec->wait_for_failure()) return 0;  // the job finished without needing this spare
+      g = rec->recover(factory, config);
+      if (g.world) resync();
+      continue;
+    }
+    for (const Fault& f : faults)
+      if (f.process == launch->process && f.step == step && launch->incarnation == 0) {
+        // A second failure is only survivable with a spare: when none is left, wait for a
+        // restarted process to register for the next epoch first (the test's order of
+        // events, not the runtime's).
+        for (int wait = 0; rec->map().spares_left() == 0 && wait < 600; ++wait) {
+          bool registered = false;
+          for (std::int64_t p = 0; p < rec->map().num_processes(); ++p)
+            registered = registered ||
+                         (rec->map().role(p) == ProcessRole::dead &&
+                          rec->store()->has("resilience/epoch/" + std::to_string(rec->epoch() + 1) +
+                                            "/alive/" + std::to_string(p)));
+          if (registered) break;
+          std::this_thread::sleep_for(100ms);
+        }
+        if (f.signal == SIGSTOP) {
+          // A helper wakes it once the others have declared it dead.
+          if (::fork() == 0) {
+            const std::string self = argv[0], pid = std::to_string(::getppid());
+            ::execl(self.c_str(), self.c_str(), "continue", pid.c_str(), static_cast<char*>(nullptr));
+            ::_exit(127);
+          }
+        }
+        ::raise(f.signal);
+      }
+    try {
+      const auto r = static_cast<double>(*rec->logical_rank());
+      double v = (step + 1) * (r + 1);
+      g.groups->group(GroupKind::dp).allreduce(std::span<double>(&v, 1), ReduceOp::sum)->wait();
+      g.world->barrier()->wait();
+      sums.push_back(v);
+      ++step;
+    } catch (const FencedError&) {
+      throw;
+    } catch (const BackendError& e) {
+      rec->mark_failed(e.what());
+      g = EpochGroups{};  // close this epoch's connections: peers blocked on them fail now
+      g = rec->recover(factory, config);
+      resync();
+    }
+  }
+  std::string line = "rank " + std::to_string(*rec->logical_rank()) + " epoch " +
+                     std::to_string(rec->epoch()) + " sums";
+  for (double v : sums) line += " " + std::to_string(static_cast<long long>(v));
+  std::cout << line + "\n" << std::flush;
+  g.world->barrier()->wait();  // every rank has its result before the spares are let go
+  if (*rec->logical_rank() == 0) rec->mark_done();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
