@@ -3,6 +3,7 @@
 // mpirun). main alone creates the world and the ProcessGroups; the model, the schedule and
 // the optimizer receive only the collections.
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cmath>
 #include <commgrid/commgrid.hpp>
 #include <cstdio>
@@ -171,6 +172,22 @@ bool is_config_error(const std::exception_ptr& e) {
   }
 }
 
+// --fault-kill P:S[,P:S...] (test-only): process (or MPI rank) P kills itself with SIGKILL
+// at the start of step S.
+std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
+  std::vector<train_gpt::ResilienceConfig::Kill> out;
+  while (!kills.empty()) {
+    const std::string item = kills.substr(0, kills.find(','));
+    kills.erase(0, std::min(kills.size(), item.size() + 1));
+    const auto colon = item.find(':');
+    if (colon == std::string::npos)
+      throw commgrid::InvalidValueError("fault_kill", "fault_kill: expected PROCESS:STEP, got \"" + item + "\"");
+    out.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
+                   to_int("fault_kill", item.substr(colon + 1), 0)});
+  }
+  return out;
+}
+
 // --spares S under commgrid launch --spares S: the resilient loop (resilient.hpp).
 template <class Checked>
 int run_with_spares(const Flags& f, const Checked& checked) {
@@ -184,16 +201,7 @@ int run_with_spares(const Flags& f, const Checked& checked) {
                                                     std::to_string(launch->spares) + " spares");
   train_gpt::ResilienceConfig resilience;
   resilience.snapshot_every = to_int("snapshot_every", f.snapshot_every, 1);
-  std::string kills = f.fault_kill;
-  while (!kills.empty()) {  // P:S[,P:S...]
-    const std::string item = kills.substr(0, kills.find(','));
-    kills.erase(0, std::min(kills.size(), item.size() + 1));
-    const auto colon = item.find(':');
-    if (colon == std::string::npos)
-      throw commgrid::InvalidValueError("fault_kill", "fault_kill: expected PROCESS:STEP, got \"" + item + "\"");
-    resilience.kills.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
-                                to_int("fault_kill", item.substr(colon + 1), 0)});
-  }
+  resilience.kills = parse_kills(f.fault_kill);
   const auto [layout, config] = checked(launch->world_size());
   train_gpt::check_resilient_config(config, layout);
   const auto results = train_gpt::run_resilient(*launch, layout, config, resilience);
@@ -278,6 +286,13 @@ int run(const Flags& f) {
     if (rank == 0) commgrid::cli::print_error(e.what());
     return 2;
   }
+  // Open MPI 4.1 has no ULFM: a dead rank ends the job (docs/resilience.md; tested with
+  // --fault-kill).
+  for (const auto& kill : parse_kills(f.fault_kill))
+    if (kill.process == rank)
+      config.on_step = [step = kill.step](int s) {
+        if (s == step) ::raise(SIGKILL);
+      };
   try {
     const auto results = train_gpt::run_rank(*world, layout, config, fault);
     if (rank == 0) print(f.format, layout, config, results);

@@ -221,7 +221,10 @@ std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_grou
                               const TrainConfig& config) {
   Trainer trainer(model_groups, grad_groups, config);
   std::vector<StepResult> results;
-  for (int step = 0; step < config.steps; ++step) results.push_back(trainer.step(step));
+  for (int step = 0; step < config.steps; ++step) {
+    if (config.on_step) config.on_step(step);
+    results.push_back(trainer.step(step));
+  }
   return results;
 }
 

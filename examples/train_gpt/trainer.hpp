@@ -4,6 +4,7 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,6 +38,9 @@ struct TrainConfig {
   bool allgather_dispatcher = false;
   /// Test-only fault: leave out the router's token-count sum over tp_cp.
   bool fault_skip_tp_cp_sum = false;
+  /// Test-only: called at the start of every step of train() (0-based), e.g. to kill this
+  /// process at a chosen step (--fault-kill under mpirun).
+  std::function<void(int step)> on_step;
 };
 
 /// One step's results, the same on every rank.

@@ -208,11 +208,21 @@ const EpochDecision& Recovery::agree() {
       adopt(text(store_->get(decision_key)));
       return history_.back();
     }
+    // Wait for the registrations in short slices, re-reading the deaths launch posts
+    // between them: a death is often posted moments after a survivor detected it.
     std::vector<std::int64_t> known_dead, waiting;
-    for (std::int64_t p : expected) (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
-    std::vector<std::string> keys;
-    for (std::int64_t p : waiting) keys.push_back(key(next, "alive/" + std::to_string(p)));
-    const std::vector<std::string> missing_keys = store_->wait_for(keys, window);
+    std::vector<std::string> keys, missing_keys;
+    const auto window_end = Clock::now() + window;
+    for (;;) {
+      known_dead.clear();
+      waiting.clear();
+      keys.clear();
+      for (std::int64_t p : expected) (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
+      for (std::int64_t p : waiting) keys.push_back(key(next, "alive/" + std::to_string(p)));
+      const auto left = std::chrono::duration_cast<Ms>(window_end - Clock::now());
+      missing_keys = store_->wait_for(keys, std::clamp(left, Ms(0), Ms(200)));
+      if (missing_keys.empty() || Clock::now() >= window_end || store_->has(decision_key)) break;
+    }
     const std::set<std::string> missing_set(missing_keys.begin(), missing_keys.end());
     std::vector<std::int64_t> registered, dead = known_dead;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
