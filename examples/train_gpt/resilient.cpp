@@ -125,7 +125,21 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     trainer.reset();
     collections.reset();
     g = commgrid::EpochGroups{};  // closes this epoch's connections: blocked peers fail now
-    g = rec->recover(factory, layout);
+    // Recovery::recover, timed by part: agree, then build the epoch's world and groups
+    // (again from the last decision when a process dies during the build).
+    Clock::time_point agreed;
+    for (std::int64_t attempt = 0;; ++attempt) {
+      rec->agree();
+      agreed = Clock::now();
+      try {
+        g = rec->build(factory, layout);
+        break;
+      } catch (const commgrid::FencedError&) {
+        throw;
+      } catch (const BackendError&) {
+        if (attempt + 1 >= rec->map().num_processes()) throw;
+      }
+    }
     const auto t1 = Clock::now();
     if (g.world) {
       start_epoch();
@@ -133,9 +147,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       resync();
       std::cerr << ("train_gpt: process " + std::to_string(launch.process) + " is logical rank " +
                     std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(rec->epoch()) +
-                    ", back at step " + std::to_string(step) + ": agreement and groups " +
-                    seconds(t0, t1) + " s, model " + seconds(t1, t2) + " s, state " +
-                    seconds(t2, Clock::now()) + " s\n")
+                    ", back at step " + std::to_string(step) + ": agreement " + seconds(t0, agreed) +
+                    " s, groups " + seconds(agreed, t1) + " s, model " + seconds(t1, t2) +
+                    " s, state " + seconds(t2, Clock::now()) + " s\n")
                 << std::flush;
     }
   };
