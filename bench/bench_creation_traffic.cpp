@@ -212,6 +212,7 @@ bool measure(std::int64_t w, CreationStrategy strategy) {
 // Totals over every rank, from the model: every group's members, once.
 struct Totals {
   Traffic commgrid_member, commgrid_split, commgrid_per_group, megatron;
+  Traffic commgrid_member_no_w;  // member, without the W-sized intra_dist_opt
   std::int64_t groups = 0, kind_levels = 0, megatron_calls = 0;
 };
 
@@ -227,6 +228,8 @@ Totals totals(const Layout& layout) {
     const auto n = static_cast<std::int64_t>(members.size());
     Traffic g = gloo_group(n);
     for (std::int64_t i = 0; i < n; ++i) t.commgrid_member += g;
+    if (k != commgrid::GroupKind::intra_dist_opt)
+      for (std::int64_t i = 0; i < n; ++i) t.commgrid_member_no_w += g;
     ++t.groups;
     ++t.megatron_calls;
     if (n > 1) {  // the NCCL group's unique id: set by its rank 0, read by the others
@@ -252,6 +255,7 @@ Totals totals(const Layout& layout) {
   });
   for (commgrid::GroupKind k : layout.kinds()) t.kind_levels += layout.levels(k);
   t.commgrid_member += world;
+  t.commgrid_member_no_w += world;
   t.commgrid_split = t.commgrid_member;
   t.commgrid_split.world_collectives = t.kind_levels * w;
   t.commgrid_split.world_collective_bytes = t.kind_levels * w * (w - 1) * 24;
@@ -286,8 +290,11 @@ void count_row(std::int64_t w) {
   const Traffic s = commgrid_rank(layout, 1, CreationStrategy::split);
   const Traffic p = commgrid_rank(layout, 1, CreationStrategy::per_group);
   const MegatronCount meg = megatron_rank(layout, 1);
+  const commgrid::GroupKind wide[] = {commgrid::GroupKind::intra_dist_opt};
+  const Traffic no_w = commgrid_rank(layout, 1, CreationStrategy::member, wide);
   row("commgrid member (rank 0)", r0, t.commgrid_member);
   row("commgrid member", m, t.commgrid_member);
+  row("commgrid member, without intra_dist_opt (W-sized)", no_w, t.commgrid_member_no_w);
   row("commgrid split", s, t.commgrid_split);
   row("commgrid per-group", p, t.commgrid_per_group);
   row("Megatron on torch (" + count_text(static_cast<double>(meg.new_group_calls)) + " new_group)",

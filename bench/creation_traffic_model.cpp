@@ -87,13 +87,16 @@ Traffic gloo_world(std::int64_t world_size, std::int64_t rank) {
   return t;
 }
 
-Traffic commgrid_rank(const Layout& layout, std::int64_t rank, CreationStrategy strategy) {
+Traffic commgrid_rank(const Layout& layout, std::int64_t rank, CreationStrategy strategy,
+                      std::span<const GroupKind> skip) {
+  auto skipped = [&](GroupKind k) { return std::find(skip.begin(), skip.end(), k) != skip.end(); };
   const std::int64_t w = layout.world_size();
   Traffic t = gloo_world(w, rank);
   if (strategy == CreationStrategy::per_group) {
     // One create_group_collective per group of the layout on every rank: a world allgather
     // of an 8-byte fingerprint, then the members connect.
-    for_each_creation(layout, {}, [&](GroupKind, int, std::int64_t, std::span<const Rank> members) {
+    for_each_creation(layout, {}, [&](GroupKind k, int, std::int64_t, std::span<const Rank> members) {
+      if (skipped(k)) return;
       t.world_collectives += 1;
       t.world_collective_bytes += (w - 1) * 8;
       if (std::find(members.begin(), members.end(), rank) != members.end())
@@ -102,6 +105,7 @@ Traffic commgrid_rank(const Layout& layout, std::int64_t rank, CreationStrategy 
     return t;
   }
   for (GroupKind k : created_kinds(layout)) {
+    if (skipped(k)) continue;
     for (int level = 0; level < layout.levels(k); ++level) {
       if (strategy == CreationStrategy::split) {
         t.world_collectives += 1;  // the split's allgather of (color, key): 24 bytes a rank

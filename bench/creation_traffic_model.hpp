@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "commgrid/layout.hpp"
@@ -33,8 +34,10 @@ Traffic gloo_world(std::int64_t world_size, std::int64_t rank);
 
 /// Rank `rank`'s traffic to create every kind of `layout` with `strategy` on Gloo, the world
 /// included; the fingerprint check (two allreduces and an allgather on the world) is not
-/// counted: it is the same for every strategy.
-Traffic commgrid_rank(const Layout& layout, std::int64_t rank, CreationStrategy strategy);
+/// counted: it is the same for every strategy. Kinds in `skip` are not created (what
+/// InitOptions::kinds leaves out).
+Traffic commgrid_rank(const Layout& layout, std::int64_t rank, CreationStrategy strategy,
+                      std::span<const GroupKind> skip = {});
 
 /// Megatron-core's initialize_model_parallel on torch.distributed (torch 1.13's
 /// distributed_c10d, TCPStore): every rank calls new_group for every group (Megatron's
