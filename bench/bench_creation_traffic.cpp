@@ -94,25 +94,25 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
   return out;
 }
 
-std::string count_text(double v) {
+// 1234567 -> "1.23 M" (unit "") or "1.23 MB" (unit "B").
+std::string scaled(double v, const char* unit) {
+  struct Step {
+    double at;
+    const char* prefix;
+  };
+  static constexpr Step kSteps[] = {{1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}};
   char buf[32];
-  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2f T", v / 1e12);
-  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f G", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
-  else if (v >= 1e4) std::snprintf(buf, sizeof buf, "%.1f k", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  for (const Step& s : kSteps) {
+    if (v >= s.at && (s.at > 1e3 || v >= 1e4 || *unit != '\0')) {
+      std::snprintf(buf, sizeof buf, "%.*f %s%s", s.at > 1e3 ? 2 : 1, v / s.at, s.prefix, unit);
+      return buf;
+    }
+  }
+  std::snprintf(buf, sizeof buf, *unit ? "%.0f %s" : "%.0f%s", v, unit);
   return buf;
 }
-
-std::string bytes_text(double v) {
-  char buf[32];
-  if (v >= 1e12) std::snprintf(buf, sizeof buf, "%.2f TB", v / 1e12);
-  else if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f MB", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1f kB", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f B", v);
-  return buf;
-}
+std::string count_text(double v) { return scaled(v, ""); }
+std::string bytes_text(double v) { return scaled(v, "B"); }
 
 std::int64_t requests(const Traffic& t) { return t.sets + t.gets + t.waits + t.has; }
 
