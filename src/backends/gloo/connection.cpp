@@ -102,9 +102,9 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
                        "error)");
   }
   prove_peers(*ctx, shared.token, prefix, rank, op, group, deadline);
-  // A member returns from connecting once its own side of each pair is connected, possibly while a
-  // peer is still finishing its handshake; a member that then ended at once (destroying the
-  // group) would make that peer fail. A barrier makes creation complete on all members.
+  // A member returns from connecting once its own side of each pair is connected, possibly
+  // while a peer is still finishing its handshake; a member that then ended at once
+  // (destroying the group) would make that peer fail. A barrier makes creation complete on all members.
   if (size > 1) {
     ::gloo::BarrierOptions opts(ctx);
     opts.setTimeout(std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));
