@@ -104,9 +104,12 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   if (plan.alone()) prepare_for(job, plan);
   const mpi::MpiEnvironment env;
   const std::unique_ptr<mpi::MpiCommunicator> world = make_mpi_world(o.timeout);
+  // A launcher whose variables commgrid does not know may still have started an MPI job:
+  // then the world is MPI's, and the input is checked for its size.
+  const bool checked = plan.alone() && world->size() == plan.size;
   plan.size = world->size();
   plan.launcher.rank = world->rank();
-  if (!plan.alone()) {
+  if (!checked) {
     try {
       prepare_for(job, plan);
     } catch (const ConfigError& e) {

@@ -181,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--etp", "1", "--order", "tp-pp-ep-dp"}),
                  "pipeline groups differ", "", true},
         BadInput{{"plan", "--world-size", "4096", "--tp", "65536", "--pp", "65536"},
-                 "tp*pp*cp exceeds world_size 4096", "", true}})));
+                 "tp*pp*cp exceeds world_size 4096", "tp*pp*cp*gtp_remat exceeds world_size 4096", true}})));
 
 
 // The HEAD flags: each one's bad values under --compat head, and each one refused in the

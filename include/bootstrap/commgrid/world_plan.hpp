@@ -83,7 +83,9 @@ struct WorldPlan {
   /// This process's rank as far as known before the world exists (0 for rank-threads).
   [[nodiscard]] int rank() const { return engine == WorldEngine::rank_threads ? 0 : launcher.rank; }
   /// No launcher and no --local: a world of this one process.
-  [[nodiscard]] bool alone() const { return launcher.launcher == Launcher::none && !local; }
+  [[nodiscard]] bool alone() const {
+    return launcher.launcher == Launcher::none && !local && size == 1;
+  }
 };
 
 /// Chooses the backend and engine for `request` under `launcher`. Throws ConfigError
