@@ -69,8 +69,8 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
     throw RankOutOfRangeError("process", "recovery: process " + std::to_string(process) +
                                              " is outside the job's " +
                                              std::to_string(map_.num_processes()) + " processes");
-  if (options_.decision_window <= 0 || options_.decision_window > 1)
-    throw InvalidValueError("decision_window", "recovery: decision_window must be in (0, 1], got " +
+  if (options_.decision_window <= 0 || options_.decision_window > 4)
+    throw InvalidValueError("decision_window", "recovery: decision_window must be in (0, 4], got " +
                                                    std::to_string(options_.decision_window));
   if (options_.incarnation < 0)
     throw InvalidValueError("incarnation", "recovery: incarnation must be >= 0, got " +
@@ -83,7 +83,8 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   // incarnation dead (launch restarts it at once), then asks to come back as a spare at
   // the next decision (adopt registers it).
   if (options_.incarnation > incarnation_[static_cast<std::size_t>(process_)]) {
-    const auto deadline = Clock::now() + options_.timeout;
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Ms>(
+                                             options_.timeout * (1.0 + options_.decision_window));
     while (map_.role(process_) != ProcessRole::dead) {
       const std::string k = epoch_decision_key(options_.prefix, epoch_ + 1);
       if (!store_->wait_for(std::vector<std::string>{k}, Ms(1000)).empty()) {
@@ -196,8 +197,6 @@ const EpochDecision& Recovery::agree() {
   mark_failed("joined the agreement on epoch " + std::to_string(next));
   (void)store_->set_if_absent(key(next, "alive/" + std::to_string(process_)),
                               bytes(std::to_string(options_.incarnation)));
-  const auto start = Clock::now();
-  const auto deadline = start + options_.timeout;
   const Ms window(std::max<long long>(
       1, static_cast<long long>(static_cast<double>(options_.timeout.count()) * options_.decision_window)));
   std::vector<std::int64_t> expected;
@@ -256,9 +255,10 @@ const EpochDecision& Recovery::agree() {
       continue;  // adopt the winner, whoever it is
     }
     if (store_->wait_for(std::vector<std::string>{decision_key}, window).empty()) continue;
-    if (Clock::now() >= deadline)
+    // Every registered process had its window as the candidate, and none decided.
+    if (static_cast<std::size_t>(round) >= registered.size())
       throw TimeoutError("recovery: no decision for epoch " + std::to_string(next) +
-                         " within the timeout of " + std::to_string(options_.timeout.count()) +
+                         " after every registered process's window of " + std::to_string(window.count()) +
                          " ms (processes registered: " + join(registered) + ")");
   }
 }

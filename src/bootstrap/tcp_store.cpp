@@ -1106,23 +1106,11 @@ class TcpStore final : public Store {
   std::string local_address() const override { return local_; }
 
  protected:
+  // A set is a set_if_absent whose "already set" is an error (the server also still
+  // answers the older 'S' request of a client that sends it).
   void do_set(const std::string& key, const std::vector<char>& value) override {
-    check_sizes(key, value.size());
-    if (server_) {
-      std::string why;
-      switch (server_->set(key, std::string_view(value.data(), value.size()), &why)) {
-        case TcpStoreServer::SetResult::ok:
-          return;
-        case TcpStoreServer::SetResult::exists:
-          throw BackendError("tcp store " + uri() + ": key '" + key + "' is already set");
-        case TcpStoreServer::SetResult::full:
-          throw BackendError("tcp store " + uri() + ": " + why);
-      }
-    }
-    Message r = request({'S', {key, std::string(value.begin(), value.end())}});
-    if (r.type == 'E' && !r.fields.empty())
-      throw BackendError("tcp store " + uri() + ": " + printable(r.fields[0]));
-    if (r.type != 'K') throw BackendError("tcp store " + uri() + ": unexpected reply to set");
+    if (!do_set_if_absent(key, value))
+      throw BackendError("tcp store " + uri() + ": key '" + key + "' is already set");
   }
   bool do_set_if_absent(const std::string& key, const std::vector<char>& value) override {
     check_sizes(key, value.size());

@@ -4,7 +4,7 @@
 // stops itself (SIGSTOP) at a chosen step; the others detect it, agree, regroup with a
 // spare, roll back to the earliest unfinished step, the spare fetches its state from a dp
 // replica, and at the end every rank prints its sums:
-//   resilience_worker STEPS [kill P K]... [stop P K]
+//   resilience_worker STEPS [kill P K]... [stop P K] [killrec P E]
 //   resilience_worker continue PID   (waits for epoch 1's decision, then SIGCONTs PID)
 #include <signal.h>
 #include <unistd.h>
@@ -28,6 +28,7 @@ struct Fault {
   std::int64_t process = -1;
   int step = -1;
   int signal = SIGKILL;
+  bool in_recovery = false;  // "killrec P E": dies right after adopting epoch E's decision
 };
 
 std::int64_t min_over(Communicator& c, std::int64_t v) {
@@ -58,6 +59,7 @@ int run(int argc, char** argv) {
   for (int i = 2; i + 2 < argc; i += 3) {
     Fault f;
     f.signal = std::string(argv[i]) == "stop" ? SIGSTOP : SIGKILL;
+    f.in_recovery = std::string(argv[i]) == "killrec";
     f.process = std::atoll(argv[i + 1]);
     f.step = std::atoi(argv[i + 2]);
     faults.push_back(f);
@@ -73,6 +75,24 @@ int run(int argc, char** argv) {
     o.prefix = prefix;
     o.token = effective_token(*rec->store(), token);
     return make_gloo_world(rec->store(), rank, size, o);
+  };
+  // Recovery::recover, with the "killrec" fault between the agreement and the build: a
+  // process that dies during the recovery.
+  auto recover = [&] {
+    for (std::int64_t attempt = 0;; ++attempt) {
+      rec->agree();
+      for (const Fault& f : faults)
+        if (f.in_recovery && f.process == launch->process && f.step == rec->epoch() &&
+            launch->incarnation == 0)
+          ::raise(SIGKILL);
+      try {
+        return rec->build(factory, config);
+      } catch (const FencedError&) {
+        throw;
+      } catch (const BackendError&) {
+        if (attempt + 1 >= rec->map().num_processes()) throw;
+      }
+    }
   };
   std::vector<double> sums;  // the state: one per finished step
   int step = 0;
@@ -95,12 +115,13 @@ int run(int argc, char** argv) {
   while (step < steps) {
     if (!g.world) {
       if (!rec->wait_for_failure()) return 0;  // the job finished without needing this spare
-      g = rec->recover(factory, config);
+      g = recover();
       if (g.world) resync();
       continue;
     }
     for (const Fault& f : faults)
-      if (f.process == launch->process && f.step == step && launch->incarnation == 0) {
+      if (!f.in_recovery && f.process == launch->process && f.step == step &&
+          launch->incarnation == 0) {
         // A second failure is only survivable with a spare: when none is left, wait for a
         // restarted process to register for the next epoch first (the test's order of
         // events, not the runtime's).
@@ -136,7 +157,7 @@ int run(int argc, char** argv) {
     } catch (const BackendError& e) {
       rec->mark_failed(e.what());
       g = EpochGroups{};  // close this epoch's connections: peers blocked on them fail now
-      g = rec->recover(factory, config);
+      g = recover();
       resync();
     }
   }

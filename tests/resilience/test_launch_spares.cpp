@@ -71,6 +71,16 @@ TEST(LaunchSpares, TwoFailuresInARowWithARestartedProcessAsTheSecondSpare) {
   EXPECT_NE(r.err.find("restarting it as a spare (restart 1 of 1)"), std::string::npos) << r.err;
 }
 
+TEST(LaunchSpares, ASpareThatDiesDuringTheRecoveryIsReplacedByTheNext) {
+  // Process 1 dies at step 2; spare 4, chosen for its rank, dies right after the decision,
+  // before the new world exists: the others' world creation fails (at its 6 s timeout),
+  // and epoch 2 gives the rank to spare 5.
+  const CliResult r = launch({"-n", "6", "--spares", "2"},
+                             {std::to_string(kSteps), "kill", "1", "2", "killrec", "4", "1"}, "6");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  expect_right_sums(r, 2);
+}
+
 TEST(LaunchSpares, AStoppedRankIsDeclaredDeadAndFencedWhenContinued) {
   // Process 2 stops itself (SIGSTOP); after its peers' timeout (6 s) they declare it dead;
   // continued, it finds itself fenced and exits 1 saying so. The job finishes.

@@ -24,9 +24,12 @@ namespace commgrid {
 struct RecoveryOptions {
   /// The job's timeout: bounds every wait of the agreement (re-armed per epoch).
   std::chrono::milliseconds timeout = std::chrono::seconds(60);
-  /// The part of the timeout a deciding process waits for the others to register before it
-  /// declares those missing dead (and the part each later candidate waits for a decision).
-  double decision_window = 0.25;
+  /// The decision window, in timeouts: how long a deciding process waits for the others to
+  /// register before it declares those missing dead (and how long each later candidate
+  /// waits for a decision). Above 1: a live process learns of a failure within one timeout
+  /// (every operation it may be blocked in, a collective or the next epoch's world
+  /// creation, is bounded by it), so it is never declared dead for being blocked.
+  double decision_window = 1.5;
   /// Every key of recovery lives under it.
   std::string prefix = "resilience";
   /// This process's incarnation (0, then 1, 2, ... for each restart by commgrid launch).
