@@ -200,7 +200,7 @@ OwnedComm init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int dev
                      ": " + nccl_text(rc) + " (members " + members_text(members) + ")");
 }
 
-// ---- memory that never waits for the device ---------------------------------------------
+// ---- memory that does not wait for the device --------------------------------------------
 //
 // cudaFree and cudaFreeHost synchronize the device: they would wait, without any timeout,
 // for every pending operation of every communicator on it (a pipeline receive whose peer is
@@ -514,9 +514,10 @@ using State = NcclCommunicator::State;
 // returns (so the caller may reuse them at once, pinned or not), then to the device on the
 // operation's stream; outputs come back to the pinned block on the stream, after the
 // operation, and reach the caller's memory on the host once the operation's event
-// completed. Nothing here waits for the device: every copy between host and device is from
+// completed. No copy here waits for the device: every copy between host and device is from
 // or to pinned memory on the operation's stream, and the device block is allocated and
-// freed in the stream's order.
+// freed in the stream's order. Only a pinned block that the cache cannot give (a miss:
+// cudaHostAlloc) may synchronize (see "memory that does not wait" above).
 class Staging {
  public:
   Staging() = default;
