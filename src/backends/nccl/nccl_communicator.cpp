@@ -297,28 +297,27 @@ cudaMemPool_t make_pool(int device, const std::string& group) {
 }
 
 // Device memory for work queued on `stream`, usable by that work at once: from `pool`, or
-// (nullptr: a device without pools) from the device's cache.
-void* device_alloc(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool, int device,
-                   const std::string& op, const std::string& group) {
+// (nullptr: a device without pools) from the device's cache (then `cls` is the block's).
+nccl_host::BlockCache::Block device_alloc(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool,
+                                          int device, const std::string& op, const std::string& group) {
   if (pool != nullptr) {
     void* p = nullptr;
     check_cuda(cudaMallocFromPoolAsync(&p, bytes, pool, stream), op, group, "cudaMallocFromPoolAsync");
-    return p;
+    return {p, 0};
   }
   return device_cache(device).take_or_make(nccl_host::size_class(bytes), make_device(op, group));
 }
 
 // Frees a device block after the work queued on `stream` so far. On failure the block is
 // lost rather than freed early.
-void device_free(void* p, std::size_t bytes, cudaStream_t stream, bool pooled, int device) noexcept {
+void device_free(nccl_host::BlockCache::Block b, cudaStream_t stream, bool pooled, int device) noexcept {
   if (pooled) {
-    (void)cudaFreeAsync(p, stream);
+    (void)cudaFreeAsync(b.ptr, stream);
   } else {
-    const std::size_t cls = nccl_host::size_class(bytes);
-    auto* g = new (std::nothrow) GiveBack{&device_cache(device), p, cls};
+    auto* g = new (std::nothrow) GiveBack{&device_cache(device), b.ptr, b.cls};
     if (g == nullptr || cudaLaunchHostFunc(stream, &give_back, g) != cudaSuccess) {
       delete g;
-      device_cache(device).lose(cls);
+      device_cache(device).lose(b.cls);
     }
   }
   (void)cudaGetLastError();
@@ -527,11 +526,9 @@ class Staging {
     slots_ = std::move(o.slots_);
     scratch_bytes_ = o.scratch_bytes_;
     scratch_offset_ = o.scratch_offset_;
-    pinned_ = std::exchange(o.pinned_, nullptr);
-    pinned_bytes_ = o.pinned_bytes_;
+    pinned_ = std::exchange(o.pinned_, {});
     pinned_in_flight_ = o.pinned_in_flight_;
-    device_ = std::exchange(o.device_, nullptr);
-    device_bytes_ = o.device_bytes_;
+    device_ = std::exchange(o.device_, {});
     stream_ = o.stream_;
     pool_ = o.pool_;
     device_id_ = o.device_id_;
@@ -565,14 +562,12 @@ class Staging {
     if (total == 0) return;
     if (host_total > 0) {
       pinned_ = pinned_cache().take_or_make(nccl_host::size_class(host_total), make_pinned(op, s.name));
-      pinned_bytes_ = host_total;
       for (const Slot& slot : slots_)
         if (slot.host && slot.in) std::memcpy(pinned_at(slot), slot.user, slot.bytes);
     }
     device_ = device_alloc(total, stream, pool_, device_id_, op, s.name);
-    device_bytes_ = total;
     if (scratch_bytes_ > 0)
-      check_cuda(cudaMemsetAsync(static_cast<char*>(device_) + scratch_offset_, 0, scratch_bytes_, stream),
+      check_cuda(cudaMemsetAsync(static_cast<char*>(device_.ptr) + scratch_offset_, 0, scratch_bytes_, stream),
                  op, s.name, "cudaMemsetAsync");
     for (const Slot& slot : slots_) {
       if (!slot.host || !slot.in) continue;
@@ -589,28 +584,29 @@ class Staging {
       if (s.user == p && s.host) return static_cast<T*>(device_at(s));
     return p;
   }
-  [[nodiscard]] void* scratch_ptr() const { return static_cast<char*>(device_) + scratch_offset_; }
+  [[nodiscard]] void* scratch_ptr() const { return static_cast<char*>(device_.ptr) + scratch_offset_; }
 
   /// After the operation was enqueued: enqueues the copies of host outputs to the pinned block
   /// and the release of the device block, behind the operation on its stream.
   void unstage(const std::string& op, const std::string& group) {
-    if (device_ == nullptr) return;
+    if (device_.ptr == nullptr) return;
     for (const Slot& slot : slots_) {
       if (!slot.host || !slot.out) continue;
       pinned_in_flight_ = true;
       check_cuda(cudaMemcpyAsync(pinned_at(slot), device_at(slot), slot.bytes, cudaMemcpyDeviceToHost, stream_),
                  op, group, "cudaMemcpyAsync to the host");
     }
-    device_free(std::exchange(device_, nullptr), device_bytes_, stream_, pool_ != nullptr, device_id_);
+    device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
   }
 
   /// Once the operation's event completed: copies host outputs to the caller's memory (host
   /// to host: never waits for the device) and returns the pinned block to the cache.
   void finish() noexcept {
-    if (pinned_ == nullptr) return;
+    if (pinned_.ptr == nullptr) return;
     for (const Slot& slot : slots_)
       if (slot.host && slot.out) std::memcpy(const_cast<void*>(slot.user), pinned_at(slot), slot.bytes);
-    pinned_cache().give(std::exchange(pinned_, nullptr), nccl_host::size_class(pinned_bytes_));
+    const nccl_host::BlockCache::Block b = std::exchange(pinned_, {});
+    pinned_cache().give(b.ptr, b.cls);
   }
 
  private:
@@ -637,30 +633,27 @@ class Staging {
     slots_.push_back({p, bytes, in, out, false, 0, what});
   }
 
-  void* pinned_at(const Slot& s) const { return static_cast<char*>(pinned_) + s.offset; }
-  void* device_at(const Slot& s) const { return static_cast<char*>(device_) + s.offset; }
+  void* pinned_at(const Slot& s) const { return static_cast<char*>(pinned_.ptr) + s.offset; }
+  void* device_at(const Slot& s) const { return static_cast<char*>(device_.ptr) + s.offset; }
 
   // The operation was not enqueued (its device block is freed behind what was queued), or it
   // did not complete: copies still queued may read or write the pinned block, so it is
   // never reused (a few bytes of control data per failed operation).
   void release() noexcept {
-    if (device_ != nullptr)
-      device_free(std::exchange(device_, nullptr), device_bytes_, stream_, pool_ != nullptr, device_id_);
-    if (pinned_ == nullptr) return;
+    if (device_.ptr != nullptr) device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
+    if (pinned_.ptr == nullptr) return;
     if (pinned_in_flight_)
-      pinned_cache().lose(nccl_host::size_class(pinned_bytes_));
+      pinned_cache().lose(pinned_.cls);
     else
-      pinned_cache().give(pinned_, nccl_host::size_class(pinned_bytes_));
-    pinned_ = nullptr;
+      pinned_cache().give(pinned_.ptr, pinned_.cls);
+    pinned_ = {};
   }
 
   std::vector<Slot> slots_;
   std::size_t scratch_bytes_ = 0, scratch_offset_ = 0;
-  void* pinned_ = nullptr;
-  std::size_t pinned_bytes_ = 0;
+  nccl_host::BlockCache::Block pinned_;
   bool pinned_in_flight_ = false;
-  void* device_ = nullptr;
-  std::size_t device_bytes_ = 0;
+  nccl_host::BlockCache::Block device_;  // cls: only for a device without pools
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   int device_id_ = 0;

@@ -294,21 +294,21 @@ std::size_t size_class(std::size_t bytes) noexcept {
   return c;
 }
 
-void* BlockCache::take_or_make(std::size_t cls, const Make& make) {
+BlockCache::Block BlockCache::take_or_make(std::size_t cls, const Make& make) {
   {
     std::lock_guard lock(mutex_);
-    auto it = free_.find(cls);
-    if (it != free_.end() && !it->second.empty()) {
+    for (auto it = free_.lower_bound(cls); it != free_.end(); ++it) {
+      if (it->second.empty()) continue;
       void* p = it->second.back();
       it->second.pop_back();
-      return p;
+      return {p, it->first};
     }
   }
   void* p = make(cls);
   std::lock_guard lock(mutex_);
   ++owned_[cls];
   ++made_;
-  return p;
+  return {p, cls};
 }
 
 void BlockCache::give(void* block, std::size_t cls) {

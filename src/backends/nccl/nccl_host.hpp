@@ -269,8 +269,15 @@ class BlockCache {
   /// Makes a block of `bytes` (CUDA's allocation), or throws.
   using Make = std::function<void*(std::size_t bytes)>;
 
-  /// A free block of class `cls`, else one made now.
-  void* take_or_make(std::size_t cls, const Make& make);
+  /// A block and its size class.
+  struct Block {
+    void* ptr = nullptr;
+    std::size_t cls = 0;
+  };
+  /// A free block of class `cls`, else of the smallest larger class that has one free (a
+  /// bigger block beats an allocation that may synchronize), else one of `cls` made now.
+  /// Give it back with its own class.
+  Block take_or_make(std::size_t cls, const Make& make);
   /// Gives a block back for reuse.
   void give(void* block, std::size_t cls);
   /// A block that will not come back (still used by copies of an operation that failed).

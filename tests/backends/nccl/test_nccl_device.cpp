@@ -584,7 +584,7 @@ TEST_F(NcclDevice, StagingWhileOperationsArePendingTakesTheSeededBlocks) {
     }
     std::vector<std::unique_ptr<Work>> pending;
     std::vector<std::vector<std::int64_t>> small(4, std::vector<std::int64_t>(2));
-    std::vector<std::int64_t> large(3000, 1);  // 24 KB in and out: one 64 KiB block
+    std::vector<std::int64_t> large(5000, 1);  // 40 KB in and out: the 64 KiB block
     {
       Held held(w);
       const std::size_t made = cache.made();

@@ -545,15 +545,30 @@ TEST(NcclHost, StagingCachesGrowWithTheCommunicatorsAliveNotWithThoseEverMade) {
   EXPECT_EQ(cache.owned_blocks(4096), 12u);
   EXPECT_EQ(cache.owned_blocks(65536), 3u);
   EXPECT_EQ(makes, 15);
-  // Seeded blocks are taken without making any; a miss makes one and owns it.
-  std::vector<void*> taken;
+  // Seeded blocks are taken without making any; when a class has none free, a larger one
+  // serves (an 8 KiB request takes a 64 KiB block); only then does a miss make one.
+  std::vector<nccl_host::BlockCache::Block> taken;
   for (int i = 0; i < 12; ++i) taken.push_back(cache.take_or_make(4096, make));
   EXPECT_EQ(makes, 15);
+  const nccl_host::BlockCache::Block bigger = cache.take_or_make(8192, make);
+  EXPECT_EQ(bigger.cls, 65536u);
+  EXPECT_EQ(makes, 15);
+  cache.give(bigger.ptr, bigger.cls);
+  taken.push_back(cache.take_or_make(4096, make));  // 4 KiB all taken: a 64 KiB one
+  EXPECT_EQ(taken.back().cls, 65536u);
   taken.push_back(cache.take_or_make(4096, make));
+  taken.push_back(cache.take_or_make(4096, make));
+  EXPECT_EQ(makes, 15);
+  taken.push_back(cache.take_or_make(4096, make));  // nothing of 4 KiB or more is free
   EXPECT_EQ(makes, 16);
+  EXPECT_EQ(taken.back().cls, 4096u);
   EXPECT_EQ(cache.owned_blocks(4096), 13u);
-  EXPECT_EQ(std::set<void*>(taken.begin(), taken.end()).size(), taken.size()) << "a block handed out twice";
-  for (void* p : taken) cache.give(p, 4096);
+  std::set<void*> distinct;
+  for (const auto& b : taken) distinct.insert(b.ptr);
+  EXPECT_EQ(distinct.size(), taken.size()) << "a block handed out twice";
+  for (const auto& b : taken) cache.give(b.ptr, b.cls);
+  EXPECT_EQ(cache.free_blocks(4096), 13u);
+  EXPECT_EQ(cache.free_blocks(65536), 3u);
   // A block lost to a failed operation (copies still queued may use it) is made again by the
   // next communicator that attaches.
   (void)cache.take_or_make(65536, make);
