@@ -81,7 +81,8 @@ def check_bad_input(exe):
                  ["bench", "layout", "--memory", "hot"],
                  ["bench", "collectives", "--sizes", "3B", "--backend", "gloo", "--local", "2"],
                  ["bench", "init", "--backend", "tcp"],  # nccl is a backend now
-                 ["bench", "init", "--local", "4"]):
+                 ["bench", "init", "--backend", "mpi", "--local", "4"],
+                 ["bench", "init", "--pp", "2"]):  # no launcher: one rank cannot hold pp 2
         rc, out, err = run(exe, *args)
         check(rc == 2, f"{' '.join(args)}: exit {rc}, expected 2")
         lines = err.strip().splitlines()

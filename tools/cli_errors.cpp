@@ -10,6 +10,8 @@
 #include <optional>
 #include <vector>
 
+#include "commgrid/error.hpp"
+
 namespace commgrid::cli {
 namespace {
 
@@ -180,6 +182,29 @@ void print_error(std::string_view text) {
     if (n <= 0) return;  // stderr is gone: nothing else can report it
     done += static_cast<std::size_t>(n);
   }
+}
+
+int exit_code_of(const std::exception_ptr& error) noexcept {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ConfigError&) {
+    return 2;
+  } catch (...) {
+    return 1;
+  }
+}
+
+int report_error(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    print_error(e.what());
+  } catch (const std::exception& e) {
+    print_error(std::string("internal: ") + e.what());
+  } catch (...) {
+    print_error("internal: an unknown exception");
+  }
+  return exit_code_of(error);
 }
 
 std::string explain_parse_error(const CLI::App& root, const CLI::ParseError& error, int argc,

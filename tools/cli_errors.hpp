@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -14,6 +15,15 @@ namespace commgrid::cli {
 /// that a rank stopped right after it (by launch, or by its own exit) never leaves half a
 /// line. Line breaks inside TEXT become spaces.
 void print_error(std::string_view text);
+
+/// The exit code of a failure, the one mapping of the command and the example programs:
+/// 2 for bad input (commgrid::ConfigError and its family, ranks given different flags
+/// included), 1 for everything else (a backend failure, a timeout, an abort, a bug).
+int exit_code_of(const std::exception_ptr& error) noexcept;
+
+/// Prints `error` as one "error: ..." line (a non-commgrid exception as "internal: ...")
+/// and returns exit_code_of(error). For the last catch of a program's main.
+int report_error(const std::exception_ptr& error);
 
 /// A parse error of `root` explained: "plan: unknown flag --world-sise (did you mean
 /// --world-size?); see commgrid plan --help", "plan: --tp needs a value (got the flag

@@ -21,25 +21,22 @@
 #include "commgrid/error.hpp"
 #include "commgrid/process_groups.hpp"
 #include "layout_flags.hpp"
+#include "world_runner.hpp"
 #if COMMGRID_HAS_MPI
+#include "bench_mpi.hpp"
 #include "commgrid/mpi.hpp"
 #endif
 #if COMMGRID_HAS_GLOO
-#include <gloo/allgather.h>
-#include <gloo/alltoallv.h>
-#include <gloo/allreduce.h>
-#include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/hash_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
-
-#include "commgrid/gloo.hpp"
-#include "commgrid/local_ranks.hpp"
+#include "bench_gloo.hpp"
+#else
+namespace commgrid::bench {
+class GlooDirectHub;
+}
 #endif
 #if COMMGRID_HAS_NCCL
 #include "bench_nccl.hpp"
 #include "commgrid/nccl.hpp"
+#include "nccl_world.hpp"
 #endif
 
 namespace commgrid::cli {
@@ -229,7 +226,7 @@ int run_bench_layout(const BenchLayoutOptions& o) {
 
 /// Flags shared by `bench init` and `bench collectives`.
 struct RuntimeFlags {
-  std::string backend = "mpi", local, timeout = "600", format = "table", direct = "blocking";
+  std::string backend, local, timeout = "600", format = "table", direct = "blocking";
 };
 
 struct BenchInitFlags {
@@ -244,327 +241,72 @@ struct BenchCollectivesFlags {
 };
 
 /// What a runtime benchmark does once its world exists; returns the text rank 0 prints.
-using WorldJob = std::function<std::string(Communicator& world, DirectCollectives* direct)>;
-
-#if COMMGRID_HAS_MPI
-/// MPI called directly on the same communicator that commgrid's world wraps.
-class MpiDirect final : public DirectCollectives {
- public:
-  /// nonblocking: MPI_Iallreduce + MPI_Wait, the same MPI algorithm that commgrid's MPI
-  /// backend starts (it polls MPI_Test for its timeout), so that only commgrid's own cost
-  /// differs; otherwise the blocking calls, which Open MPI may serve with another algorithm.
-  MpiDirect(MPI_Comm comm, bool nonblocking) : comm_(comm), nonblocking_(nonblocking) {}
-  void allreduce(const float* send, float* recv, std::size_t count) override {
-    const int n = static_cast<int>(count);
-    if (!nonblocking_) {
-      check(MPI_Allreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
-      return;
-    }
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req), "MPI_Iallreduce");
-    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-  }
-  void allgather(const float* send, float* recv, std::size_t count) override {
-    const int n = static_cast<int>(count);
-    if (!nonblocking_) {
-      check(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_), "MPI_Allgather");
-      return;
-    }
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Iallgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_, &req), "MPI_Iallgather");
-    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-  }
-  void pingpong(float* buf, std::size_t count, int peer, bool initiator) override {
-    const int n = static_cast<int>(count);
-    for (int leg = 0; leg < 2; ++leg) {
-      MPI_Request req = MPI_REQUEST_NULL;
-      if ((leg == 0) == initiator)
-        check(MPI_Isend(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Isend");
-      else
-        check(MPI_Irecv(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Irecv");
-      check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-    }
-  }
-  void exchange(const float* send, float* recv, std::size_t count, int peer) override {
-    const int n = static_cast<int>(count);
-    MPI_Request reqs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    check(MPI_Isend(send, n, MPI_FLOAT, peer, 0, comm_, &reqs[0]), "MPI_Isend");
-    check(MPI_Irecv(recv, n, MPI_FLOAT, peer, 0, comm_, &reqs[1]), "MPI_Irecv");
-    check(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE), "MPI_Waitall");
-  }
-  void alltoallv(const float* send, const std::vector<std::size_t>& send_counts, float* recv,
-                 const std::vector<std::size_t>& recv_counts) override {
-    std::vector<int> sc, sd, rc, rd;
-    for (std::size_t i = 0, s = 0, r = 0; i < send_counts.size(); ++i) {
-      sc.push_back(static_cast<int>(send_counts[i]));
-      sd.push_back(static_cast<int>(s));
-      rc.push_back(static_cast<int>(recv_counts[i]));
-      rd.push_back(static_cast<int>(r));
-      s += send_counts[i];
-      r += recv_counts[i];
-    }
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_FLOAT, recv, rc.data(), rd.data(),
-                         MPI_FLOAT, comm_, &req),
-          "MPI_Ialltoallv");
-    check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
-  }
-  [[nodiscard]] std::string description() const override {
-    return nonblocking_ ? "MPI_Iallreduce / MPI_Iallgather + MPI_Wait; MPI_Isend/Irecv; MPI_Ialltoallv"
-                        : "MPI_Allreduce / MPI_Allgather; MPI_Isend/Irecv; MPI_Ialltoallv";
-  }
-
- private:
-  static void check(int rc, const char* op) {
-    if (rc == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    throw BackendError(std::string("bench: direct ") + op + ": " + std::string(text, len));
-  }
-  MPI_Comm comm_;
-  bool nonblocking_;
-};
-#endif
-
-/// Runs `job` on every rank of an MPI world (this process is one rank of an mpirun job);
-/// rank 0 prints. `prepare` checks the input once the world size is known, on every rank
-/// alike, so that bad input ends every rank with exit 2 before any communication.
-int run_on_mpi(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
-               const WorldJob& job) {
-#if COMMGRID_HAS_MPI
-  const auto timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
-  mpi::MpiEnvironment env;
-  const std::unique_ptr<mpi::MpiCommunicator> world = make_mpi_world(timeout);
-  const int rank = world->rank();
-  try {
-    prepare(world->size());
-  } catch (const ConfigError& e) {
-    if (rank == 0) print_error(e.what());
-    return 2;
-  }
-  std::string text;
-  try {
-    MpiDirect direct(world->native(), rt.direct == "nonblocking");
-    text = job(*world, &direct);
-  } catch (const ConfigError& e) {  // a config mismatch: raised on every rank
-    if (rank == 0) print_error(e.what());
-    return 2;
-  } catch (const Error& e) {
-    // Possibly this rank's alone: end the job rather than leave the others waiting.
-    print_error("rank " + std::to_string(rank) + ": " + e.what());
-    mpi::MpiEnvironment::abort(1);
-  }
-  if (rank == 0) std::cout << text << std::flush;
-  return 0;
-#else
-  (void)rt;
-  (void)prepare;
-  (void)job;
-  throw ConfigError("backend",
-                    "bench: this build of commgrid has no MPI backend; install an MPI (e.g. "
-                    "libopenmpi-dev) and rebuild with -DCOMMGRID_WITH_MPI=ON, or use --backend gloo");
-#endif
-}
+using BenchJob = std::function<std::string(Communicator& world, DirectCollectives* direct)>;
 
 
-#if COMMGRID_HAS_GLOO
-/// Gloo called directly: its own full-mesh context over the same TCP transport on
-/// loopback, set up on first use (init does not need it), the algorithms called as Gloo's
-/// documentation shows (separate input and output, Gloo's own vectorized sum).
-class GlooDirect final : public DirectCollectives {
-  static constexpr std::uint64_t kSlot = 0x7700;  // the direct context's own point to point
-
- public:
-  GlooDirect(::gloo::rendezvous::Store& store, int rank, int size,
-             std::chrono::milliseconds timeout)
-      : store_(store), rank_(rank), size_(size), timeout_(timeout) {}
-  void allreduce(const float* send, float* recv, std::size_t count) override {
-    ::gloo::AllreduceOptions opts(context());
-    opts.setInput(const_cast<float*>(send), count);
-    opts.setOutput(recv, count);
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
-    opts.setTag(tag_++);
-    opts.setTimeout(timeout_);
-    guard("allreduce", [&] { ::gloo::allreduce(opts); });
-  }
-  void allgather(const float* send, float* recv, std::size_t count) override {
-    ::gloo::AllgatherOptions opts(context());
-    opts.setInput(const_cast<float*>(send), count);
-    opts.setOutput(recv, count * static_cast<std::size_t>(size_));
-    opts.setTag(tag_++);
-    opts.setTimeout(timeout_);
-    guard("allgather", [&] { ::gloo::allgather(opts); });
-  }
-  void pingpong(float* buf, std::size_t count, int peer, bool initiator) override {
-    auto ub = context()->createUnboundBuffer(buf, count * sizeof(float));
-    for (int leg = 0; leg < 2; ++leg) {
-      if ((leg == 0) == initiator) {
-        guard("send", [&] {
-          ub->send(peer, kSlot);
-          ub->waitSend(timeout_);
-        });
-      } else {
-        guard("recv", [&] {
-          ub->recv(peer, kSlot);
-          ub->waitRecv(timeout_);
-        });
-      }
-    }
-  }
-  void exchange(const float* send, float* recv, std::size_t count, int peer) override {
-    auto out = context()->createUnboundBuffer(const_cast<float*>(send), count * sizeof(float));
-    auto in = context()->createUnboundBuffer(recv, count * sizeof(float));
-    guard("exchange", [&] {
-      out->send(peer, kSlot);
-      in->recv(peer, kSlot);
-      out->waitSend(timeout_);
-      in->waitRecv(timeout_);
-    });
-  }
-  void alltoallv(const float* send, const std::vector<std::size_t>& send_counts, float* recv,
-                 const std::vector<std::size_t>& recv_counts) override {
-    ::gloo::AlltoallvOptions opts(context());
-    opts.setInput(const_cast<float*>(send),
-                  std::vector<std::int64_t>(send_counts.begin(), send_counts.end()));
-    opts.setOutput(recv, std::vector<std::int64_t>(recv_counts.begin(), recv_counts.end()));
-    opts.setTag(tag_++);
-    opts.setTimeout(timeout_);
-    guard("alltoallv", [&] { ::gloo::alltoallv(opts); });
-  }
-  [[nodiscard]] std::string description() const override {
-    return "gloo::allreduce / gloo::allgather / gloo::alltoallv and unbound buffers on a plain "
-           "gloo context";
-  }
-
- private:
-  const std::shared_ptr<::gloo::Context>& context() {
-    if (!ctx_) {
-      guard("connect", [&] {
-        ::gloo::transport::tcp::attr attr;
-        attr.hostname = "127.0.0.1";
-        auto device = ::gloo::transport::tcp::CreateDevice(attr);
-        ::gloo::rendezvous::PrefixStore prefixed("bench-direct", store_);
-        auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank_, size_);
-        ctx->setTimeout(timeout_);
-        ctx->connectFullMesh(prefixed, device);
-        ctx_ = std::move(ctx);
-      });
-    }
-    return ctx_;
-  }
-  template <typename F>
-  static void guard(const char* op, F&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      throw BackendError(std::string("bench: direct gloo ") + op + ": " + one_line(e.what()));
-    }
-  }
-  ::gloo::rendezvous::Store& store_;
-  int rank_, size_;
-  std::chrono::milliseconds timeout_;
-  std::shared_ptr<::gloo::Context> ctx_;
-  int tag_ = 0;
-};
-#endif
-
-/// Runs `job` on --local N ranks, each a thread of this process over Gloo; rank 0's text
-/// is printed. Bad input throws ConfigError before any thread starts.
-int run_on_gloo(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
-                const WorldJob& job) {
-#if COMMGRID_HAS_GLOO
-  if (rt.local.empty())
-    throw ConfigError("local", "local: --backend gloo needs --local N (N ranks as threads of "
-                               "this process)");
-  const int n = static_cast<int>(parse_integer("local", rt.local, 1, 4096));
-  const auto timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
-  prepare(n);
-  GlooOptions options;
-  options.timeout = timeout;
-  ::gloo::rendezvous::HashStore direct_store;  // thread-safe; the direct contexts meet here
-  std::string text;
-  run_local_ranks(
-      n,
-      [&](Communicator& world) {
-        GlooDirect direct(direct_store, world.rank(), world.size(), timeout);
-        std::string mine = job(world, &direct);
-        if (world.rank() == 0) text = std::move(mine);
-      },
-      options);
-  std::cout << text << std::flush;
-  return 0;
-#else
-  (void)rt;
-  (void)prepare;
-  (void)job;
-  throw ConfigError("backend",
-                    "bench: this build of commgrid has no Gloo backend; install Gloo (e.g. "
-                    "libgloo-dev) and rebuild with -DCOMMGRID_WITH_GLOO=ON, or use --backend mpi");
-#endif
-}
-
-/// Runs `job` on an NCCL world, one GPU per rank, bootstrapped from --local N rank-threads
-/// over Gloo or, without --local, from MPI (under mpirun); rank 0's text is printed.
-int run_on_nccl(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
-                const WorldJob& job) {
+/// The backend called directly, beside commgrid, on the world the runner started: MPI on the
+/// world's own communicator, Gloo on a plain context of the same rank-threads, NCCL on the
+/// device world's communicator and stream.
+std::unique_ptr<DirectCollectives> make_direct(Communicator& world, const WorldPlan& plan,
+                                               const RuntimeFlags& rt, bench::GlooDirectHub* hub,
+                                               std::chrono::milliseconds timeout) {
 #if COMMGRID_HAS_NCCL
-  NcclOptions nccl;
-  nccl.timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
-  if (!rt.local.empty()) {
+  if (plan.backend == "nccl")
+    return bench::make_nccl_direct(dynamic_cast<NcclCommunicator&>(world), timeout);
+#endif
+#if COMMGRID_HAS_MPI
+  if (plan.backend == "mpi")
+    return bench::make_mpi_direct(dynamic_cast<mpi::MpiCommunicator&>(world),
+                                  rt.direct == "nonblocking");
+#endif
 #if COMMGRID_HAS_GLOO
-    const int n = static_cast<int>(parse_integer("local", rt.local, 1, 4096));
-    prepare(n);
-    GlooOptions options;
-    options.timeout = *nccl.timeout;
-    std::string text;
-    run_local_ranks(
-        n,
-        [&](Communicator& boot) {
-          const auto world = make_nccl_world(boot, nccl);
-          const auto direct = bench::make_nccl_direct(*world, *nccl.timeout);
-          std::string mine = job(*world, direct.get());
-          if (world->rank() == 0) text = std::move(mine);
-        },
-        options);
-    std::cout << text << std::flush;
-    return 0;
-#else
-    throw ConfigError("local", "local: --local runs ranks as threads over a Gloo bootstrap, and "
-                               "this build of commgrid has no Gloo backend");
+  if (plan.backend == "gloo" && hub != nullptr)
+    return bench::make_gloo_direct(*hub, world.rank(), world.size(), timeout);
 #endif
-  }
-  return run_on_mpi(rt, prepare, [&](Communicator& boot, DirectCollectives*) {
-    const auto world = make_nccl_world(boot, nccl);
-    const auto direct = bench::make_nccl_direct(*world, *nccl.timeout);
-    return job(*world, direct.get());
-  });
-#else
+  (void)world;
   (void)rt;
-  (void)prepare;
-  (void)job;
-  throw ConfigError("backend",
-                    "bench: this build of commgrid has no NCCL backend; install CUDA and NCCL "
-                    "and rebuild with -DCOMMGRID_WITH_NCCL=ON");
-#endif
+  (void)hub;
+  (void)timeout;
+  return nullptr;
 }
 
-int run_world(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
-              const WorldJob& job) {
+/// Runs `job` on the world of the runtime flags (--local N rank-threads, a launched job,
+/// or mpirun's ranks); rank 0 prints what it returns. `prepare` checks the input once the
+/// world size is known, on every rank alike; `needs_direct`: the job compares with the
+/// backend called directly.
+int run_bench_world(const RuntimeFlags& rt, const std::function<void(int world_size)>& prepare,
+                    const BenchJob& job, bool needs_direct) {
   check_format(rt.format);
   if (rt.direct != "blocking" && rt.direct != "nonblocking")
     throw ConfigError("direct", "direct: unknown reference \"" + rt.direct +
                                     "\" (valid: blocking, nonblocking)");
-  if (rt.backend == "mpi") {
-    if (!rt.local.empty())
-      throw ConfigError("local", "local: --local is for --backend gloo (under MPI the launcher "
-                                 "sets the number of ranks)");
-    return run_on_mpi(rt, prepare, job);
-  }
-  if (rt.backend == "gloo") return run_on_gloo(rt, prepare, job);
-  if (rt.backend == "nccl") return run_on_nccl(rt, prepare, job);
-  throw ConfigError("backend", "backend: unknown backend \"" + rt.backend + "\" (valid: mpi, gloo, nccl)");
+  RunnerOptions runner;
+  runner.backend = rt.backend;
+  runner.local = rt.local;
+  runner.timeout = std::chrono::seconds(parse_integer("timeout", rt.timeout, 1, 7 * 24 * 3600));
+#if COMMGRID_HAS_NCCL
+  runner.device_world = nccl_device_world(runner.timeout);
+#endif
+#if COMMGRID_HAS_GLOO
+  const std::shared_ptr<bench::GlooDirectHub> hub = bench::make_gloo_direct_hub();
+#else
+  const std::shared_ptr<bench::GlooDirectHub> hub;
+#endif
+  cli::WorldJob world_job;
+  world_job.prepare = [&](const WorldPlan& plan) {
+    if (needs_direct && plan.backend == "gloo" && plan.engine != WorldEngine::rank_threads)
+      throw ConfigError("local", "local: bench's direct Gloo reference runs on rank-threads; use "
+                                 "--backend gloo --local N");
+    prepare(plan.size);
+  };
+  world_job.run = [&](Communicator& world, const WorldPlan& plan) {
+    const std::unique_ptr<DirectCollectives> direct =
+        needs_direct ? make_direct(world, plan, rt, hub.get(), runner.timeout) : nullptr;
+    const std::string text = job(world, direct.get());
+    if (world.rank() == 0) std::cout << text << std::flush;
+    return 0;
+  };
+  return run_world(runner, world_job);
 }
 
 std::vector<CreationStrategy> parse_strategies(const std::string& text) {
@@ -588,33 +330,37 @@ int run_bench_init(const BenchInitFlags& f) {
   const std::vector<CreationStrategy> strategies = parse_strategies(f.strategies);
   const int repeats = static_cast<int>(parse_integer("repeats", f.repeats, 1, 1000));
   auto config = std::make_shared<ParallelConfig>();
-  return run_world(
+  return run_bench_world(
       f.rt, [&](int world_size) { *config = to_config(f.layout, world_size); },
       [&](Communicator& world, DirectCollectives*) {
         const bench::InitResult r = bench::run_init_bench(world, *config, strategies, repeats);
         return f.rt.format == "json" ? bench::init_json(r, *config).dump(2) + "\n"
                                      : bench::init_table(r, *config);
-      });
+      },
+      /*needs_direct=*/false);
 }
 
 int run_bench_collectives(const BenchCollectivesFlags& f) {
   const std::vector<std::size_t> sizes = bench::parse_sizes("sizes", f.sizes);
   const int iterations = static_cast<int>(parse_integer("iterations", f.iterations, 1, 10000000));
-  return run_world(
+  return run_bench_world(
       f.rt, [](int) {},
       [&](Communicator& world, DirectCollectives* direct) {
         const bench::CollectivesResult r =
             bench::run_collectives_bench(world, *direct, sizes, iterations);
         return f.rt.format == "json" ? bench::collectives_json(r).dump(2) + "\n"
                                      : bench::collectives_table(r);
-      });
+      },
+      /*needs_direct=*/true);
 }
 
 void add_runtime_flags(CLI::App& app, RuntimeFlags& rt) {
   app.add_option("--backend", rt.backend,
-                 "mpi (default; run under mpirun), gloo, or nccl (one GPU per rank)");
+                 "mpi (under mpirun), gloo (--local N, or under commgrid launch) or nccl "
+                 "(one GPU per rank); default: gloo with --local or under commgrid launch or "
+                 "torchrun, else mpi");
   app.add_option("--local", rt.local,
-                 "with --backend gloo or nccl: N ranks as threads in this process")->type_name("INT");
+                 "N ranks as threads in this process (Gloo, or NCCL over a Gloo bootstrap)")->type_name("INT");
   app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)")->type_name("SECONDS");
   app.add_option("--format", rt.format, "table (default) or json");
 }

@@ -97,14 +97,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     cli::print_error(cli::explain_parse_error(app, e, argc, argv, "commgrid"));
     return 2;
-  } catch (const ConfigError& e) {
-    cli::print_error(e.what());
-    return 2;
-  } catch (const Error& e) {
-    cli::print_error(e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    cli::print_error(std::string("internal: ") + e.what());
-    return 1;
+  } catch (...) {  // ConfigError: 2, any other failure: 1
+    return cli::report_error(std::current_exception());
   }
 }

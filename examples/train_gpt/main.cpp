@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -19,6 +18,7 @@
 #include "layout_flags.hpp"
 #include "setup.hpp"
 #include "trainer.hpp"
+#include "world_runner.hpp"
 
 namespace {
 
@@ -159,107 +159,36 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
   std::cout << out.str() << std::flush;
 }
 
-bool is_config_error(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const commgrid::ConfigError&) {
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
 int run(const Flags& f) {
   if (f.format != "table" && f.format != "json")
     throw commgrid::InvalidValueError("format",
                                       "format: expected table or json, got \"" + f.format + "\"");
   const GroupFault fault = group_fault(f.fault);
-  const std::chrono::milliseconds timeout = std::chrono::seconds(
+  commgrid::cli::RunnerOptions runner;
+  runner.backend = f.backend;
+  runner.local = f.local;
+  runner.accepted = {"gloo", "mpi"};
+  runner.timeout = std::chrono::seconds(
       f.timeout.empty() ? kDefaultTimeoutSeconds
                         : parse_integer("timeout", f.timeout, 1, 7 * 24 * 3600));
-  const std::string backend = !f.backend.empty()                                   ? f.backend
-                              : (!f.local.empty() || std::getenv("COMMGRID_RANK")) ? "gloo"
-                                                                                   : "mpi";
-  if (backend != "mpi" && backend != "gloo")
-    throw commgrid::InvalidValueError("backend",
-                                      "backend: expected gloo or mpi, got \"" + backend + "\"");
-  if (backend == "mpi" && !f.local.empty())
-    throw commgrid::IncompatibleError(
-        "local", "local: --local runs ranks as threads and needs --backend gloo");
 
   // The layout and the run are checked before the world exists, identically on every
   // rank, so that bad input is exit 2 everywhere and no rank waits for another.
-  auto checked = [&](std::int64_t world_size) {
-    const commgrid::ParallelConfig layout = commgrid::cli::to_config(f.layout, world_size);
-    TrainConfig c = train_config(
-        f, layout.vpp ? std::optional<int>(static_cast<int>(*layout.vpp)) : std::nullopt);
-    train_gpt::check_train_config(c, layout);
-    return std::pair{layout, c};
-  };
-
-  if (backend == "gloo") {
-#if COMMGRID_HAS_GLOO
-    commgrid::GlooOptions gloo;
-    gloo.timeout = timeout;
-    if (!f.local.empty()) {
-      const int n = static_cast<int>(parse_integer("local", f.local, 1, 1024));
-      const auto [layout, config] = checked(n);
-      std::mutex mutex;
-      std::vector<StepResult> results;
-      const commgrid::LocalRunResult r = commgrid::run_local_ranks_collect(
-          n,
-          [&](commgrid::Communicator& world) {
-            auto steps = train_gpt::run_rank(world, layout, config, fault);
-            if (world.rank() == 0) {
-              std::lock_guard lock(mutex);
-              results = std::move(steps);
-            }
-          },
-          gloo);
-      if (r.first_failed_rank >= 0) {
-        commgrid::cli::print_error(r.first_failure);
-        return is_config_error(r.errors[static_cast<std::size_t>(r.first_failed_rank)]) ? 2 : 1;
-      }
-      print(f.format, layout, config, results);
-      return 0;
-    }
-    const commgrid::WorldEnv env = commgrid::read_world_env();
-    const auto [layout, config] = checked(env.size);
-    auto world = commgrid::make_gloo_world_from_env(gloo);
-    const auto results = train_gpt::run_rank(*world, layout, config, fault);
-    if (world->rank() == 0) print(f.format, layout, config, results);
-    return 0;
-#else
-    throw commgrid::ConfigError("backend", "backend: this build has no Gloo backend");
-#endif
-  }
-#if COMMGRID_HAS_MPI
-  commgrid::mpi::MpiEnvironment env;
-  const std::unique_ptr<commgrid::mpi::MpiCommunicator> world = commgrid::make_mpi_world(timeout);
-  const int rank = world->rank();
   commgrid::ParallelConfig layout;
   TrainConfig config;
-  try {
-    std::tie(layout, config) = checked(world->size());
-  } catch (const commgrid::ConfigError& e) {
-    if (rank == 0) commgrid::cli::print_error(e.what());
-    return 2;
-  }
-  try {
-    const auto results = train_gpt::run_rank(*world, layout, config, fault);
-    if (rank == 0) print(f.format, layout, config, results);
-  } catch (const commgrid::ConfigError& e) {  // the same on every rank
-    if (rank == 0) commgrid::cli::print_error(e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    // Possibly this rank alone: end the job instead of leaving the others waiting.
-    commgrid::cli::print_error("rank " + std::to_string(rank) + ": " + e.what());
-    commgrid::mpi::MpiEnvironment::abort(1);
-  }
-  return 0;
-#else
-  throw commgrid::ConfigError("backend", "backend: this build has no MPI backend");
-#endif
+  commgrid::cli::WorldJob job;
+  job.prepare = [&](const commgrid::WorldPlan& plan) {
+    layout = commgrid::cli::to_config(f.layout, plan.size);
+    config = train_config(
+        f, layout.vpp ? std::optional<int>(static_cast<int>(*layout.vpp)) : std::nullopt);
+    train_gpt::check_train_config(config, layout);
+  };
+  job.run = [&](commgrid::Communicator& world, const commgrid::WorldPlan&) {
+    const std::vector<StepResult> results = train_gpt::run_rank(world, layout, config, fault);
+    if (world.rank() == 0) print(f.format, layout, config, results);
+    return 0;
+  };
+  return commgrid::cli::run_world(runner, job);
 }
 
 }  // namespace
@@ -272,7 +201,7 @@ int main(int argc, char** argv) {
   commgrid::cli::add_layout_flags(app, f.layout, /*with_world_size=*/true);
   app.add_option("--backend", f.backend,
                  "gloo (--local N, or under commgrid launch) or mpi (under mpirun); default: "
-                 "gloo with --local or COMMGRID_RANK set, else mpi");
+                 "gloo with --local or under commgrid launch or torchrun, else mpi");
   app.add_option("--local", f.local, "run N ranks as threads of this process (Gloo)");
   app.add_option("--timeout", f.timeout, "seconds any rank waits for the others in one call (120)");
   app.add_option("--steps,--train-iters", f.steps, "training steps (10)");
@@ -315,11 +244,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     commgrid::cli::print_error(commgrid::cli::explain_parse_error(app, e, argc, argv, "commgrid-train-gpt"));
     return 2;
-  } catch (const commgrid::ConfigError& e) {
-    commgrid::cli::print_error(e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    commgrid::cli::print_error(e.what());
-    return 1;
+  } catch (...) {  // ConfigError: 2, any other failure: 1 (the commgrid command's mapping)
+    return commgrid::cli::report_error(std::current_exception());
   }
 }

@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "commgrid/store.hpp"
+#include "commgrid/world_plan.hpp"
 
 namespace commgrid {
 namespace {
 
 // One launcher's variable names; local_size may be absent ("").
 struct LauncherVars {
+  Launcher kind;
   const char* name;
   const char* rank;
   const char* size;
@@ -24,13 +26,13 @@ struct LauncherVars {
 // The documented order: the launcher closest to the process first (commgrid launch may run
 // under srun, torchrun under srun, and srun sets PMI_* for MPI programs too).
 constexpr LauncherVars kLaunchers[] = {
-    {"commgrid launch", "COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_LOCAL_RANK",
+    {Launcher::commgrid_launch, "commgrid launch", "COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_LOCAL_RANK",
      "COMMGRID_LOCAL_WORLD_SIZE"},
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-    {"SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
-    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    {Launcher::torchrun, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {Launcher::slurm, "SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    {Launcher::open_mpi, "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
      "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+    {Launcher::hydra, "Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
 };
 
 std::optional<std::string> process_env(const char* name) {
@@ -125,20 +127,46 @@ bool launched(const EnvLookup& lookup) {
 
 bool launched() { return launched(process_env); }
 
-LaunchInfo read_launch_info(const EnvLookup& lookup) {
+namespace {
+// The launcher that gives the world (the first of kLaunchers found), checked against every
+// later one that is also present; nullopt when none is.
+std::optional<Seen> innermost_launcher(const EnvLookup& lookup) {
   std::vector<Seen> seen;
   for (const auto& v : kLaunchers)
     if (auto s = read_launcher(v, lookup)) seen.push_back(*s);
-  if (seen.empty())
-    throw ConfigError("launcher",
-                      "no launcher found: none of COMMGRID_RANK (commgrid launch), RANK "
-                      "(torchrun), SLURM_PROCID (srun), OMPI_COMM_WORLD_RANK (mpirun) or "
-                      "PMI_RANK (Hydra) is set");
+  if (seen.empty()) return std::nullopt;
   const Seen& inner = seen.front();
   for (size_t i = 1; i < seen.size(); ++i)
     if (!agrees(inner, seen[i]))
       throw IncompatibleError("launcher", "launchers disagree: " + inner.describe() + ", " +
                                               seen[i].describe());
+  return inner;
+}
+}  // namespace
+
+DetectedLauncher detect_launcher(const EnvLookup& lookup) {
+  DetectedLauncher out;
+  const std::optional<Seen> inner = innermost_launcher(lookup);
+  out.store = lookup("COMMGRID_STORE").has_value() || lookup("MASTER_ADDR").has_value();
+  if (!inner) return out;
+  out.launcher = inner->vars->kind;
+  out.rank = inner->rank;
+  out.size = inner->size;
+  out.variables = std::string(inner->vars->rank) + "=" + std::to_string(inner->rank) + ", " +
+                  inner->vars->size + "=" + std::to_string(inner->size);
+  return out;
+}
+
+DetectedLauncher detect_launcher() { return detect_launcher(process_env); }
+
+LaunchInfo read_launch_info(const EnvLookup& lookup) {
+  const std::optional<Seen> found = innermost_launcher(lookup);
+  if (!found)
+    throw ConfigError("launcher",
+                      "no launcher found: none of COMMGRID_RANK (commgrid launch), RANK "
+                      "(torchrun), SLURM_PROCID (srun), OMPI_COMM_WORLD_RANK (mpirun) or "
+                      "PMI_RANK (Hydra) is set");
+  const Seen& inner = *found;
   LaunchInfo out;
   out.launcher = std::string(inner.vars->name) + " (" + inner.vars->rank + ", " +
                  inner.vars->size + ")";

@@ -1,5 +1,6 @@
-// `commgrid plan` end to end: outputs, and every kind of bad input (exit 2, one line on
-// stderr that starts with "error: " and names the parameter, nothing on stdout).
+// `commgrid plan` end to end, in both editions (seed, and --compat head): outputs, and every
+// kind of bad input (exit 2, one line on stderr that starts with "error: " and names the
+// parameter, nothing on stdout).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -85,23 +86,46 @@ TEST(PlanCli, HelpExitsZero) {
 struct BadInput {
   std::vector<std::string> args;
   std::string must_contain;  // the parameter and/or values the message names
+  /// What the message names under --compat head where it differs (HEAD's sizes include
+  /// gtp_remat); "" when it is the same.
+  std::string head_contains = "";
+  /// Run under --compat head as well (appended): a plan case that holds in both editions.
+  bool both_editions = false;
+  bool head = false;  // this instance runs under --compat head
 };
 
 void PrintTo(const BadInput& b, std::ostream* os) {
   for (const auto& a : b.args) *os << "'" << a << "' ";
+  if (b.head) *os << "(compat head)";
 }
 
 class PlanBadInput : public ::testing::TestWithParam<BadInput> {};
 
 TEST_P(PlanBadInput, ExitTwoWithOneLineError) {
-  std::vector<std::string> args = GetParam().args;
+  const BadInput& c = GetParam();
+  std::vector<std::string> args = c.args;
+  if (c.head) args.insert(args.end(), {"--compat", "head"});
   const CliResult r = run_cli(COMMGRID_EXE, args);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_EQ(r.out, "") << "partial output on bad input";
   ASSERT_GE(r.err.size(), 8u);
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find(GetParam().must_contain), std::string::npos) << r.err;
+  const std::string& want = c.head && !c.head_contains.empty() ? c.head_contains : c.must_contain;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+}
+
+// Each case as given and, for a plan case of both editions, again under --compat head.
+std::vector<BadInput> in_both_editions(const std::vector<BadInput>& cases) {
+  std::vector<BadInput> out;
+  for (const BadInput& c : cases) {
+    out.push_back(c);
+    if (!c.both_editions) continue;
+    BadInput h = c;
+    h.head = true;
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 const std::vector<std::string> kW8 = {"plan", "--world-size", "8"};
@@ -111,50 +135,115 @@ std::vector<std::string> w8(std::vector<std::string> more) {
   return a;
 }
 
+// Every case in the seed edition; the plan cases also under --compat head, where the same
+// rules hold (one validator, two editions).
 INSTANTIATE_TEST_SUITE_P(
     Cases, PlanBadInput,
-    ::testing::Values(
+    ::testing::ValuesIn(in_both_editions({
         BadInput{{}, "subcommand"},
         BadInput{{"frobnicate"}, "unknown command \"frobnicate\""},
         BadInput{{"plan"}, "--world-size is required"},
-        BadInput{w8({"--foo", "1"}), "--foo"},
-        BadInput{w8({"--tp"}), "--tp"},
-        BadInput{w8({"--tp", "abc"}), "tp: expected an integer, got \"abc\""},
-        BadInput{w8({"--tp", "2.5"}), "\"2.5\""},
-        BadInput{w8({"--tp", "-2"}), "tp must be >= 1, got -2"},
-        BadInput{w8({"--pp", "0"}), "pp must be >= 1, got 0"},
-        BadInput{w8({"--cp", "1e3"}), "\"1e3\""},
+        BadInput{w8({"--foo", "1"}), "--foo", "", true},
+        BadInput{w8({"--tp"}), "--tp", "", true},
+        BadInput{w8({"--tp", "abc"}), "tp: expected an integer, got \"abc\"", "", true},
+        BadInput{w8({"--tp", "2.5"}), "\"2.5\"", "", true},
+        BadInput{w8({"--tp", "-2"}), "tp must be >= 1, got -2", "", true},
+        BadInput{w8({"--pp", "0"}), "pp must be >= 1, got 0", "", true},
+        BadInput{w8({"--cp", "1e3"}), "\"1e3\"", "", true},
         BadInput{w8({"--ep", ""}), "ep"},  // "ep: expected an integer" or "--ep needs a value"
-        BadInput{{"plan", "--world-size", "99999999999999999999"}, "world_size"},
-        BadInput{{"plan", "--world-size", "3000000000"}, "exceeds 2147483647"},
-        BadInput{{"plan", "--world-size", "0"}, "world_size must be >= 1, got 0"},
-        BadInput{w8({"--kinds", "tp,foo"}), "unknown group kind \"foo\""},
-        BadInput{w8({"--kinds", "hcp"}), "hcp"},
-        BadInput{w8({"--kinds", "inter_dist_opt"}), "dist_opt_instances = 1"},
-        BadInput{w8({"--format", "xml"}), "format"},
-        BadInput{w8({"--rank", "8"}), "rank 8 out of range [0, 8)"},
-        BadInput{w8({"--rank", "-1"}), "rank -1 out of range"},
-        BadInput{w8({"--rank", "x"}), "rank: expected an integer"},
-        BadInput{w8({"--order", ""}), "empty"},
-        BadInput{w8({"--order", "tp-xx-dp"}), "unknown token \"xx\""},
-        BadInput{w8({"--order", "tp-dp-tp"}), "appears twice"},
-        BadInput{w8({"--tp", "3"}), "world_size 8 is not divisible by tp*pp*cp = 3*1*1 = 3"},
-        BadInput{w8({"--vpp", "2"}), "vpp = 2 requires pp > 1, got pp = 1"},
-        BadInput{w8({"--tp", "1", "--ep", "16"}), "etp*ep*pp = 1*16*1 = 16"},
+        BadInput{{"plan", "--world-size", "99999999999999999999"}, "world_size", "", true},
+        BadInput{{"plan", "--world-size", "3000000000"}, "exceeds 2147483647", "", true},
+        BadInput{{"plan", "--world-size", "0"}, "world_size must be >= 1, got 0", "", true},
+        BadInput{w8({"--kinds", "tp,foo"}), "unknown group kind \"foo\"", "", true},
+        BadInput{w8({"--kinds", "hcp"}), "hcp", "", true},
+        BadInput{w8({"--kinds", "inter_dist_opt"}), "dist_opt_instances = 1", "", true},
+        BadInput{w8({"--format", "xml"}), "format", "", true},
+        BadInput{w8({"--rank", "8"}), "rank 8 out of range [0, 8)", "", true},
+        BadInput{w8({"--rank", "-1"}), "rank -1 out of range", "", true},
+        BadInput{w8({"--rank", "x"}), "rank: expected an integer", "", true},
+        BadInput{w8({"--order", ""}), "empty", "", true},
+        BadInput{w8({"--order", "tp-xx-dp"}), "unknown token \"xx\"", "", true},
+        BadInput{w8({"--order", "tp-dp-tp"}), "appears twice", "", true},
+        BadInput{w8({"--tp", "3"}), "world_size 8 is not divisible by tp*pp*cp = 3*1*1 = 3",
+                 "world_size 8 is not divisible by tp*pp*cp*gtp_remat = 3*1*1*1 = 3", true},
+        BadInput{w8({"--vpp", "2"}), "vpp = 2 requires pp > 1, got pp = 1", "", true},
+        BadInput{w8({"--tp", "1", "--ep", "16"}), "etp*ep*pp = 1*16*1 = 16", "etp*ep*pp*expert_gtp_remat = 1*16*1*1 = 16", true},
         BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--order", "tp-cp-pp-ep-dp"}),
-                 "does not end with pp"},
+                 "does not end with pp", "", true},
         BadInput{w8({"--tp", "2", "--pp", "2", "--dist-opt-instances", "3"}),
-                 "dist_opt_instances = 3 must divide dp*cp = 2*1 = 2"},
+                 "dist_opt_instances = 3 must divide dp*cp = 2*1 = 2", "", true},
         BadInput{w8({"--tp", "1", "--ep", "8", "--dist-opt-instances", "2"}),
-                 "must divide expert_dp"},
-        BadInput{w8({"--cp", "4", "--hcp", "2,4"}), "hcp sizes [2,4] multiply to 8, but cp = 4"},
-        BadInput{w8({"--cp", "4", "--hcp", "2,,2"}), "hcp[1]"},
-        BadInput{w8({"--cp", "4", "--hcp", "2,-2"}), "hcp[1] must be >= 1, got -2"},
-        BadInput{w8({"--tp", "2", "--ep", "2", "--order", "tp-cp-dp-pp"}), "omits \"ep\""},
+                 "must divide expert_dp", "", true},
+        BadInput{w8({"--cp", "4", "--hcp", "2,4"}), "hcp sizes [2,4] multiply to 8, but cp = 4", "", true},
+        BadInput{w8({"--cp", "4", "--hcp", "2,,2"}), "hcp[1]", "", true},
+        BadInput{w8({"--cp", "4", "--hcp", "2,-2"}), "hcp[1] must be >= 1, got -2", "", true},
+        BadInput{w8({"--tp", "2", "--ep", "2", "--order", "tp-cp-dp-pp"}), "omits \"ep\"", "", true},
         BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--etp", "1", "--order", "tp-pp-ep-dp"}),
-                 "pipeline groups differ"},
+                 "pipeline groups differ", "", true},
         BadInput{{"plan", "--world-size", "4096", "--tp", "65536", "--pp", "65536"},
-                 "tp*pp*cp exceeds world_size 4096"}));
+                 "tp*pp*cp exceeds world_size 4096", "tp*pp*cp*gtp_remat exceeds world_size 4096", true}})));
+
+
+// The HEAD flags: each one's bad values under --compat head, and each one refused in the
+// seed edition, with the parameter named.
+const std::vector<std::string> kHeadW8 = {"plan", "--world-size", "8", "--compat", "head"};
+std::vector<std::string> head_w8(std::vector<std::string> more) {
+  std::vector<std::string> a = kHeadW8;
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    HeadFlags, PlanBadInput,
+    ::testing::Values(
+        BadInput{w8({"--compat", "tip"}), "compat: expected seed or head"},
+        BadInput{w8({"--gtp-remat", "2"}), "gtp_remat = 2 requires compat head"},
+        BadInput{w8({"--expert-gtp-remat", "2"}), "expert_gtp_remat"},
+        BadInput{w8({"--hybrid-context-parallel"}), "hybrid_context_parallel"},
+        BadInput{w8({"--all-gather-groups"}), "all_gather_groups"},
+        BadInput{w8({"--rank-offset", "2"}), "rank_offset"},
+        BadInput{w8({"--local-world-size", "4"}), "local_world_size"},
+        BadInput{head_w8({"--gtp-remat", "two"}), "gtp_remat: expected an integer"},
+        BadInput{head_w8({"--gtp-remat", "0"}), "gtp_remat must be >= 1"},
+        BadInput{head_w8({"--expert-gtp-remat", "3"}), "expert_gtp_remat"},
+        BadInput{head_w8({"--rank-offset", "-1"}), "rank_offset must be >= 0"},
+        BadInput{head_w8({"--rank-offset", "4"}), "exceeds world_size 8"},
+        BadInput{head_w8({"--local-world-size", "0"}), "local_world_size must be >= 1"},
+        BadInput{head_w8({"--local-world-size", "9"}), "local_world_size = 9 exceeds"},
+        BadInput{head_w8({"--order", "cp-dp-pp"}), "has no \"tp\""},
+        BadInput{head_w8({"--order", "tp-gtp_remat-gtp_remat"}), "appears twice"},
+        BadInput{head_w8({"--kinds", "gtp_remat,bogus"}), "bogus"},
+        // A HEAD kind asked of a seed layout names why it is absent.
+        BadInput{w8({"--kinds", "gtp_remat"}), "only under compat head"}));
+
+TEST(PlanCli, HeadAllGatherWarningWhenOrderDiffers) {
+  const std::vector<std::string> base = {"--world-size", "16", "--tp", "2", "--pp", "2", "--ep",
+                                         "2", "--etp", "1", "--compat", "head",
+                                         "--all-gather-groups", "--format", "json"};
+  CliResult r = plan(base);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+  std::vector<std::string> reordered = base;
+  reordered.insert(reordered.end(), {"--order", "tp-cp-ep-pp-dp"});
+  r = plan(reordered);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: dp_cp_ag differs from dp_cp"), std::string::npos) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["groups"]["dp_cp_ag"], j["groups"]["dp_cp"]);
+}
+
+TEST(PlanCli, HeadTableAndRankViews) {
+  CliResult r = plan({"--world-size", "32", "--tp", "2", "--cp", "8", "--compat", "head",
+                      "--hybrid-context-parallel"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("hybrid_dp_cp_4"), std::string::npos);
+  r = plan({"--world-size", "16", "--tp", "2", "--compat", "head", "--gtp-remat", "2", "--rank",
+            "5", "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["groups"]["gtp_remat"], nlohmann::json::parse("[5,7]"));
+  EXPECT_EQ(j["groups"]["tp"], nlohmann::json::parse("[4,5]"));
+}
 
 }  // namespace
 }  // namespace commgrid::test

@@ -151,7 +151,9 @@ TEST_P(Golden, MatchesLibrary) {
       else
         EXPECT_EQ(level, want_groups[name]) << file << " kind " << name;
     }
-    if (k == GroupKind::hcp) EXPECT_EQ(got, want_groups["hcp"]) << file << " kind hcp";
+    if (k == GroupKind::hcp) {
+      EXPECT_EQ(got, want_groups["hcp"]) << file << " kind hcp";
+    }
   }
   EXPECT_EQ(want_kinds, got_kinds) << file;
   if (!v.rank) {

@@ -383,10 +383,11 @@ TEST_F(HeadProperties, GridKindsMatchAReferenceGenerator) {
       const std::vector<std::string> dense = d.head_order(false), expert = d.head_order(true);
       EXPECT_EQ(l.groups(GroupKind::dp_cp_ag).to_vectors(),
                 reference_groups(dense, head_sizes(c, dense, false, c.gtp_remat), tokens("dp-cp"), 0));
-      if (c.ep > 1)
+      if (c.ep > 1) {
         EXPECT_EQ(l.groups(GroupKind::expt_dp_ag).to_vectors(),
                   reference_groups(expert, head_sizes(c, expert, true, c.expert_gtp_remat),
                                    tokens("dp"), 0));
+      }
     }
   }
 }
@@ -438,7 +439,9 @@ TEST_F(HeadProperties, EveryKindPartitionsQueriesAndPiecesMatchEnumeration) {
         const auto size = l.group_size(k, level);
         std::vector<std::int64_t> owner(W, -1), pos(W, -1);
         for (std::size_t g = 0; g < groups.size(); ++g) {
-          if (size) ASSERT_EQ(static_cast<std::int64_t>(groups[g].size()), *size);
+          if (size) {
+            ASSERT_EQ(static_cast<std::int64_t>(groups[g].size()), *size);
+          }
           for (std::size_t i = 0; i < groups[g].size(); ++i) {
             const Rank r = groups[g][i];
             ASSERT_TRUE(r >= 0 && r < c.world_size);

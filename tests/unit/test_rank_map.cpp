@@ -25,7 +25,9 @@ void expect_consistent(const RankMap& m) {
   std::int64_t spares = 0;
   for (std::int64_t p = 0; p < m.num_processes(); ++p) {
     if (m.role(p) == ProcessRole::spare) ++spares;
-    if (m.role(p) != ProcessRole::active) ASSERT_FALSE(m.logical_rank(p).has_value());
+    if (m.role(p) != ProcessRole::active) {
+      ASSERT_FALSE(m.logical_rank(p).has_value());
+    }
   }
   EXPECT_EQ(spares, m.spares_left());
   EXPECT_EQ(static_cast<std::int64_t>(m.spare_processes().size()), spares);

@@ -1,11 +1,10 @@
 #include "connection.hpp"
 
 #include <gloo/barrier.h>
-#include <gloo/rendezvous/context.h>
+#include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
 
 #include <algorithm>
-#include <span>
 
 #include "deadline.hpp"
 #include "gloo_errors.hpp"
@@ -18,20 +17,65 @@ namespace commgrid::gloo_backend {
 
 using Ms = std::chrono::milliseconds;
 
+namespace {
+
+// A Gloo context whose full mesh is connected through per-pair keys. Gloo's own
+// connectFullMesh publishes each member's whole address list under one key and has every
+// member read every peer's list to use one entry of it: (n-1)^2 records per member. Here
+// member r publishes its pair for peer p under pair_key(r, p) and reads only
+// pair_key(p, r): n-1 sets, one wait and n-1 gets of one record each. The pairs are made in
+// peer order, as Gloo makes them (the connection gate relies on that order).
+class MeshContext final : public ::gloo::Context {
+ public:
+  MeshContext(int rank, int size) : ::gloo::Context(rank, size) {}
+
+  /// Makes the pairs and publishes their addresses, then waits for the peers' addresses
+  /// for this rank (TimeoutError naming the members that did not arrive).
+  void publish_and_wait(RendezvousStore& store, std::shared_ptr<::gloo::transport::Device>& dev) {
+    transport_ = dev->createContext(rank, size);
+    transport_->setTimeout(getTimeout());
+    for (int peer = 0; peer < size; ++peer)
+      if (peer != rank) transport_->createPair(peer);
+    std::vector<std::string> theirs;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      store.set(pair_key(rank, peer), transport_->getPair(peer)->address().bytes());
+      theirs.push_back(pair_key(peer, rank));
+    }
+    store.wait(theirs);
+    device_ = dev;
+  }
+
+  /// Connects every pair to the address its peer published for this rank.
+  void connect(RendezvousStore& store) {
+    for (int peer = 0; peer < size; ++peer)
+      if (peer != rank) transport_->getPair(peer)->connect(store.take(pair_key(peer, rank)));
+    transportContext_ = std::move(transport_);
+  }
+
+ private:
+  std::shared_ptr<::gloo::transport::Context> transport_;
+};
+
+}  // namespace
+
 std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix,
                                                int rank, const std::vector<int>& global_ranks,
                                                const std::string& op, const std::string& group,
                                                Ms timeout,
                                                std::chrono::steady_clock::time_point deadline) {
   const int size = static_cast<int>(global_ranks.size());
-  auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+  auto ctx = std::make_shared<MeshContext>(rank, size);
   ctx->setTimeout(timeout);
   RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout, deadline);
   guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
   try {
     PairGateScope gate(shared.token, prefix, rank, deadline);
+    bool arrived = false;  // every peer's address for this rank is in the store
     try {
-      guard(op, group, [&] { ctx->connectFullMesh(store, shared.device); });
+      guard(op, group, [&] { ctx->publish_and_wait(store, shared.device); });
+      arrived = true;
+      guard(op, group, [&] { ctx->connect(store); });
     } catch (const Error&) {
       // A pair whose listener the gate closed to strangers fails: name them.
       const std::vector<std::string> refused = gate.refused();
@@ -39,8 +83,9 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
         throw AuthenticationError("gloo " + op + " on " + group + ": " + refused.front() +
                                   (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
       // Peers still unconnected at the deadline (the gate ended this rank's wait for them).
+      // A member that never published its addresses is named by the rendezvous' own error.
       const std::vector<int> late = gate.late_peers();
-      if (late.empty()) throw;
+      if (late.empty() || !arrived) throw;
       std::vector<int> late_global;
       for (int p : late) late_global.push_back(global_ranks[static_cast<size_t>(p)]);
       throw TimeoutError("gloo " + op + " on " + group + ": timed out after " + seconds_text(timeout) +
@@ -57,15 +102,9 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
                        "error)");
   }
   prove_peers(*ctx, shared.token, prefix, rank, op, group, deadline);
-  std::string addresses;
-  for (int peer = 0; peer < size; ++peer)
-    if (peer != rank) addresses += std::to_string(peer) + " " + ctx->getPair(peer)->address().str() + "\n";
-  guard(op, group, [&] {
-    shared.store->set(address_key(prefix, rank), std::span<const char>(addresses.data(), addresses.size()));
-  });
-  // A member returns from connectFullMesh once its own side is connected, possibly while a
-  // peer is still finishing its handshake; a member that then ended at once (destroying the
-  // group) would make that peer fail. A barrier makes creation complete on all members.
+  // A member returns from connecting once its own side of each pair is connected, possibly
+  // while a peer is still finishing its handshake; a member that then ended at once
+  // (destroying the group) would make that peer fail. A barrier makes creation complete on all members.
   if (size > 1) {
     ::gloo::BarrierOptions opts(ctx);
     opts.setTimeout(std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));

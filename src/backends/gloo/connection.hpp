@@ -1,5 +1,5 @@
-// Connecting a group: the arrival mark, Gloo's full mesh through the store adapter, the
-// connection gate, the pair proofs, the address records and a closing barrier, all within
+// Connecting a group: the arrival mark, the full mesh of Gloo pairs through per-pair address
+// keys in the store, the connection gate, the pair proofs and a closing barrier, all within
 // the creation's deadline.
 #pragma once
 

@@ -13,7 +13,6 @@
 #include <array>
 #include <cstring>
 #include <functional>
-#include <sstream>
 
 #include "fingerprint.hpp"
 #include "gloo_testing.hpp"
@@ -24,21 +23,16 @@
 namespace commgrid::gloo_backend {
 
 std::string GlooCommunicator::peer_named_in(const std::string& text) const {
-  const std::string me = std::to_string(rank()) + " ";
   for (int i = 0; i < size(); ++i) {
     if (i == rank()) continue;
     try {
-      const std::string key = address_key(prefix_, i);
+      // The address member i's pair for this rank listens on, as i published it.
+      const std::string key = prefix_ + "/" + pair_key(i, rank());
       if (!shared_->store->has(key)) continue;
-      const std::vector<char> raw = shared_->store->get(key);
-      std::istringstream lines(std::string(raw.begin(), raw.end()));
-      for (std::string line; std::getline(lines, line);) {
-        if (line.rfind(me, 0) != 0) continue;
-        const std::string address = line.substr(me.size());
-        if (!address.empty() && text.find(address) != std::string::npos)
-          return "rank " + std::to_string(i) + " of " + name() + " (global rank " +
-                 std::to_string(global_ranks_[static_cast<size_t>(i)]) + ")";
-      }
+      const std::string address = pair_address_text(shared_->store->get(key));
+      if (!address.empty() && text.find(address) != std::string::npos)
+        return "rank " + std::to_string(i) + " of " + name() + " (global rank " +
+               std::to_string(global_ranks_[static_cast<size_t>(i)]) + ")";
     } catch (const Error&) {
       // The store itself may be failing too; the error stands without the name.
     }

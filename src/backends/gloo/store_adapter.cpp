@@ -1,11 +1,13 @@
 #include "store_adapter.hpp"
 
+#include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <string_view>
 
 #include "gloo_errors.hpp"
 #include "pair_gate.hpp"
@@ -39,10 +41,16 @@ std::vector<char> without_padding(std::vector<char> data) {
   return data;
 }
 
-// Gloo publishes a rank's pair addresses under its bare rank number.
-bool is_address_key(const std::string& key) {
-  return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+constexpr std::string_view kPairKey = "pair/";
+
+// A pair key's publisher: "pair/<from>/<to>" -> "<from>"; "" for any other key.
+std::string address_key_owner(const std::string& key) {
+  if (!key.starts_with(kPairKey)) return "";
+  const size_t slash = key.find('/', kPairKey.size());
+  return slash == std::string::npos ? "" : key.substr(kPairKey.size(), slash - kPairKey.size());
 }
+
+bool is_address_key(const std::string& key) { return !address_key_owner(key).empty(); }
 
 char gate_mark() { return pair_gate_available() ? 'g' : 'n'; }
 
@@ -52,8 +60,18 @@ std::string arrival_key(const std::string& prefix, int rank) {
   return prefix + "/arrived/" + std::to_string(rank);
 }
 
-std::string address_key(const std::string& prefix, int rank) {
-  return prefix + "/addresses/" + std::to_string(rank);
+std::string pair_key(int from, int to) {
+  return std::string(kPairKey) + std::to_string(from) + "/" + std::to_string(to);
+}
+
+std::string pair_address_text(const std::vector<char>& value) {
+  constexpr size_t kRecord = sizeof(sockaddr_storage) + sizeof(std::int64_t);
+  if (value.size() != kRecord + 1) return "";  // the record and the gate mark
+  try {
+    return ::gloo::transport::tcp::Address(std::vector<char>(value.begin(), value.end() - 1)).str();
+  } catch (const std::exception&) {
+    return "";
+  }
 }
 
 RendezvousStore::RendezvousStore(commgrid::Store& store, std::string prefix, std::string op,
@@ -70,8 +88,12 @@ void RendezvousStore::set(const std::string& key, const std::vector<char>& data)
 }
 
 std::vector<char> RendezvousStore::get(const std::string& key) {
-  PairGatePause pause;
   wait({key}, timeout_);
+  return take(key);
+}
+
+std::vector<char> RendezvousStore::take(const std::string& key) {
+  PairGatePause pause;
   std::vector<char> value = store_.get(full(key));
   if (!is_address_key(key)) return value;
   // Both ends of a pair must agree on the gate: a gated rank's first bytes are its proof.
@@ -80,7 +102,7 @@ std::vector<char> RendezvousStore::get(const std::string& key) {
     auto says = [](char mark) {
       return mark == 'g' ? std::string("gates") : mark == 'n' ? std::string("does not gate") : std::string("gives no gate state for");
     };
-    throw IncompatibleError("gloo", "gloo " + op_ + " on " + group_ + ": rank " + key + " " + says(theirs) +
+    throw IncompatibleError("gloo", "gloo " + op_ + " on " + group_ + ": rank " + address_key_owner(key) + " " + says(theirs) +
                                         " its Gloo connections, this rank " + says(gate_mark()) +
                                         " them: link every rank's program with commgrid the same way "
                                         "(see docs/security.md)");
@@ -92,6 +114,7 @@ std::vector<char> RendezvousStore::get(const std::string& key) {
 void RendezvousStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void RendezvousStore::wait(const std::vector<std::string>& keys, const Ms& timeout) {
+  if (keys.empty()) return;  // a member alone in its group: no request at all
   PairGatePause pause;
   std::vector<std::string> full_keys;
   for (const auto& k : keys) full_keys.push_back(full(k));

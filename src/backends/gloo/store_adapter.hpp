@@ -16,15 +16,20 @@ namespace commgrid::gloo_backend {
 /// timed-out wait names every rank whose mark is missing.
 std::string arrival_key(const std::string& prefix, int rank);
 
-/// After connecting, each member records the address it listens on for each peer
-/// ("<peer> <address>" lines). Gloo names a peer that closed its connection by that address
-/// only, so a survivor looks it up here to name the rank that failed.
-std::string address_key(const std::string& prefix, int rank);
+/// The key (relative to a group's prefix) under which member `from` publishes the address of
+/// its pair for member `to`: one key per ordered pair, so that each member reads only the
+/// n-1 entries meant for it (O(n) bytes for a group of n, not every peer's whole list). Gloo
+/// names a peer that closed its connection by that address only, so a survivor also looks
+/// it up here to name the rank that failed.
+std::string pair_key(int from, int to);
 
-/// Gloo's rendezvous through commgrid's Store: its per-rank keys (which differ between Gloo
-/// versions) under the group's prefix, one deadline for the whole rendezvous, and, when a
+/// The address (Gloo's text form, "[127.0.0.1]:41234") in a pair key's value as
+/// RendezvousStore::set stored it; "" when it is not a TCP address.
+std::string pair_address_text(const std::vector<char>& value);
+
+/// A group's rendezvous through commgrid's Store: the pair keys under the group's prefix, one deadline for the whole rendezvous, and, when a
 /// wait times out, TimeoutError naming every rank that has not arrived (its arrival key is
-/// missing) rather than Gloo's bare key list. Address values carry a gate mark, so that two
+/// missing) rather than a bare key list. Address values carry a gate mark, so that two
 /// ends linked with and without the connection gate refuse each other by name.
 class RendezvousStore final : public ::gloo::rendezvous::Store {
  public:
@@ -34,6 +39,8 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
+  /// get() of a key already waited for: one store operation.
+  std::vector<char> take(const std::string& key);
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 

@@ -22,8 +22,9 @@ namespace commgrid::test {
 /// What a HookedMemoryStore calls: on_set before a write (it may delay it, record it, or
 /// return false to drop it: a rank whose writes never arrive); on_get before a read.
 struct StoreHooks {
-  std::function<bool(const std::string& key, const std::vector<char>& value)> on_set;
-  std::function<void(const std::string& key)> on_get;
+  // Default member initializers: a test sets only the hooks it needs (.on_get = ...).
+  std::function<bool(const std::string& key, const std::vector<char>& value)> on_set = {};
+  std::function<void(const std::string& key)> on_get = {};
 };
 
 /// An in-memory store (keys written once, like every commgrid store) with test hooks.

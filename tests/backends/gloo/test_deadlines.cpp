@@ -166,8 +166,9 @@ TEST(GlooDeadline, AStormOfCollectivesStillPasses) {
       // A rooted collective (point to point under the hood) and a ring exchange.
       std::vector<std::int32_t> gathered(kN);
       w.gather(&mine, gathered.data(), 1, DataType::int32, k % kN)->wait();
-      if (me == k % kN)
+      if (me == k % kN) {
         for (int r = 0; r < kN; ++r) ASSERT_EQ(gathered[static_cast<size_t>(r)], r * 10 + k % 7);
+      }
       std::int32_t from_left = -1;
       const P2POp ring[] = {P2POp::send(&mine, 1, DataType::int32, (me + 1) % kN, k),
                             P2POp::recv(&from_left, 1, DataType::int32, (me + kN - 1) % kN, k)};

@@ -166,7 +166,6 @@ TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   };
   put("size/1", {'2'});
   put("arrived/1", {'1'});
-  put("rank_1", {'h', 'o', 's', 't'});
   std::vector<char> address(sizeof(sockaddr_storage) + sizeof(std::int64_t), 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -174,7 +173,7 @@ TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::memcpy(address.data(), &a, sizeof(a));
   address.push_back('g');  // it gates its connections, like rank 0
-  put("1", address);
+  put("pair/1/0", address);
   const auto [error, took] = rank_zero_times_out(store, o);
   EXPECT_NE(error.find("timed out after 2 s waiting for rank 1 (global 1) of 2 to connect"), std::string::npos)
       << error;
@@ -205,7 +204,7 @@ TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
   const GlooOptions o = test_options(8s);
   auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
       .on_set = [](const std::string& key, const std::vector<char>&) {
-        for (const char* dropped : {"/split0/c0/arrived/1", "/split0/c0/rank_1", "/split0/c0/1"})
+        for (const char* dropped : {"/split0/c0/arrived/1", "/split0/c0/pair/1/0"})
           if (key.ends_with(dropped)) return false;
         return true;
       }});

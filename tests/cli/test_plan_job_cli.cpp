@@ -1,7 +1,8 @@
-// `commgrid plan --compat head`: every HEAD flag's bad-input cases (exit 2, one `error:`
-// line naming the parameter), the all-gather warning, and the head layouts in every format.
+// `commgrid plan --job` and `commgrid verify --job`: multi-module jobs (docs/megatron-head.md),
+// their layouts, and every bad job file (exit 2, one `error:` line naming the field).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -23,63 +24,6 @@ void expect_usage_error(const std::vector<std::string>& args, const std::string&
   EXPECT_EQ(r.err.rfind("error:", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
-}
-
-TEST(PlanHeadCli, BadFlags) {
-  expect_usage_error({"--world-size", "8", "--compat", "tip"}, "compat: expected seed or head");
-  expect_usage_error({"--world-size", "8", "--gtp-remat", "2"}, "gtp_remat = 2 requires compat head");
-  expect_usage_error({"--world-size", "8", "--expert-gtp-remat", "2"}, "expert_gtp_remat");
-  expect_usage_error({"--world-size", "8", "--hybrid-context-parallel"}, "hybrid_context_parallel");
-  expect_usage_error({"--world-size", "8", "--all-gather-groups"}, "all_gather_groups");
-  expect_usage_error({"--world-size", "8", "--rank-offset", "2"}, "rank_offset");
-  expect_usage_error({"--world-size", "8", "--local-world-size", "4"}, "local_world_size");
-  const std::vector<std::string> h = {"--world-size", "8", "--compat", "head"};
-  auto with = [&](std::vector<std::string> more) {
-    std::vector<std::string> a = h;
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
-  };
-  expect_usage_error(with({"--gtp-remat", "two"}), "gtp_remat: expected an integer");
-  expect_usage_error(with({"--gtp-remat", "0"}), "gtp_remat must be >= 1");
-  expect_usage_error(with({"--expert-gtp-remat", "3"}), "expert_gtp_remat");
-  expect_usage_error(with({"--rank-offset", "-1"}), "rank_offset must be >= 0");
-  expect_usage_error(with({"--rank-offset", "4"}), "exceeds world_size 8");
-  expect_usage_error(with({"--local-world-size", "0"}), "local_world_size must be >= 1");
-  expect_usage_error(with({"--local-world-size", "9"}), "local_world_size = 9 exceeds");
-  expect_usage_error(with({"--order", "cp-dp-pp"}), "has no \"tp\"");
-  expect_usage_error(with({"--order", "tp-gtp_remat-gtp_remat"}), "appears twice");
-  expect_usage_error(with({"--kinds", "gtp_remat,bogus"}), "bogus");
-  // A HEAD kind asked of a seed layout names why it is absent.
-  expect_usage_error({"--world-size", "8", "--kinds", "gtp_remat"}, "only under compat head");
-}
-
-TEST(PlanHeadCli, AllGatherWarningWhenOrderDiffers) {
-  const std::vector<std::string> base = {"--world-size", "16", "--tp", "2", "--pp", "2", "--ep",
-                                         "2", "--etp", "1", "--compat", "head",
-                                         "--all-gather-groups", "--format", "json"};
-  CliResult r = plan(base);
-  EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
-  std::vector<std::string> reordered = base;
-  reordered.insert(reordered.end(), {"--order", "tp-cp-ep-pp-dp"});
-  r = plan(reordered);
-  EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("warning: dp_cp_ag differs from dp_cp"), std::string::npos) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_NE(j["groups"]["dp_cp_ag"], j["groups"]["dp_cp"]);
-}
-
-TEST(PlanHeadCli, TableAndRankViews) {
-  CliResult r = plan({"--world-size", "32", "--tp", "2", "--cp", "8", "--compat", "head",
-                      "--hybrid-context-parallel"});
-  EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("hybrid_dp_cp_4"), std::string::npos);
-  r = plan({"--world-size", "16", "--tp", "2", "--compat", "head", "--gtp-remat", "2", "--rank",
-            "5", "--format", "json"});
-  ASSERT_EQ(r.code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["groups"]["gtp_remat"], nlohmann::json::parse("[5,7]"));
-  EXPECT_EQ(j["groups"]["tp"], nlohmann::json::parse("[4,5]"));
 }
 
 std::string write_job(const std::string& name, const std::string& text) {

@@ -1,0 +1,16 @@
+#include "nccl_world.hpp"
+
+#include "commgrid/nccl.hpp"
+
+namespace commgrid::cli {
+
+std::function<std::unique_ptr<Communicator>(Communicator& boot)> nccl_device_world(
+    std::chrono::milliseconds timeout) {
+  return [timeout](Communicator& boot) -> std::unique_ptr<Communicator> {
+    NcclOptions nccl;
+    nccl.timeout = timeout;
+    return make_nccl_world(boot, nccl);
+  };
+}
+
+}  // namespace commgrid::cli
