@@ -18,6 +18,7 @@
 #include "commgrid/nccl.hpp"
 #include "fingerprint.hpp"
 #include "nccl_host.hpp"
+#include "nccl_memory.hpp"
 #include "nccl_types.hpp"
 
 namespace commgrid {
@@ -130,9 +131,15 @@ Settled settle_own(ncclComm_t comm, Clock::time_point deadline) {
   return settle([comm]() -> std::optional<ncclResult_t> { return async_state_of(comm); }, deadline);
 }
 
-// An NCCL communicator owned until it is handed on: aborted unless released.
+// An NCCL communicator owned until it is handed on (to a State): aborted, on its device,
+// unless released. Every creation returns one, so that no way out between NCCL's creation
+// and the State that keeps the communicator leaks it.
 struct CommAborter {
-  void operator()(ncclComm* comm) const noexcept { (void)ncclCommAbort(comm); }
+  int device = -1;
+  void operator()(ncclComm* comm) const noexcept {
+    const DeviceGuard guard(device);
+    (void)ncclCommAbort(comm);
+  }
 };
 using OwnedComm = std::unique_ptr<ncclComm, CommAborter>;
 
@@ -172,7 +179,7 @@ std::string host_name() {
 // Initializes one NCCL communicator from a unique id, nonblocking, polled until the
 // deadline; on timeout aborts it and throws TimeoutError naming the group and members. The
 // caller keeps `cfg` (its name) for as long as the returned communicator lives.
-ncclComm_t init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int device,
+OwnedComm init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int device,
                      const std::string& op, const std::string& parent,
                      const nccl_backend::CommConfig& cfg, Ms timeout,
                      const std::vector<std::int64_t>& members) {
@@ -184,68 +191,53 @@ ncclComm_t init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int de
   const Clock::time_point deadline = Clock::now() + timeout;
   ncclComm_t raw = nullptr;
   ncclResult_t rc = ncclCommInitRankConfig(&raw, nranks, uid, rank, &config);
-  OwnedComm comm(raw);  // aborted on every way out but success
+  OwnedComm comm(raw, CommAborter{device});  // aborted on every way out but success
   if ((rc == ncclSuccess || rc == ncclInProgress) && comm) rc = settle_own(comm.get(), deadline).rc;
-  if (rc == ncclSuccess && comm) return comm.release();
+  if (rc == ncclSuccess && comm) return comm;
   const std::string target = parent == name ? "" : name;
   if (rc == ncclInProgress) throw TimeoutError(timeout_message(op, parent, target, timeout, name, members));
   throw BackendError("nccl " + op + " on " + parent + (target.empty() ? "" : " for " + target) +
                      ": " + nccl_text(rc) + " (members " + members_text(members) + ")");
 }
 
-// ---- memory that never waits for the device ---------------------------------------------
+// ---- memory that does not wait for the device --------------------------------------------
 //
 // cudaFree and cudaFreeHost synchronize the device: they would wait, without any timeout,
 // for every pending operation of every communicator on it (a pipeline receive whose peer is
-// late, a group that hangs). So staging memory is never given back to CUDA while the
-// process runs: device blocks are freed in stream order (cudaFreeAsync) or, on devices
-// without memory pools, kept in a cache that a host function on the stream refills; pinned
-// host blocks are kept in a cache too.
-
-// Free blocks by size class (powers of two from 4 KiB), for one kind of memory.
-class BlockCache {
- public:
-  static std::size_t size_class(std::size_t bytes) {
-    std::size_t c = 4096;
-    while (c < bytes) c *= 2;
-    return c;
-  }
-  void* take(std::size_t cls) {
-    std::lock_guard lock(mutex_);
-    auto it = free_.find(cls);
-    if (it == free_.end()) return nullptr;
-    void* p = it->second;
-    free_.erase(it);
-    return p;
-  }
-  void give(void* p, std::size_t cls) {
-    std::lock_guard lock(mutex_);
-    free_.emplace(cls, p);
-  }
-
- private:
-  std::mutex mutex_;
-  std::multimap<std::size_t, void*> free_;
-};
+// late, a group that hangs). So staging memory is never freed to CUDA with them while the
+// process runs. Device blocks come from each communicator's own memory pool, allocated and
+// freed in stream order (cudaMallocFromPoolAsync, cudaFreeAsync); the pool keeps what was
+// freed (release threshold: everything) and never makes one stream's allocation wait for
+// another's pending free (no internal dependencies), which the device's default pool,
+// shared by every communicator, may do. On devices without memory pools, device blocks
+// come from a per-device cache that a host function queued on the stream refills. Pinned
+// host blocks come from a process-wide cache. Both caches are seeded when a communicator is
+// made; only a miss (a size or a number of pending operations beyond the seed) allocates
+// while operations may be pending, and cudaHostAlloc and cudaMalloc may then synchronize.
 
 // Never destroyed: a host function queued on a stream may still give a block back while the
 // process exits.
-BlockCache& pinned_cache() {
-  static auto* cache = new BlockCache;
+nccl_host::BlockCache& pinned_cache() {
+  static auto* cache = new nccl_host::BlockCache;
   return *cache;
 }
 
-BlockCache& device_cache(int device) {
+nccl_host::BlockCache& device_cache(int device) {
   static auto* mutex = new std::mutex;
-  static auto* caches = new std::map<int, BlockCache*>;
+  static auto* caches = new std::map<int, nccl_host::BlockCache*>;
   std::lock_guard lock(*mutex);
-  BlockCache*& c = (*caches)[device];
-  if (c == nullptr) c = new BlockCache;
+  nccl_host::BlockCache*& c = (*caches)[device];
+  if (c == nullptr) c = new nccl_host::BlockCache;
   return *c;
 }
 
+// What each communicator adds to the caches while it lives: enough blocks for a few small
+// host-staged operations pending at once (ProcessGroups' fingerprints, verify's checks, the
+// per-group strategy's allgather of 344 bytes per rank fits 64 KiB up to 189 ranks).
+constexpr nccl_host::Seed kStagingSeed[] = {{4096, 4}, {65536, 1}};
+
 struct GiveBack {
-  BlockCache* cache;
+  nccl_host::BlockCache* cache;
   void* block;
   std::size_t cls;
 };
@@ -267,28 +259,66 @@ bool has_memory_pools(int device) {
   return v != 0;
 }
 
-// Device memory for work queued on `stream`, usable by that work at once.
-void* device_alloc(std::size_t bytes, cudaStream_t stream, bool pools, int device,
-                   const std::string& op, const std::string& group) {
-  void* p = nullptr;
-  if (pools) {
-    check_cuda(cudaMallocAsync(&p, bytes, stream), op, group, "cudaMallocAsync");
+nccl_host::BlockCache::Make make_pinned(const std::string& op, const std::string& group) {
+  return [op, group](std::size_t bytes) {
+    void* p = nullptr;
+    check_cuda(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), op, group, "cudaHostAlloc");
     return p;
+  };
+}
+
+nccl_host::BlockCache::Make make_device(const std::string& op, const std::string& group) {
+  return [op, group](std::size_t bytes) {
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, bytes), op, group, "cudaMalloc");
+    return p;
+  };
+}
+
+// A memory pool of `device` of its own: what is freed stays in it, and an allocation never
+// waits for another stream's pending free.
+cudaMemPool_t make_pool(int device, const std::string& group) {
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), "create", group, "cudaMemPoolCreate");
+  int no = 0;
+  std::uint64_t keep = UINT64_MAX;
+  cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no);
+  if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (e != cudaSuccess) {
+    (void)cudaMemPoolDestroy(pool);
+    check_cuda(e, "create", group, "cudaMemPoolSetAttribute");
   }
-  const std::size_t cls = BlockCache::size_class(bytes);
-  p = device_cache(device).take(cls);
-  if (p == nullptr) check_cuda(cudaMalloc(&p, cls), op, group, "cudaMalloc");
-  return p;
+  return pool;
+}
+
+// Device memory for work queued on `stream`, usable by that work at once: from `pool`, or
+// (nullptr: a device without pools) from the device's cache (then `cls` is the block's).
+nccl_host::BlockCache::Block device_alloc(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool,
+                                          int device, const std::string& op, const std::string& group) {
+  if (pool != nullptr) {
+    void* p = nullptr;
+    check_cuda(cudaMallocFromPoolAsync(&p, bytes, pool, stream), op, group, "cudaMallocFromPoolAsync");
+    return {p, 0};
+  }
+  return device_cache(device).take_or_make(nccl_host::size_class(bytes), make_device(op, group));
 }
 
 // Frees a device block after the work queued on `stream` so far. On failure the block is
 // lost rather than freed early.
-void device_free(void* p, std::size_t bytes, cudaStream_t stream, bool pools, int device) noexcept {
-  if (pools) {
-    (void)cudaFreeAsync(p, stream);
+void device_free(nccl_host::BlockCache::Block b, cudaStream_t stream, bool pooled, int device) noexcept {
+  if (pooled) {
+    (void)cudaFreeAsync(b.ptr, stream);
   } else {
-    auto* g = new (std::nothrow) GiveBack{&device_cache(device), p, BlockCache::size_class(bytes)};
-    if (g != nullptr && cudaLaunchHostFunc(stream, &give_back, g) != cudaSuccess) delete g;
+    auto* g = new (std::nothrow) GiveBack{&device_cache(device), b.ptr, b.cls};
+    if (g == nullptr || cudaLaunchHostFunc(stream, &give_back, g) != cudaSuccess) {
+      delete g;
+      device_cache(device).lose(b.cls);
+    }
   }
   (void)cudaGetLastError();
 }
@@ -305,27 +335,26 @@ struct NcclCommunicator::State {
   int size = 0;
   Ms timeout{0};                      // bounds finalization in the destructor
   Communicator* bootstrap = nullptr;  // carries the unique ids of member-only groups
-  bool pools = false;                 // the device allocates in stream order
+  // Device staging memory in stream order, of this communicator only; nullptr on a device
+  // without memory pools (then device_cache(device)).
+  cudaMemPool_t pool = nullptr;
   cudaStream_t own_stream = nullptr;
   cudaStream_t stream = nullptr;      // where operations go
   cudaEvent_t caller_done = nullptr;  // orders the own stream after the caller's work
   // The name NCCL was given (config.commName): NCCL keeps a pointer to it, so it lives as long
-  // as the communicator (declared before comm_, it is destroyed after any abort in comm_).
+  // as the communicator (declared before comm_, it is destroyed after comm_).
   std::shared_ptr<const std::string> nccl_name;
 
-  State(ncclComm_t c, int dev, std::string group, Communicator* boot, Ms t,
+  State(OwnedComm&& c, int dev, std::string group, Communicator* boot, Ms t,
         std::shared_ptr<const std::string> nccl_name_)
       : name(std::move(group)), device(dev), timeout(t), bootstrap(boot),
-        nccl_name(std::move(nccl_name_)), comm_(c, [dev](ncclComm_t h) {
-          const DeviceGuard guard(dev);
-          (void)ncclCommAbort(h);
-        }) {
+        nccl_name(std::move(nccl_name_)), comm_(std::move(c)) {
     try {
       const DeviceGuard guard(device, "create", name);
-      ncclResult_t rc = ncclCommUserRank(c, &rank);
-      if (rc == ncclSuccess) rc = ncclCommCount(c, &size);
+      const ncclComm_t comm = comm_.peek();
+      ncclResult_t rc = ncclCommUserRank(comm, &rank);
+      if (rc == ncclSuccess) rc = ncclCommCount(comm, &size);
       if (rc != ncclSuccess) throw BackendError("nccl create on " + name + ": " + nccl_text(rc));
-      pools = has_memory_pools(device);
       // A non-blocking stream: with a blocking one, every call on the legacy default stream
       // (a cudaMemcpy anywhere in the process) would wait for our pending operations, and a
       // pending pipeline receive would stall unrelated code without any timeout. Work the
@@ -335,18 +364,20 @@ struct NcclCommunicator::State {
       check_cuda(cudaEventCreateWithFlags(&caller_done, cudaEventDisableTiming), "create", name,
                  "cudaEventCreateWithFlags");
       stream = own_stream;
-      // One small pinned block per communicator, so that staging small control data while
-      // operations are pending takes cached blocks (CUDA lists page-locked allocation among
-      // the calls that may synchronize).
-      void* block = nullptr;
-      check_cuda(cudaHostAlloc(&block, BlockCache::size_class(1), cudaHostAllocPortable), "create",
-                 name, "cudaHostAlloc");
-      pinned_cache().give(block, BlockCache::size_class(1));
+      // Staging memory made now, while nothing of this communicator is pending: CUDA lists
+      // page-locked and device allocation among the calls that may synchronize.
+      pinned_cache().attach(kStagingSeed, make_pinned("create", name));
+      pinned_attached_ = true;
+      if (has_memory_pools(device)) {
+        pool = make_pool(device, name);
+        warm_pool();
+      } else {
+        device_cache(device).attach(kStagingSeed, make_device("create", name));
+        device_attached_ = true;
+      }
     } catch (...) {
       comm_.abort("creation failed");
-      if (caller_done != nullptr) (void)cudaEventDestroy(caller_done);
-      if (own_stream != nullptr) (void)cudaStreamDestroy(own_stream);
-      (void)cudaGetLastError();
+      release_memory();
       throw;
     }
   }
@@ -362,10 +393,7 @@ struct NcclCommunicator::State {
       else
         (void)ncclCommAbort(c);
     }
-    if (caller_done != nullptr) (void)cudaEventDestroy(caller_done);
-    // Returns at once; CUDA releases the stream when the work on it is done.
-    if (own_stream != nullptr) (void)cudaStreamDestroy(own_stream);
-    (void)cudaGetLastError();
+    release_memory();
   }
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -435,8 +463,43 @@ struct NcclCommunicator::State {
     check_cuda(cudaStreamWaitEvent(stream, caller_done, 0), op, name, "cudaStreamWaitEvent");
   }
 
+  /// NCCL's asynchronous state without waiting for another thread's call: nullopt once
+  /// aborted; {busy} while another thread holds the communicator.
+  std::pair<nccl_host::TryUse, std::optional<ncclResult_t>> try_async_state() {
+    return comm_.try_use(&async_state_of);
+  }
+
  private:
+  // Grows the pool by the seed's bytes now (allocated and freed on the own stream), so that
+  // the first operations do not.
+  void warm_pool() {
+    std::size_t bytes = 0;
+    for (const nccl_host::Seed& s : kStagingSeed) bytes += s.cls * s.per_user;
+    void* p = nullptr;
+    check_cuda(cudaMallocFromPoolAsync(&p, bytes, pool, own_stream), "create", name,
+               "cudaMallocFromPoolAsync");
+    check_cuda(cudaFreeAsync(p, own_stream), "create", name, "cudaFreeAsync");
+  }
+
+  // Nothing here waits: CUDA destroys the stream and the pool once the work queued on them
+  // and the blocks still allocated from the pool are done (cudaStreamDestroy,
+  // cudaMemPoolDestroy); the cached blocks stay for the next communicator.
+  void release_memory() noexcept {
+    if (caller_done != nullptr) (void)cudaEventDestroy(caller_done);
+    if (own_stream != nullptr) (void)cudaStreamDestroy(own_stream);
+    if (pool != nullptr) (void)cudaMemPoolDestroy(pool);
+    if (pinned_attached_) pinned_cache().detach();
+    if (device_attached_) device_cache(device).detach();
+    caller_done = nullptr;
+    own_stream = nullptr;
+    pool = nullptr;
+    pinned_attached_ = device_attached_ = false;
+    (void)cudaGetLastError();
+  }
+
   nccl_host::AbortableHandle<ncclComm_t> comm_;
+  bool pinned_attached_ = false;
+  bool device_attached_ = false;
 };
 
 namespace {
@@ -445,29 +508,15 @@ using State = NcclCommunicator::State;
 
 // ---- buffers: device memory in place, host memory staged ----------------------------
 
-nccl_host::MemoryKind memory_kind(const void* p, int* device) {
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {  // older CUDA: unregistered host memory
-    (void)cudaGetLastError();
-    return nccl_host::MemoryKind::host;
-  }
-  *device = a.device;
-  switch (a.type) {
-    case cudaMemoryTypeDevice: return nccl_host::MemoryKind::device;
-    case cudaMemoryTypeManaged: return nccl_host::MemoryKind::managed;
-    case cudaMemoryTypeHost: return nccl_host::MemoryKind::pinned_host;
-    default: return nccl_host::MemoryKind::host;
-  }
-}
-
 // The buffers of one operation. Host buffers get a place in one pinned host block and one
 // device block: inputs are copied into the pinned block on the host before the call
 // returns (so the caller may reuse them at once, pinned or not), then to the device on the
 // operation's stream; outputs come back to the pinned block on the stream, after the
 // operation, and reach the caller's memory on the host once the operation's event
-// completed. Nothing here waits for the device: every copy between host and device is from
+// completed. No copy here waits for the device: every copy between host and device is from
 // or to pinned memory on the operation's stream, and the device block is allocated and
-// freed in the stream's order.
+// freed in the stream's order. Only a pinned block that the cache cannot give (a miss:
+// cudaHostAlloc) may synchronize (see "memory that does not wait" above).
 class Staging {
  public:
   Staging() = default;
@@ -477,13 +526,11 @@ class Staging {
     slots_ = std::move(o.slots_);
     scratch_bytes_ = o.scratch_bytes_;
     scratch_offset_ = o.scratch_offset_;
-    pinned_ = std::exchange(o.pinned_, nullptr);
-    pinned_bytes_ = o.pinned_bytes_;
+    pinned_ = std::exchange(o.pinned_, {});
     pinned_in_flight_ = o.pinned_in_flight_;
-    device_ = std::exchange(o.device_, nullptr);
-    device_bytes_ = o.device_bytes_;
+    device_ = std::exchange(o.device_, {});
     stream_ = o.stream_;
-    pools_ = o.pools_;
+    pool_ = o.pool_;
     device_id_ = o.device_id_;
     return *this;
   }
@@ -499,12 +546,12 @@ class Staging {
   /// memory), copies host inputs into the pinned block and enqueues their copy to the device.
   void stage(const State& s, cudaStream_t stream, const std::string& op) {
     stream_ = stream;
-    pools_ = s.pools;
+    pool_ = s.pool;
     device_id_ = s.device;
     std::size_t host_total = 0;
     for (Slot& slot : slots_) {
       int dev = -1;
-      const nccl_host::MemoryKind kind = memory_kind(slot.user, &dev);
+      const nccl_host::MemoryKind kind = nccl_backend::memory_kind(slot.user, &dev, op, s.name);
       slot.host = !nccl_host::use_in_place(kind, dev, s.device, op, s.name, slot.what);
       if (!slot.host) continue;
       slot.offset = host_total;
@@ -514,18 +561,13 @@ class Staging {
     const std::size_t total = host_total + round_up(scratch_bytes_);
     if (total == 0) return;
     if (host_total > 0) {
-      const std::size_t cls = BlockCache::size_class(host_total);
-      pinned_ = pinned_cache().take(cls);
-      if (pinned_ == nullptr)
-        check_cuda(cudaHostAlloc(&pinned_, cls, cudaHostAllocPortable), op, s.name, "cudaHostAlloc");
-      pinned_bytes_ = host_total;
+      pinned_ = pinned_cache().take_or_make(nccl_host::size_class(host_total), make_pinned(op, s.name));
       for (const Slot& slot : slots_)
         if (slot.host && slot.in) std::memcpy(pinned_at(slot), slot.user, slot.bytes);
     }
-    device_ = device_alloc(total, stream, pools_, device_id_, op, s.name);
-    device_bytes_ = total;
+    device_ = device_alloc(total, stream, pool_, device_id_, op, s.name);
     if (scratch_bytes_ > 0)
-      check_cuda(cudaMemsetAsync(static_cast<char*>(device_) + scratch_offset_, 0, scratch_bytes_, stream),
+      check_cuda(cudaMemsetAsync(static_cast<char*>(device_.ptr) + scratch_offset_, 0, scratch_bytes_, stream),
                  op, s.name, "cudaMemsetAsync");
     for (const Slot& slot : slots_) {
       if (!slot.host || !slot.in) continue;
@@ -542,28 +584,29 @@ class Staging {
       if (s.user == p && s.host) return static_cast<T*>(device_at(s));
     return p;
   }
-  [[nodiscard]] void* scratch_ptr() const { return static_cast<char*>(device_) + scratch_offset_; }
+  [[nodiscard]] void* scratch_ptr() const { return static_cast<char*>(device_.ptr) + scratch_offset_; }
 
   /// After the operation was enqueued: enqueues the copies of host outputs to the pinned block
   /// and the release of the device block, behind the operation on its stream.
   void unstage(const std::string& op, const std::string& group) {
-    if (device_ == nullptr) return;
+    if (device_.ptr == nullptr) return;
     for (const Slot& slot : slots_) {
       if (!slot.host || !slot.out) continue;
       pinned_in_flight_ = true;
       check_cuda(cudaMemcpyAsync(pinned_at(slot), device_at(slot), slot.bytes, cudaMemcpyDeviceToHost, stream_),
                  op, group, "cudaMemcpyAsync to the host");
     }
-    device_free(std::exchange(device_, nullptr), device_bytes_, stream_, pools_, device_id_);
+    device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
   }
 
   /// Once the operation's event completed: copies host outputs to the caller's memory (host
   /// to host: never waits for the device) and returns the pinned block to the cache.
   void finish() noexcept {
-    if (pinned_ == nullptr) return;
+    if (pinned_.ptr == nullptr) return;
     for (const Slot& slot : slots_)
       if (slot.host && slot.out) std::memcpy(const_cast<void*>(slot.user), pinned_at(slot), slot.bytes);
-    pinned_cache().give(std::exchange(pinned_, nullptr), BlockCache::size_class(pinned_bytes_));
+    const nccl_host::BlockCache::Block b = std::exchange(pinned_, {});
+    pinned_cache().give(b.ptr, b.cls);
   }
 
  private:
@@ -590,28 +633,29 @@ class Staging {
     slots_.push_back({p, bytes, in, out, false, 0, what});
   }
 
-  void* pinned_at(const Slot& s) const { return static_cast<char*>(pinned_) + s.offset; }
-  void* device_at(const Slot& s) const { return static_cast<char*>(device_) + s.offset; }
+  void* pinned_at(const Slot& s) const { return static_cast<char*>(pinned_.ptr) + s.offset; }
+  void* device_at(const Slot& s) const { return static_cast<char*>(device_.ptr) + s.offset; }
 
   // The operation was not enqueued (its device block is freed behind what was queued), or it
   // did not complete: copies still queued may read or write the pinned block, so it is
   // never reused (a few bytes of control data per failed operation).
   void release() noexcept {
-    if (device_ != nullptr) device_free(std::exchange(device_, nullptr), device_bytes_, stream_, pools_, device_id_);
-    if (pinned_ != nullptr && !pinned_in_flight_)
-      pinned_cache().give(pinned_, BlockCache::size_class(pinned_bytes_));
-    pinned_ = nullptr;
+    if (device_.ptr != nullptr) device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
+    if (pinned_.ptr == nullptr) return;
+    if (pinned_in_flight_)
+      pinned_cache().lose(pinned_.cls);
+    else
+      pinned_cache().give(pinned_.ptr, pinned_.cls);
+    pinned_ = {};
   }
 
   std::vector<Slot> slots_;
   std::size_t scratch_bytes_ = 0, scratch_offset_ = 0;
-  void* pinned_ = nullptr;
-  std::size_t pinned_bytes_ = 0;
+  nccl_host::BlockCache::Block pinned_;
   bool pinned_in_flight_ = false;
-  void* device_ = nullptr;
-  std::size_t device_bytes_ = 0;
+  nccl_host::BlockCache::Block device_;  // cls: only for a device without pools
   cudaStream_t stream_ = nullptr;
-  bool pools_ = false;
+  cudaMemPool_t pool_ = nullptr;
   int device_id_ = 0;
 };
 
@@ -677,8 +721,10 @@ class NcclWork final : public Work {
     }
   }
 
-  /// Never blocks: one look. An operation that failed or was aborted is done too; wait()
-  /// reports it (and aborts where it must: ncclCommAbort may block, so done() never does).
+  /// Never blocks: one look that waits for no lock (NCCL's state is read only if no other
+  /// thread holds the communicator; else the answer is "not yet"). An operation that failed or
+  /// was aborted is done too; wait() reports it (and aborts where it must: ncclCommAbort may
+  /// block, so done() never calls it).
   [[nodiscard]] bool done() const override {
     if (finished_) return true;
     const DeviceGuard guard(state_->device);
@@ -695,7 +741,9 @@ class NcclWork final : public Work {
 
  private:
   // One look at the operation: the event first, then what could have ended its kernels early.
-  nccl_host::WorkVerdict look(bool with_deadline) const {
+  // wait()'s look (`blocking`) waits for another thread's call on the communicator to read
+  // NCCL's state; done()'s does not.
+  nccl_host::WorkVerdict look(bool blocking) const {
     nccl_host::WorkLook l;
     const cudaError_t e = cudaEventQuery(event_);
     l.event_done = e == cudaSuccess;
@@ -704,7 +752,14 @@ class NcclWork final : public Work {
     (void)cudaGetLastError();
     l.aborted = state_->is_aborted();
     if (!l.aborted) {
-      const std::optional<ncclResult_t> async = state_->async_state();
+      std::optional<ncclResult_t> async;
+      if (blocking) {
+        async = state_->async_state();
+      } else {
+        const auto [tried, state] = state_->try_async_state();
+        l.nccl_unknown = tried == nccl_host::TryUse::busy;
+        async = tried == nccl_host::TryUse::busy ? std::optional<ncclResult_t>(ncclSuccess) : state;
+      }
       if (!async) {
         l.aborted = true;
       } else if (*async != ncclSuccess && *async != ncclInProgress) {
@@ -712,7 +767,7 @@ class NcclWork final : public Work {
         nccl_error_ = *async;
       }
     }
-    l.past_deadline = with_deadline && Clock::now() >= deadline_;
+    l.past_deadline = blocking && Clock::now() >= deadline_;
     return nccl_host::judge(l);
   }
 
@@ -777,6 +832,25 @@ std::size_t bytes_of(std::size_t count, DataType t) { return count * element_siz
 
 }  // namespace
 
+// ---- memory, as the tests see it ---------------------------------------------------------
+
+nccl_host::MemoryKind nccl_backend::memory_kind(const void* p, int* device, const std::string& op,
+                                                const std::string& group) {
+  cudaPointerAttributes a{};
+  check_cuda(cudaPointerGetAttributes(&a, p), op, group, "cudaPointerGetAttributes");
+  *device = a.device;
+  switch (a.type) {
+    case cudaMemoryTypeDevice: return nccl_host::MemoryKind::device;
+    case cudaMemoryTypeManaged: return nccl_host::MemoryKind::managed;
+    case cudaMemoryTypeHost: return nccl_host::MemoryKind::pinned_host;
+    case cudaMemoryTypeUnregistered: return nccl_host::MemoryKind::host;
+  }
+  throw BackendError("nccl " + op + " on " + group + ": cudaPointerGetAttributes: unknown memory type " +
+                     std::to_string(static_cast<int>(a.type)));
+}
+
+const nccl_host::BlockCache& nccl_backend::staging_pinned_cache() { return pinned_cache(); }
+
 // ---- the communicator -------------------------------------------------------------------
 
 NcclCommunicator::NcclCommunicator(std::string name, std::shared_ptr<State> state, Ms timeout)
@@ -813,10 +887,10 @@ namespace {
 
 // The state of a communicator made from `parent`; it owns `comm` (aborted if this throws)
 // and the name NCCL was given.
-std::shared_ptr<State> new_state(ncclComm_t comm, const State& parent, const std::string& name,
+std::shared_ptr<State> new_state(OwnedComm comm, const State& parent, const std::string& name,
                                  std::shared_ptr<const std::string> nccl_name) {
-  return std::make_shared<State>(comm, parent.device, name, parent.bootstrap, parent.timeout,
-                                 std::move(nccl_name));
+  return std::make_shared<State>(std::move(comm), parent.device, name, parent.bootstrap,
+                                 parent.timeout, std::move(nccl_name));
 }
 
 }  // namespace
@@ -827,6 +901,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
                                                          std::int64_t key, std::string name) {
   State& s = *state_;
   s.check_usable("split");
+  nccl_host::check_nccl_environment("nccl split on " + s.name + " for " + name);
   const DeviceGuard guard(s.device, "split", s.name);
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);  // outlives the child
   ncclConfig_t config = cfg.config;
@@ -840,7 +915,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
   // into a slot that is gone; and a child NCCL wrote is aborted unless it is adopted.
   ncclComm_t slot = nullptr;
   bool job_ended = false;
-  OwnedComm child;
+  OwnedComm child(nullptr, CommAborter{s.device});
   OnExit unwind([&] {
     if (!job_ended) s.abort("nccl split on " + s.name + " for " + target + " did not complete");
     child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
@@ -877,7 +952,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
       throw TimeoutError(timeout_message("split", s.name, target, timeout(), name, s.members));
     throw BackendError("nccl split on " + s.name + " for " + target + ": " + nccl_text(st.rc));
   }
-  auto out = adopt(new_state(child.release(), s, name, cfg.name), timeout(), {});
+  auto out = adopt(new_state(std::move(child), s, name, cfg.name), timeout(), {});
   // NCCL does not say which parent ranks joined; the members tell each other.
   const std::int64_t me = global_rank(rank());
   std::vector<std::int64_t> got(static_cast<std::size_t>(out->size()), -1);
@@ -891,6 +966,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const 
                                                                 std::string name) {
   State& s = *state_;
   s.check_usable("create_group");
+  nccl_host::check_nccl_environment("nccl create_group on " + s.name + " for " + name);
   if (s.bootstrap == nullptr)
     throw BackendError("nccl create_group on " + s.name + " for " + name +
                        ": no bootstrap communicator");
@@ -904,15 +980,16 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const 
       nccl_host::distribute_unique_id(*s.bootstrap, boot_ranks, name, make_unique_id);
   const int mine = static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
-  const ncclComm_t comm = init_comm(static_cast<int>(members.size()), id, mine, s.device,
-                                    "create_group", s.name, cfg, timeout(), global);
-  return adopt(new_state(comm, s, name, cfg.name), timeout(), std::move(global));
+  OwnedComm comm = init_comm(static_cast<int>(members.size()), id, mine, s.device, "create_group",
+                             s.name, cfg, timeout(), global);
+  return adopt(new_state(std::move(comm), s, name, cfg.name), timeout(), std::move(global));
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
     std::span<const int> members, std::string name) {
   State& s = *state_;
   s.check_usable("create_group_collective");
+  nccl_host::check_nccl_environment("nccl create_group_collective on " + s.name + " for " + name);
   // One record per rank: [fingerprint, ok, id..., text...]; only the first member's id and
   // text are read.
   constexpr std::size_t kIdWords = nccl_host::kUniqueIdBytes / 8, kTextWords = 25;
@@ -952,9 +1029,9 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
   for (int m : members) global.push_back(global_rank(m));
   const int me = static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
-  const ncclComm_t comm = init_comm(static_cast<int>(members.size()), id, me, s.device,
-                                    "create_group_collective", s.name, cfg, timeout(), global);
-  return adopt(new_state(comm, s, name, cfg.name), timeout(), std::move(global));
+  OwnedComm comm = init_comm(static_cast<int>(members.size()), id, me, s.device,
+                             "create_group_collective", s.name, cfg, timeout(), global);
+  return adopt(new_state(std::move(comm), s, name, cfg.name), timeout(), std::move(global));
 }
 
 // ---- collectives --------------------------------------------------------------------------
@@ -1224,6 +1301,7 @@ std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
   if (timeout.count() <= 0)
     throw InvalidValueError("timeout", "nccl world: timeout must be > 0 ms, got " +
                                            std::to_string(timeout.count()));
+  nccl_host::check_nccl_environment("nccl world");
   // Two exchanges over the bootstrap: host names (for the local rank), then each rank's
   // device or the reason it has none, so that every rank fails alike instead of some waiting
   // for an id that others never join.
@@ -1253,9 +1331,10 @@ std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
   std::vector<std::int64_t> members(static_cast<std::size_t>(bootstrap.size()));
   std::iota(members.begin(), members.end(), std::int64_t{0});
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config("world");
-  const ncclComm_t comm = init_comm(bootstrap.size(), id, bootstrap.rank(), mine.device, "create",
-                                    "world", cfg, timeout, members);
-  auto state = std::make_shared<State>(comm, mine.device, "world", &bootstrap, timeout, cfg.name);
+  OwnedComm comm = init_comm(bootstrap.size(), id, bootstrap.rank(), mine.device, "create", "world",
+                             cfg, timeout, members);
+  auto state = std::make_shared<State>(std::move(comm), mine.device, "world", &bootstrap, timeout,
+                                       cfg.name);
   return NcclCommunicator::adopt(std::move(state), timeout, std::move(members));
 }
 

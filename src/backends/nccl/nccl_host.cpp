@@ -3,6 +3,8 @@
 #include "nccl_host.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -251,9 +253,134 @@ WorkVerdict judge(const WorkLook& look) noexcept {
   if (look.event_error) return WorkVerdict::cuda_error;
   if (look.aborted) return WorkVerdict::aborted;
   if (look.nccl_error) return WorkVerdict::nccl_error;
+  if (look.nccl_unknown) return WorkVerdict::pending;
   if (look.event_done) return WorkVerdict::complete;
   if (look.past_deadline) return WorkVerdict::timed_out;
   return WorkVerdict::pending;
+}
+
+bool nccl_flag_on(const char* value) noexcept {
+  if (value == nullptr || *value == '\0') return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(value, &end, 0);
+  return errno != 0 || end == value || *end != '\0' || v != 0;
+}
+
+void check_nccl_environment(const std::string& what) {
+  struct Refused {
+    const char* name;
+    const char* breaks;
+  };
+  static constexpr Refused kRefused[] = {
+      {"NCCL_COMM_BLOCKING",
+       "makes NCCL's creation and calls blocking, and commgrid bounds each of them by its "
+       "timeout only on nonblocking communicators"},
+      {"NCCL_COMM_SPLIT_SHARE_RESOURCES",
+       "makes a split's child share its parent's resources and abort flag, so that one "
+       "group's abort (on a timeout) would abort the other"},
+  };
+  for (const Refused& r : kRefused) {
+    const char* v = std::getenv(r.name);
+    if (nccl_flag_on(v))
+      throw ConfigError(r.name, what + ": " + r.name + "=" + v + " " + r.breaks +
+                                    "; unset it or set it to 0");
+  }
+}
+
+std::size_t size_class(std::size_t bytes) noexcept {
+  std::size_t c = 4096;
+  while (c < bytes) c *= 2;
+  return c;
+}
+
+BlockCache::Block BlockCache::take_or_make(std::size_t cls, const Make& make) {
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = free_.lower_bound(cls); it != free_.end(); ++it) {
+      if (it->second.empty()) continue;
+      void* p = it->second.back();
+      it->second.pop_back();
+      return {p, it->first};
+    }
+  }
+  void* p = make(cls);
+  std::lock_guard lock(mutex_);
+  ++owned_[cls];
+  ++made_;
+  return {p, cls};
+}
+
+void BlockCache::give(void* block, std::size_t cls) {
+  std::lock_guard lock(mutex_);
+  free_[cls].push_back(block);
+}
+
+void BlockCache::lose(std::size_t cls) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = owned_.find(cls);
+  if (it != owned_.end() && it->second > 0) --it->second;
+}
+
+void BlockCache::attach(std::span<const Seed> seed, const Make& make) {
+  // What is missing is counted as owned at once, so that users attaching together do not
+  // both make it; what could not be made is taken back.
+  std::vector<std::pair<std::size_t, std::size_t>> missing;
+  {
+    std::lock_guard lock(mutex_);
+    ++users_;
+    for (const Seed& s : seed) {
+      const std::size_t want = s.per_user * static_cast<std::size_t>(users_);
+      std::size_t& owned = owned_[s.cls];
+      if (owned < want) {
+        missing.emplace_back(s.cls, want - owned);
+        owned = want;
+      }
+    }
+  }
+  std::size_t i = 0;
+  try {
+    for (; i < missing.size(); ++i) {
+      for (; missing[i].second > 0; --missing[i].second) {
+        void* p = make(missing[i].first);
+        std::lock_guard lock(mutex_);
+        free_[missing[i].first].push_back(p);
+        ++made_;
+      }
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    for (; i < missing.size(); ++i) owned_[missing[i].first] -= missing[i].second;
+    --users_;
+    throw;
+  }
+}
+
+void BlockCache::detach() noexcept {
+  std::lock_guard lock(mutex_);
+  if (users_ > 0) --users_;
+}
+
+std::size_t BlockCache::free_blocks(std::size_t cls) const {
+  std::lock_guard lock(mutex_);
+  auto it = free_.find(cls);
+  return it == free_.end() ? 0 : it->second.size();
+}
+
+std::size_t BlockCache::owned_blocks(std::size_t cls) const {
+  std::lock_guard lock(mutex_);
+  auto it = owned_.find(cls);
+  return it == owned_.end() ? 0 : it->second;
+}
+
+int BlockCache::users() const {
+  std::lock_guard lock(mutex_);
+  return users_;
+}
+
+std::size_t BlockCache::made() const {
+  std::lock_guard lock(mutex_);
+  return made_;
 }
 
 std::string members_text(std::span<const std::int64_t> members) {

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -92,7 +94,7 @@ std::string world_problem_pairwise(const std::vector<HostInfo>& all);
 
 /// What cudaPointerGetAttributes says a buffer is.
 enum class MemoryKind : std::uint8_t {
-  host,         ///< pageable host memory (cudaMemoryTypeUnregistered, or no answer)
+  host,         ///< pageable host memory (cudaMemoryTypeUnregistered)
   pinned_host,  ///< page-locked host memory (cudaMemoryTypeHost)
   device,       ///< device memory of `device` (cudaMemoryTypeDevice)
   managed,      ///< managed memory (cudaMemoryTypeManaged): any device may use it
@@ -114,15 +116,26 @@ struct WorkLook {
   bool event_error = false;  ///< cudaEventQuery: neither cudaSuccess nor cudaErrorNotReady
   bool aborted = false;      ///< the communicator was (or is being) aborted
   bool nccl_error = false;   ///< ncclCommGetAsyncError: an error
+  /// NCCL's state was not read: another thread held the communicator (a call in progress),
+  /// and this look (done()'s) does not wait for it.
+  bool nccl_unknown = false;
   bool past_deadline = false;
 };
 
 /// What a look means, in this order: a CUDA error; an abort (an aborted operation's kernels
 /// exit early and its event completes, so a completed event says nothing about the result);
-/// an NCCL error (NCCL stops the kernels of a failed communicator too); completion; the
-/// deadline; else still pending.
+/// an NCCL error (NCCL stops the kernels of a failed communicator too); NCCL's state unread
+/// (pending: a completed event proves nothing while an NCCL error may be unseen); completion;
+/// the deadline; else still pending.
 enum class WorkVerdict : std::uint8_t { pending, complete, cuda_error, aborted, nccl_error, timed_out };
 WorkVerdict judge(const WorkLook& look) noexcept;
+
+/// What AbortableHandle::try_use found.
+enum class TryUse : std::uint8_t {
+  ran,      ///< fn ran on the handle; the value is its result
+  busy,     ///< another thread holds the handle (a call, or a destruction, in progress)
+  stopped,  ///< the handle is stopping, aborted or released: fn was not called
+};
 
 /// A handle (an NCCL communicator) used by one thread at a time that any thread may abort.
 /// use() runs each call on the handle under a lock; abort() first marks the handle as
@@ -136,6 +149,15 @@ class AbortableHandle {
   using Destroy = std::function<void(Handle)>;
   AbortableHandle(Handle handle, Destroy destroy)
       : handle_(handle), destroy_(std::move(destroy)) {}
+  /// Takes over what `owned` owns, to be destroyed by its deleter (on abort()). `owned` gives
+  /// it up only once nothing here can throw any more, so that a failure on the way (an
+  /// allocation of the deleter's copy) leaves it with its owner, which destroys it.
+  template <class T, class Deleter>
+    requires std::is_same_v<T*, Handle>
+  explicit AbortableHandle(std::unique_ptr<T, Deleter>&& owned)
+      : handle_(owned.get()), destroy_([d = owned.get_deleter()](Handle h) { d(h); }) {
+    (void)owned.release();
+  }
   AbortableHandle(const AbortableHandle&) = delete;
   AbortableHandle& operator=(const AbortableHandle&) = delete;
 
@@ -147,6 +169,19 @@ class AbortableHandle {
     std::lock_guard lock(mutex_);
     if (stopping_.load() || handle_ == Handle{}) return std::nullopt;
     return fn(handle_);
+  }
+
+  /// use() that never waits: fn(handle) only if the lock is free at once (try_lock). For
+  /// looks that must not block (Work::done()): while another thread's call or abort holds
+  /// the handle it answers busy; once the handle is stopping, stopped.
+  template <class F>
+  auto try_use(F&& fn) -> std::pair<TryUse, std::optional<std::invoke_result_t<F, Handle>>> {
+    if (stopping_.load()) return {TryUse::stopped, std::nullopt};
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock())
+      return {stopping_.load() ? TryUse::stopped : TryUse::busy, std::nullopt};
+    if (stopping_.load() || handle_ == Handle{}) return {TryUse::stopped, std::nullopt};
+    return {TryUse::ran, fn(handle_)};
   }
 
   /// Marks the handle aborted with `reason` (the first reason wins), waits for the call in
@@ -174,8 +209,9 @@ class AbortableHandle {
     return std::exchange(handle_, Handle{});
   }
 
-  /// The handle without the lock, for callers that call NCCL directly (native()); empty once
-  /// aborted or released.
+  /// The handle, for callers that call NCCL directly (native()); empty once aborted or
+  /// released. It is read under the lock, so it waits for a call or a destruction in
+  /// progress; what the caller then does with it is not guarded (an abort may destroy it).
   Handle peek() const noexcept {
     std::lock_guard lock(mutex_);
     return handle_;
@@ -195,6 +231,75 @@ class AbortableHandle {
   std::atomic<bool> stopping_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;
+};
+
+/// Whether an NCCL integer variable's value turns its feature on as NCCL reads it: set, not
+/// empty, and not 0 ("0", "00", "+0"). NCCL parses such values with strtoll; a value that is
+/// not a number is counted as on, so that it is refused rather than guessed at.
+bool nccl_flag_on(const char* value) noexcept;
+
+/// Refuses the NCCL environment variables that NCCL reads over the configuration commgrid
+/// gives it (NCCL 2.28 init.cc, envConfigOverride), and that would undo what this backend
+/// relies on: ConfigError whose parameter() is the variable, with its value and what it
+/// breaks. NCCL_COMM_BLOCKING on: NCCL's creation and calls would block, unbounded by any
+/// timeout. NCCL_COMM_SPLIT_SHARE_RESOURCES on: a split's child would share its parent's
+/// resources and abort flag, so that one group's abort (a timeout) would abort the other.
+/// `what` starts the message ("nccl world", "nccl split on world for tp#0"). Read with
+/// std::getenv at each creation, before anything is sent.
+void check_nccl_environment(const std::string& what);
+
+/// The size of a block that holds `bytes`: powers of two from 4 KiB.
+std::size_t size_class(std::size_t bytes) noexcept;
+
+/// How many blocks of one size class each user of a BlockCache wants kept.
+struct Seed {
+  std::size_t cls = 0;       ///< a size_class()
+  std::size_t per_user = 0;  ///< blocks of that class per attached user
+};
+
+/// Free blocks of one kind of memory (pinned host memory, or one device's), by size class.
+/// Blocks are never given back to CUDA, because cudaFreeHost and cudaFree synchronize the
+/// device (they would wait, without a timeout, for every pending operation on it). So that
+/// this does not grow without end, the cache makes blocks for its users only up to what the
+/// users alive at once asked for: attach() makes blocks until the cache owns `per_user` of a
+/// class for each attached user; detach() leaves the blocks to the next user. Blocks made on
+/// a miss (take_or_make) count as owned too. Thread-safe; `make` runs outside the lock.
+class BlockCache {
+ public:
+  /// Makes a block of `bytes` (CUDA's allocation), or throws.
+  using Make = std::function<void*(std::size_t bytes)>;
+
+  /// A block and its size class.
+  struct Block {
+    void* ptr = nullptr;
+    std::size_t cls = 0;
+  };
+  /// A free block of class `cls`, else of the smallest larger class that has one free (a
+  /// bigger block beats an allocation that may synchronize), else one of `cls` made now.
+  /// Give it back with its own class.
+  Block take_or_make(std::size_t cls, const Make& make);
+  /// Gives a block back for reuse.
+  void give(void* block, std::size_t cls);
+  /// A block that will not come back (still used by copies of an operation that failed).
+  void lose(std::size_t cls) noexcept;
+  /// One more user: makes the blocks `seed` asks for that the cache does not own yet. On a
+  /// failure of `make` the user is not attached, the blocks made are kept, and it rethrows.
+  void attach(std::span<const Seed> seed, const Make& make);
+  /// One user fewer; its blocks stay.
+  void detach() noexcept;
+
+  [[nodiscard]] std::size_t free_blocks(std::size_t cls) const;
+  [[nodiscard]] std::size_t owned_blocks(std::size_t cls) const;
+  [[nodiscard]] int users() const;
+  /// Blocks made since the cache was created.
+  [[nodiscard]] std::size_t made() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::size_t, std::vector<void*>> free_;
+  std::map<std::size_t, std::size_t> owned_;
+  int users_ = 0;
+  std::size_t made_ = 0;
 };
 
 /// "[0,1,2,3]", at most 16 ranks then ",... (N ranks)".

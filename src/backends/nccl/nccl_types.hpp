@@ -47,9 +47,13 @@ struct CommConfig {
   std::shared_ptr<const std::string> name;
 };
 
+/// Also splitShare = 0: a split's child has resources (and an abort flag) of its own, so that
+/// aborting one group never aborts another. NCCL's environment variables override both
+/// (nccl_host::check_nccl_environment refuses them).
 inline CommConfig nonblocking_config(std::string name) {
   CommConfig c;
   c.config.blocking = 0;
+  c.config.splitShare = 0;
   c.name = std::make_shared<const std::string>(std::move(name));
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   c.config.commName = c.name->c_str();

@@ -207,7 +207,9 @@ TEST(Launch, OutputRawAndRank0) {
 }
 
 TEST(Launch, AFlagErrorInEveryRankExitsTwoWithEveryLineWhole) {
-  Result r = launch({"launch", "-n", "4", "--", COMMGRID_CLI, "plan", "--world-size", "8", "--tp", "--pp", "4"});
+  // --grace 60: on a loaded machine a rank may take seconds longer than the first to start
+  // and fail; the default 5 s would cut it short (killed, not exit 2).
+  Result r = launch({"launch", "-n", "4", "--grace", "60", "--", COMMGRID_CLI, "plan", "--world-size", "8", "--tp", "--pp", "4"});
   EXPECT_EQ(r.code, 2) << r.err;
   const auto errors = lines_with(r.err, "[rank ");
   EXPECT_EQ(errors.size(), 4u) << r.err;
@@ -218,7 +220,7 @@ TEST(Launch, AFlagErrorInEveryRankExitsTwoWithEveryLineWhole) {
       << r.err;
   // A rank slower to fail (its error written in two pieces, a second apart) is not cut
   // short by the first rank's exit 2: its line arrives whole.
-  Result slow = launch({"launch", "-n", "3", "--", "sh", "-c",
+  Result slow = launch({"launch", "-n", "3", "--grace", "60", "--", "sh", "-c",
                         "if [ $RANK != 0 ]; then printf 'error: ' >&2; sleep 1; echo \"slow rank $RANK\" >&2; fi; exit 2"});
   EXPECT_EQ(slow.code, 2) << slow.err;
   EXPECT_TRUE(has(slow.err, "[rank 1] error: slow rank 1\n") && has(slow.err, "[rank 2] error: slow rank 2\n"))

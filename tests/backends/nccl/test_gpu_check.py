@@ -89,6 +89,48 @@ class Prerequisites(unittest.TestCase):
         self.assertGreaterEqual(bad, 8)
 
 
+def probe(driver, runtime, rc, gpus, why=""):
+    """A file of the CUDA probe's answers, as GPU_CHECK_PROBE reads them."""
+    f = tempfile.NamedTemporaryFile("w", suffix=".probe", delete=False)
+    f.write("COUNT_RC=%d\nDRIVER_CODE=%d\nRUNTIME_CODE=%d\nDRIVER=%d.%d\nRUNTIME=%d.%d\n"
+            "GPUS=%d\nWHY=%s\n" % (rc, driver, runtime, driver // 1000, driver % 1000 // 10,
+                                   runtime // 1000, runtime % 1000 // 10, gpus, why))
+    f.close()
+    return f.name
+
+
+class DriverAndBudget(unittest.TestCase):
+    # GPU_CHECK_BUDGET=5: too little left for any step, so the run ends right after the
+    # driver check, every step counted as not run.
+    def driver_line(self, driver, runtime, rc, gpus=1, why=""):
+        path = probe(driver, runtime, rc, gpus, why)
+        try:
+            p, ok, bad = run([], env={"BUILD": BUILD, "CONFIGURE": "0", "COMPILE": "0",
+                                      "GPU_CHECK_PROBE": path, "GPU_CHECK_BUDGET": "5"})
+        finally:
+            os.unlink(path)
+        line = [l for l in p.stdout.split("\n") if l.startswith(("-- ok: CUDA driver", "-- FAILED: CUDA driver"))]
+        self.assertEqual(len(line), 1, p.stdout)
+        return p, line[0]
+
+    def test_an_older_minor_version_of_the_same_major_runs(self):
+        p, line = self.driver_line(13000, 13010, 0)
+        self.assertEqual(line, "-- ok: CUDA driver 13.0 runs runtime 13.1 (minor version compatibility)")
+
+    def test_an_older_major_version_or_insufficient_driver_fails(self):
+        p, line = self.driver_line(12080, 13000, 0)
+        self.assertTrue(line.startswith("-- FAILED: CUDA driver: driver 12.8 cannot run runtime 13.0"), line)
+        p, line = self.driver_line(13000, 13000, 35, 0, "CUDA driver version is insufficient for CUDA runtime version")
+        self.assertIn("cannot run runtime 13.0 (CUDA driver version is insufficient", line)
+
+    def test_a_run_out_of_time_counts_every_step_it_did_not_run(self):
+        p, line = self.driver_line(13000, 13000, 0, gpus=2)
+        self.assertEqual(p.returncode, 1)
+        for name in ("tests-1-rank", "verify-1-split", "bench-init-1", "tests-2-ranks", "bench-collectives-2"):
+            self.assertRegex(p.stdout, r"(?m)^-- FAILED: " + name + r": not run: out of time \(GPU_CHECK_BUDGET=5 s\)$")
+        self.assertNotIn("== tests-1-rank:", p.stdout)
+
+
 class WholeRunWithoutAGpu(unittest.TestCase):
     def test_ends_non_zero_counting_every_device_test(self):
         p, ok, bad = run([], env={"BUILD": BUILD, "CONFIGURE": "0", "COMPILE": "0"})

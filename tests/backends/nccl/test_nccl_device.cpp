@@ -23,6 +23,7 @@
 #include "commgrid/nccl.hpp"
 #include "commgrid/process_groups.hpp"
 #include "nccl_host.hpp"
+#include "nccl_memory.hpp"
 #include "../comm_suite.hpp"
 
 namespace commgrid {
@@ -545,7 +546,11 @@ TEST_F(NcclDevice, APendingOperationOfOneGroupNeverHoldsAnotherGroupsWaitOrDone)
     auto pending = w.allreduce(&pending_in, &pending_out, 1, DataType::int64, ReduceOp::sum);
     // Host buffers on the other group: staged in and out while the world's stream is held.
     // With a synchronous copy back (or a blocking stream) these waited for the held
-    // operation, and only the fallback release (60 s) would have ended them.
+    // operation, and only the fallback release (60 s) would have ended them. The world's
+    // device block (the same size as solo's) is freed behind the held operation: from one
+    // pool shared by both (the device's default), solo's allocation could reuse it with a
+    // dependency on the world's stream added by CUDA; each communicator's own pool, without
+    // internal dependencies, never does.
     std::int64_t x = 7, y = 0;
     solo.allreduce(&x, &y, 1, DataType::int64, ReduceOp::sum)->wait();
     EXPECT_EQ(y, 7);
@@ -562,6 +567,73 @@ TEST_F(NcclDevice, APendingOperationOfOneGroupNeverHoldsAnotherGroupsWaitOrDone)
     pending->wait();
     EXPECT_EQ(pending_out, w.size());
   });
+}
+
+TEST_F(NcclDevice, StagingWhileOperationsArePendingTakesTheSeededBlocks) {
+  run([&](Communicator& boot, NcclCommunicator& w) {
+    // Every communicator seeds the pinned cache (4 blocks of 4 KiB, 1 of 64 KiB) when it is
+    // made, so that these, staged while the world's stream is held, allocate no pinned memory
+    // (cudaHostAlloc may synchronize the device, which would wait for the held operations).
+    // The cache is the process's: every rank-thread's world is made (and has seeded it)
+    // before any rank counts.
+    boot.barrier()->wait();
+    const auto& cache = nccl_backend::staging_pinned_cache();
+    if (w.rank() == 0) {
+      EXPECT_GE(cache.free_blocks(4096), 4u);
+      EXPECT_GE(cache.free_blocks(65536), 1u);
+    }
+    std::vector<std::unique_ptr<Work>> pending;
+    std::vector<std::vector<std::int64_t>> small(4, std::vector<std::int64_t>(2));
+    std::vector<std::int64_t> large(5000, 1);  // 40 KB in and out: the 64 KiB block
+    {
+      Held held(w);
+      const std::size_t made = cache.made();
+      for (auto& v : small) {
+        v = {w.rank() + 1, 3};
+        pending.push_back(w.allreduce(v.data(), v.data(), v.size(), DataType::int64, ReduceOp::sum));
+      }
+      pending.push_back(w.allreduce(large.data(), large.data(), large.size(), DataType::int64, ReduceOp::sum));
+      EXPECT_EQ(cache.made(), made) << "staging allocated pinned memory while operations were pending";
+      for (const auto& p : pending) EXPECT_FALSE(p->done());
+      held.release();
+      for (const auto& p : pending) p->wait();
+      EXPECT_FALSE(held.released_by_fallback());
+    }
+    const std::int64_t n = w.size();
+    for (const auto& v : small) EXPECT_EQ(v, (std::vector<std::int64_t>{n * (n + 1) / 2, 3 * n}));
+    EXPECT_EQ(large.front(), n);
+    EXPECT_EQ(large.back(), n);
+  });
+}
+
+TEST_F(NcclDevice, SplitsAreRefusedWhileNcclWouldShareResourcesOrBlock) {
+  // Set between the world's creation and the split, on one thread while the others wait at
+  // a bootstrap barrier (setenv is not safe against threads reading the environment).
+  for (const char* var : {"NCCL_COMM_SPLIT_SHARE_RESOURCES", "NCCL_COMM_BLOCKING"}) {
+    SCOPED_TRACE(var);
+    run([&](Communicator& boot, NcclCommunicator& w) {
+      boot.barrier()->wait();
+      if (w.rank() == 0) ::setenv(var, "1", 1);
+      boot.barrier()->wait();
+      std::string msg, parameter;
+      try {
+        (void)w.split(0, w.rank(), "tp#0");
+        msg = "(split)";
+      } catch (const ConfigError& e) {
+        msg = e.what();
+        parameter = e.parameter();
+      }
+      boot.barrier()->wait();
+      if (w.rank() == 0) ::unsetenv(var);
+      boot.barrier()->wait();
+      EXPECT_EQ(parameter, var);
+      EXPECT_EQ(msg.rfind("nccl split on world for tp#0: " + std::string(var) + "=1 ", 0), 0u) << msg;
+      EXPECT_FALSE(w.aborted()) << "refused before NCCL was called";
+      auto g = w.split(0, w.rank(), "tp#0");  // unset again: the split goes ahead
+      ASSERT_NE(g, nullptr);
+      EXPECT_EQ(g->size(), w.size());
+    });
+  }
 }
 
 TEST_F(NcclDevice, ASplitThatTimesOutAbortsTheParentAndSaysWhich) {

@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <regex>
 #include <set>
@@ -19,6 +23,7 @@
 #include "commgrid/local_ranks.hpp"
 #include "commgrid/nccl.hpp"
 #include "nccl_host.hpp"
+#include "nccl_memory.hpp"
 #include "nccl_types.hpp"
 
 namespace commgrid {
@@ -321,6 +326,20 @@ TEST(NcclHost, AnAbortedOperationIsNeverReportedComplete) {
   EXPECT_EQ(look(false, true, true, true, true), WorkVerdict::cuda_error);
 }
 
+TEST(NcclHost, AnUnreadNcclStateNeverMakesAnOperationComplete) {
+  // done() does not wait for another thread's call on the communicator: it may not read
+  // NCCL's state, and then a completed event is not enough (an NCCL error may be unseen).
+  nccl_host::WorkLook l;
+  l.event_done = true;
+  l.nccl_unknown = true;
+  EXPECT_EQ(nccl_host::judge(l), nccl_host::WorkVerdict::pending);
+  l.aborted = true;  // what is known still counts
+  EXPECT_EQ(nccl_host::judge(l), nccl_host::WorkVerdict::aborted);
+  l.aborted = false;
+  l.nccl_unknown = false;
+  EXPECT_EQ(nccl_host::judge(l), nccl_host::WorkVerdict::complete);
+}
+
 // A fake communicator: alive until destroyed, counting the calls running on it.
 struct FakeComm {
   std::atomic<bool> alive{true};
@@ -411,6 +430,165 @@ TEST(NcclHost, ReleasedHandlesAreNotDestroyed) {
   EXPECT_EQ(destroyed, 0);
 }
 
+TEST(NcclHost, TryUseNeverWaitsForACallOrAnAbortInProgress) {
+  using nccl_host::TryUse;
+  FakeComm fake;
+  std::atomic<bool> in_destroy{false}, let_destroy_end{false};
+  nccl_host::AbortableHandle<FakeComm*> handle(&fake, [&](FakeComm* c) {
+    in_destroy = true;
+    const auto until = std::chrono::steady_clock::now() + 30s;  // a broken try_use fails, never hangs
+    while (!let_destroy_end && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    c->alive = false;
+  });
+  EXPECT_EQ(handle.try_use([](FakeComm* c) { return c->alive.load(); }),
+            std::make_pair(TryUse::ran, std::optional<bool>(true)));
+  // Another thread is inside use(): try_use answers busy at once. The call ends only after
+  // try_use has returned, so a try_use that waited for the lock would see it ended (ran).
+  std::atomic<bool> in_call{false}, let_call_end{false}, call_ended{false};
+  std::thread user([&] {
+    (void)handle.use([&](FakeComm*) {
+      in_call = true;
+      const auto until = std::chrono::steady_clock::now() + 30s;
+      while (!let_call_end && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      return 0;
+    });
+    call_ended = true;
+  });
+  while (!in_call) std::this_thread::yield();
+  int calls = 0;
+  const auto busy = handle.try_use([&](FakeComm*) { return ++calls; });
+  const bool ended_first = call_ended.load();
+  let_call_end = true;
+  user.join();
+  EXPECT_EQ(busy.first, TryUse::busy);
+  EXPECT_FALSE(busy.second.has_value());
+  EXPECT_EQ(calls, 0);
+  EXPECT_FALSE(ended_first) << "try_use waited for the call in progress";
+  // An abort is destroying the handle (and holds the lock): try_use says stopped at once.
+  std::thread watchdog([&] { handle.abort("watchdog"); });
+  while (!in_destroy) std::this_thread::yield();
+  const auto during = handle.try_use([&](FakeComm*) { return ++calls; });
+  const bool destroyed_first = !fake.alive.load();
+  let_destroy_end = true;
+  watchdog.join();
+  EXPECT_EQ(during.first, TryUse::stopped);
+  EXPECT_FALSE(destroyed_first) << "try_use waited for the destruction";
+  EXPECT_EQ(handle.try_use([&](FakeComm*) { return ++calls; }).first, TryUse::stopped);
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(NcclHost, AnOwnedHandleIsDestroyedOnceByWhoeverHoldsItLast) {
+  // init_comm hands its communicator on as an owner (aborting unless released); the State
+  // takes it over, after which only its abort destroys it.
+  struct Counting {
+    int* destroyed;
+    void operator()(FakeComm* c) const noexcept {
+      ++*destroyed;
+      c->alive = false;
+    }
+  };
+  using Owned = std::unique_ptr<FakeComm, Counting>;
+  int destroyed = 0;
+  {
+    FakeComm lost;
+    Owned never_handed_on(&lost, Counting{&destroyed});
+    // a failure between creation and the State: the owner destroys it
+  }
+  EXPECT_EQ(destroyed, 1);
+  FakeComm fake;
+  Owned owned(&fake, Counting{&destroyed});
+  {
+    nccl_host::AbortableHandle<FakeComm*> handle(std::move(owned));
+    EXPECT_EQ(owned.get(), nullptr) << "the owner gave it up";
+    EXPECT_EQ(handle.peek(), &fake);
+    EXPECT_EQ(destroyed, 1);
+    EXPECT_TRUE(handle.abort("creation failed"));
+    EXPECT_EQ(destroyed, 2);
+    EXPECT_FALSE(fake.alive);
+    EXPECT_FALSE(handle.abort("again"));
+  }
+  EXPECT_EQ(destroyed, 2) << "destroyed once, by the abort";
+  // Released (the State's orderly finalization): the handle never destroys it.
+  FakeComm kept;
+  {
+    nccl_host::AbortableHandle<FakeComm*> handle(Owned(&kept, Counting{&destroyed}));
+    EXPECT_EQ(handle.release(), &kept);
+  }
+  EXPECT_EQ(destroyed, 2);
+  EXPECT_TRUE(kept.alive);
+}
+
+TEST(NcclHost, StagingCachesGrowWithTheCommunicatorsAliveNotWithThoseEverMade) {
+  nccl_host::BlockCache cache;
+  std::vector<std::unique_ptr<char[]>> blocks;
+  int makes = 0;
+  const nccl_host::BlockCache::Make make = [&](std::size_t bytes) -> void* {
+    ++makes;
+    blocks.push_back(std::make_unique<char[]>(bytes));
+    return blocks.back().get();
+  };
+  const nccl_host::Seed seed[] = {{4096, 4}, {65536, 1}};
+  EXPECT_EQ(nccl_host::size_class(1), 4096u);
+  EXPECT_EQ(nccl_host::size_class(4097), 8192u);
+  EXPECT_EQ(nccl_host::size_class(65536), 65536u);
+  // 100 communicators made and destroyed one after another: the first one's blocks serve all.
+  for (int i = 0; i < 100; ++i) {
+    cache.attach(seed, make);
+    cache.detach();
+  }
+  EXPECT_EQ(makes, 5);
+  EXPECT_EQ(cache.free_blocks(4096), 4u);
+  EXPECT_EQ(cache.free_blocks(65536), 1u);
+  // Three alive at once: three seeds.
+  for (int i = 0; i < 3; ++i) cache.attach(seed, make);
+  EXPECT_EQ(cache.users(), 3);
+  EXPECT_EQ(cache.owned_blocks(4096), 12u);
+  EXPECT_EQ(cache.owned_blocks(65536), 3u);
+  EXPECT_EQ(makes, 15);
+  // Seeded blocks are taken without making any; when a class has none free, a larger one
+  // serves (an 8 KiB request takes a 64 KiB block); only then does a miss make one.
+  std::vector<nccl_host::BlockCache::Block> taken;
+  for (int i = 0; i < 12; ++i) taken.push_back(cache.take_or_make(4096, make));
+  EXPECT_EQ(makes, 15);
+  const nccl_host::BlockCache::Block bigger = cache.take_or_make(8192, make);
+  EXPECT_EQ(bigger.cls, 65536u);
+  EXPECT_EQ(makes, 15);
+  cache.give(bigger.ptr, bigger.cls);
+  taken.push_back(cache.take_or_make(4096, make));  // 4 KiB all taken: a 64 KiB one
+  EXPECT_EQ(taken.back().cls, 65536u);
+  taken.push_back(cache.take_or_make(4096, make));
+  taken.push_back(cache.take_or_make(4096, make));
+  EXPECT_EQ(makes, 15);
+  taken.push_back(cache.take_or_make(4096, make));  // nothing of 4 KiB or more is free
+  EXPECT_EQ(makes, 16);
+  EXPECT_EQ(taken.back().cls, 4096u);
+  EXPECT_EQ(cache.owned_blocks(4096), 13u);
+  std::set<void*> distinct;
+  for (const auto& b : taken) distinct.insert(b.ptr);
+  EXPECT_EQ(distinct.size(), taken.size()) << "a block handed out twice";
+  for (const auto& b : taken) cache.give(b.ptr, b.cls);
+  EXPECT_EQ(cache.free_blocks(4096), 13u);
+  EXPECT_EQ(cache.free_blocks(65536), 3u);
+  // A block lost to a failed operation (copies still queued may use it) is made again by the
+  // next communicator that attaches.
+  (void)cache.take_or_make(65536, make);
+  cache.lose(65536);
+  EXPECT_EQ(cache.owned_blocks(65536), 2u);
+  const int before = makes;
+  cache.attach(seed, make);  // 4 alive: 16 of 4 KiB (13 owned), 4 of 64 KiB (2 owned)
+  EXPECT_EQ(makes, before + 3 + 2);
+  // A make that fails: not attached, what was made kept, the error passed on.
+  int succeed = 1;
+  const nccl_host::BlockCache::Make flaky = [&](std::size_t bytes) -> void* {
+    if (succeed-- == 0) throw BackendError("cudaHostAlloc: out of memory");
+    return make(bytes);
+  };
+  EXPECT_THROW(cache.attach(seed, flaky), BackendError);
+  EXPECT_EQ(cache.users(), 4);
+  EXPECT_EQ(cache.owned_blocks(4096), 17u);
+  EXPECT_EQ(cache.owned_blocks(65536), 4u);
+}
+
 TEST(NcclHost, TheCommunicatorNameOutlivesItsSource) {
   // NCCL keeps config.commName's pointer for the communicator's life: the name must not be a
   // temporary of the creating call.
@@ -488,6 +666,112 @@ TEST(NcclHost, BadOptionsAreRejectedBeforeAnyCommunication) {
     EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_timeout); }),
               "nccl world: timeout must be > 0 ms, got 0");
   }, quick());
+}
+
+// Sets an environment variable for one scope and puts the old value back.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(NcclHost, NcclVariablesThatWouldUndoTheTimeoutsAreRefusedOnEveryRank) {
+  // NCCL reads these over the configuration commgrid gives it. Set before the rank-threads
+  // start (setenv is not safe against threads reading the environment).
+  using nccl_host::nccl_flag_on;
+  EXPECT_FALSE(nccl_flag_on(nullptr));
+  EXPECT_FALSE(nccl_flag_on(""));
+  EXPECT_FALSE(nccl_flag_on("0"));
+  EXPECT_FALSE(nccl_flag_on("00"));
+  EXPECT_TRUE(nccl_flag_on("1"));
+  EXPECT_TRUE(nccl_flag_on("-1"));
+  EXPECT_TRUE(nccl_flag_on("yes"));
+  EXPECT_TRUE(nccl_flag_on("0x"));
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"NCCL_COMM_BLOCKING", "1",
+       "nccl world: NCCL_COMM_BLOCKING=1 makes NCCL's creation and calls blocking, and commgrid "
+       "bounds each of them by its timeout only on nonblocking communicators; unset it or set it "
+       "to 0"},
+      {"NCCL_COMM_SPLIT_SHARE_RESOURCES", "1",
+       "nccl world: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 makes a split's child share its parent's "
+       "resources and abort flag, so that one group's abort (on a timeout) would abort the "
+       "other; unset it or set it to 0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const ScopedEnv env(c.name, c.value);
+    LocalRunResult run = run_local_ranks_collect(2, [&](Communicator& world) {
+      (void)make_nccl_world(world);
+    }, quick());
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
+      try {
+        std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]);
+      } catch (const ConfigError& e) {
+        EXPECT_EQ(e.parameter(), c.name);
+        EXPECT_EQ(std::string(e.what()), c.says);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "rank " << r << ": not a ConfigError: " << e.what();
+      }
+    }
+  }
+  // Off (0) is NCCL's own default for both: accepted.
+  const ScopedEnv blocking("NCCL_COMM_BLOCKING", "0");
+  const ScopedEnv share("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0");
+  EXPECT_NO_THROW(nccl_host::check_nccl_environment("nccl split on world for tp#0"));
+}
+
+TEST(NcclHost, ABufferCudaCannotPlaceIsAnErrorNeverHostMemory) {
+  // Without a usable driver cudaPointerGetAttributes fails: the buffer is not staged as if it
+  // were host memory (which would memcpy from what may be a device pointer). With a device,
+  // CUDA's answers for each kind of memory.
+  std::vector<std::int64_t> pageable(4);
+  int dev = -1;
+  if (cuda_device_count() == 0) {
+    std::string msg;
+    try {
+      (void)nccl_backend::memory_kind(pageable.data(), &dev, "allreduce", "tp#1");
+    } catch (const BackendError& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(msg.rfind("nccl allreduce on tp#1: cudaPointerGetAttributes: ", 0), 0u) << msg;
+    return;
+  }
+  using nccl_host::MemoryKind;
+  EXPECT_EQ(nccl_backend::memory_kind(pageable.data(), &dev, "allreduce", "world"), MemoryKind::host);
+  void* pinned = nullptr;
+  void* device = nullptr;
+  void* managed = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, 64), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&device, 64), cudaSuccess);
+  ASSERT_EQ(cudaMallocManaged(&managed, 64), cudaSuccess);
+  EXPECT_EQ(nccl_backend::memory_kind(pinned, &dev, "allreduce", "world"), MemoryKind::pinned_host);
+  EXPECT_EQ(nccl_backend::memory_kind(device, &dev, "allreduce", "world"), MemoryKind::device);
+  EXPECT_EQ(dev, 0);
+  EXPECT_EQ(nccl_backend::memory_kind(managed, &dev, "allreduce", "world"), MemoryKind::managed);
+  cudaFree(managed);
+  cudaFree(device);
+  cudaFreeHost(pinned);
 }
 
 TEST(NcclHost, WithoutADeviceEveryRankFailsAlikeAndNoneHangs) {

@@ -48,8 +48,13 @@ std::string nccl_version();
 /// through pinned and device memory (for small control data such as ProcessGroups'
 /// fingerprint and verify's checks): host inputs are copied before the call returns, so
 /// they may be reused at once; host outputs are written when wait() (or done() returning
-/// true) sees the operation complete. Staging never waits for the device (no synchronous
-/// copy, no cudaFree), so a pending operation of one group never holds another's wait().
+/// true) sees the operation complete. Staging makes no synchronous copy and gives no memory
+/// back to CUDA (cudaFree, cudaFreeHost); its device memory comes in stream order from the
+/// communicator's own memory pool, its pinned memory from a cache that each communicator
+/// seeds when it is made, so a pending operation of one group holds no other group's wait().
+/// Only a miss of that cache (a host buffer over 64 KiB, or more staged operations pending at
+/// once than were seeded) allocates pinned memory while operations may be pending, and
+/// cudaHostAlloc may then synchronize the device.
 ///
 /// Every operation returns a pending Work wrapping a CUDA event recorded after it (send and
 /// recv, blocking by the interface, wait before returning). wait() polls the event and the
@@ -59,8 +64,11 @@ std::string nccl_version();
 /// error aborts the communicator too; after an abort every call throws BackendError saying
 /// that the communicator was aborted and why, and so does wait() on every operation it had
 /// not yet seen complete (an aborted operation's event completes too, with its output
-/// undefined). done() never blocks. Other communicators (the parent, other groups) are not
-/// affected.
+/// undefined). done() never blocks: it waits for no lock, and while another thread's call
+/// holds the communicator it answers false (not yet known). Other communicators (the parent,
+/// other groups) are not affected: each has resources of its own (NCCL_COMM_BLOCKING or
+/// NCCL_COMM_SPLIT_SHARE_RESOURCES set on, which would change that, is ConfigError at every
+/// creation).
 ///
 /// NCCL has no tags: point-to-point messages between two ranks match in the order they
 /// were posted, whatever their tags (tags must still be >= 0).
@@ -77,7 +85,8 @@ class NcclCommunicator final : public Communicator {
  public:
   struct State;  ///< the NCCL handle, stream and abort state, shared with pending Work
   /// Finalizes and destroys the NCCL communicator once pending operations are done (bounded
-  /// by the timeout, then aborted). An aborted communicator has nothing left to free.
+  /// by the timeout, then aborted). An aborted communicator has nothing of NCCL left to
+  /// free; its stream, event and memory pool go once neither it nor any of its Work remains.
   ~NcclCommunicator() override;
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
@@ -96,8 +105,9 @@ class NcclCommunicator final : public Communicator {
   /// communicator's own stream. The caller orders work on `stream` and keeps it alive while
   /// operations on it are pending.
   void set_stream(CUstream_st* stream) noexcept;
-  /// The NCCL communicator, for calling NCCL directly; nullptr once aborted. Not guarded: do
-  /// not call it while another thread may abort().
+  /// The NCCL communicator, for calling NCCL directly; nullptr once aborted. Read under the
+  /// communicator's lock (it waits for a call or an abort in progress), but what the caller
+  /// does with it is not guarded: do not use it while another thread may abort().
   [[nodiscard]] ncclComm* native() const noexcept;
   /// Whether the communicator was aborted (by a timeout, an NCCL error or abort()).
   [[nodiscard]] bool aborted() const noexcept;
@@ -180,8 +190,10 @@ class NcclCommunicator final : public Communicator {
 /// so that the rank's own allocations land on it.
 /// The world's ranks are the bootstrap's ranks. `bootstrap` must outlive every create_group
 /// call on this world and its groups (the ids of member-only groups travel over it).
-/// Throws InvalidValueError for a bad option, BackendError naming the rank and host without
-/// a device (or the ranks sharing one), TimeoutError when initialization does not complete.
+/// Throws InvalidValueError for a bad option, ConfigError naming NCCL_COMM_BLOCKING or
+/// NCCL_COMM_SPLIT_SHARE_RESOURCES when one is set on (before anything is sent), BackendError
+/// naming the rank and host without a device (or the ranks sharing one), TimeoutError when
+/// initialization does not complete.
 [[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(
     Communicator& bootstrap, const NcclOptions& options = {});
 
