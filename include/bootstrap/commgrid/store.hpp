@@ -127,7 +127,7 @@ struct StoreOptions {
   /// The process identity this store connection speaks for (resilience: "process/3/0",
   /// process 3's first incarnation), so that a fence() of it is enforced: a tcp:// store's
   /// server refuses the process's requests from then on (FencedError). Empty: none.
-  std::string process;
+  std::string process = {};
   /// tcp:// server only: the most connections it serves at once (0: COMMGRID_STORE_MAX_CONNECTIONS
   /// when set, else only the descriptor limit bounds them). A rank refused for it is told
   /// the number and which limit it was, retries until its timeout, then fails with that.
