@@ -27,7 +27,7 @@ constexpr std::int64_t kDefaultMaxOutputMiB = 1024;
 struct PlanOptions {
   LayoutFlags layout;
   std::string rank, kinds, format = "table";
-  std::string gpus_per_node, output, num_layers, nodes, max_output_mib, job;
+  std::string gpus_per_node, output, num_layers, nodes, max_output_mib, job, spares;
   bool check_topology = false, strict = false;
 };
 
@@ -130,6 +130,15 @@ int run_plan(const PlanOptions& o) {
   if (!o.gpus_per_node.empty())
     sel.gpus_per_node = parse_integer("gpus_per_node", o.gpus_per_node, 1, kMaxWorldSize);
   const NodeMap nodes(sel.gpus_per_node.value_or(kDefaultGpusPerNode));
+  if (!o.spares.empty()) {
+    if (picture || o.check_topology)
+      throw ConfigError("spares", "spares: --spares is shown by --format table and json, not " +
+                                      (o.check_topology ? std::string("--check-topology") : o.format));
+    SparePlacement placement;
+    placement.spares = parse_integer("spares", o.spares, 0, kMaxWorldSize);
+    placement.gpus_per_node = sel.gpus_per_node;  // whole spare nodes when nodes are given
+    if (placement.spares > 0) sel.spares.emplace(layout.world_size(), placement);
+  }
   if (!o.num_layers.empty()) {
     sel.num_layers = parse_integer("num_layers", o.num_layers, 1, kMaxWorldSize);
     (void)LayerAssignment(*sel.num_layers, layout.config());  // throws unless it divides
@@ -226,6 +235,11 @@ Command add_plan_command(CLI::App& root) {
   app->add_option("--gpus-per-node", opts->gpus_per_node,
                   "ranks per node (8): rank r is on node r / G, the last node may be partial; "
                   "for svg, html, --check-topology, and the node column of --rank")
+      ->type_name("INT");
+  app->add_option("--spares", opts->spares,
+                  "S hot spare processes beyond the world (table, json): show where they are "
+                  "(whole nodes with --gpus-per-node) and, with --rank, the rank's process; "
+                  "see docs/resilience.md")
       ->type_name("INT");
   app->add_option("--num-layers", opts->num_layers,
                   "transformer layers: show which layers each pipeline rank (and virtual "

@@ -248,6 +248,33 @@ void write_plan_json(std::ostream& stream, const Layout& layout, const PlanSelec
     }
     out.put(']');
   }
+  if (sel.spares) {
+    // The job's processes in epoch 0: spares as an inclusive [first, last] range ([] when
+    // none), and their nodes when the map has nodes.
+    const RankMap& m = *sel.spares;
+    const std::int64_t W = m.world_size(), P = m.num_processes();
+    out.put(",\"processes\":{\"total\":");
+    out.put_int(P);
+    out.put(",\"spares\":[");
+    if (P > W) {
+      out.put_int(W);
+      out.put(',');
+      out.put_int(P - 1);
+    }
+    out.put(']');
+    if (P > W && m.node_of(W)) {
+      out.put(",\"spare_nodes\":[");
+      out.put_int(*m.node_of(W));
+      out.put(',');
+      out.put_int(*m.node_of(P - 1));
+      out.put(']');
+    }
+    if (sel.rank) {
+      out.put(",\"process\":");
+      out.put_int(m.process_of(*sel.rank));
+    }
+    out.put('}');
+  }
   out.put("}\n");
   out.flush();
 }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commgrid/layout.hpp"
+#include "commgrid/rank_map.hpp"
 
 namespace commgrid::cli {
 
@@ -23,7 +24,14 @@ struct PlanSelection {
   std::optional<std::int64_t> gpus_per_node;
   /// With --num-layers: which layers each pipeline rank and virtual stage holds.
   std::optional<std::int64_t> num_layers;
+  /// With --spares: the job's processes in epoch 0 (logical rank r on process r, the spares
+  /// after the world, as whole nodes with --gpus-per-node).
+  std::optional<RankMap> spares;
 };
+
+/// "spares: 2 processes (8-9) hold no rank; 10 processes in all", with their nodes when the
+/// map has nodes: the table's line and the base of the JSON object.
+std::string spares_text(const RankMap& map);
 
 /// Output written straight into a large buffer with std::to_chars and handed to the
 /// stream in blocks of about a mebibyte: a JSON or table of millions of numbers costs little

@@ -191,6 +191,25 @@ void for_each_member(const Layout& layout, GroupKind k, int level, std::int64_t 
   }
 }
 
+std::string spares_text(const RankMap& map) {
+  const std::int64_t W = map.world_size(), P = map.num_processes(), S = P - W;
+  auto range = [](std::int64_t a, std::int64_t b) {
+    return a == b ? std::to_string(a) : std::to_string(a) + "-" + std::to_string(b);
+  };
+  std::string t = "spares: " + std::to_string(S) + (S == 1 ? " process" : " processes");
+  if (S > 0) {
+    t += " (" + range(W, P - 1);
+    if (const auto first = map.node_of(W)) {
+      const std::int64_t last = *map.node_of(P - 1);
+      t += std::string(first == last ? ", node " : ", nodes ") + range(*first, last);
+    }
+    t += ")";
+  }
+  t += " hold no rank and take a failed process's place; " + std::to_string(P) +
+       " processes in all, logical rank r on process r until a failure";
+  return t;
+}
+
 void write_header(OutputBuffer& out, const Layout& layout, const PlanSelection& sel) {
   const ParallelConfig& c = layout.config();
   std::string hcp = "none";
@@ -205,7 +224,13 @@ void write_header(OutputBuffer& out, const Layout& layout, const PlanSelection& 
           "  expert grid: etp " + std::to_string(c.expert_tp()) + " x ep " + std::to_string(c.ep) +
           " x expert_dp " + std::to_string(layout.expert_dp()) + " x pp " + std::to_string(c.pp) +
           "\n" + "  dist_opt_instances " + std::to_string(c.dist_opt_instances) + ", hcp " + hcp +
-          ", vpp " + opt_text(c.vpp) + "\n\n");
+          ", vpp " + opt_text(c.vpp) + "\n");
+  if (sel.spares) {
+    out.put("  " + spares_text(*sel.spares) + "\n");
+    if (sel.rank) out.put("  logical rank " + std::to_string(*sel.rank) + " on process " +
+                          std::to_string(sel.spares->process_of(*sel.rank)) + "\n");
+  }
+  out.put("\n");
   if (!sel.num_layers || sel.rank) return;
   // Megatron's interleaved assignment: each pipeline rank's virtual stages.
   const LayerAssignment la(*sel.num_layers, c);

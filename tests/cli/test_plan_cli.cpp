@@ -77,6 +77,29 @@ TEST(PlanCli, TableForOneRank) {
   EXPECT_NE(r.out.find("(not a member)"), std::string::npos);
 }
 
+TEST(PlanCli, SparesShowWhereTheyAreAndEachRanksProcess) {
+  // Table: the spares after the world; with nodes, whole nodes; with --rank, its process.
+  const CliResult t = plan({"--world-size", "8", "--tp", "2", "--spares", "4", "--gpus-per-node", "4"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("spares: 4 processes (8-11, node 2) hold no rank"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("12 processes in all"), std::string::npos) << t.out;
+  const CliResult one = plan({"--world-size", "8", "--tp", "2", "--spares", "1", "--rank", "5"});
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("spares: 1 process (8) hold no rank"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("logical rank 5 on process 5"), std::string::npos) << one.out;
+  // JSON: the same facts as numbers.
+  const CliResult j = plan({"--world-size", "16", "--tp", "2", "--spares", "8", "--gpus-per-node",
+                            "4", "--rank", "13", "--format", "json"});
+  ASSERT_EQ(j.code, 0) << j.err;
+  EXPECT_EQ(nlohmann::json::parse(j.out)["processes"],
+            nlohmann::json::parse(R"({"total":24,"spares":[16,23],"spare_nodes":[4,5],"process":13})"));
+  // No spares: no processes section (the plan is the one without --spares).
+  const CliResult none = plan({"--world-size", "8", "--spares", "0", "--format", "json"});
+  const CliResult base = plan({"--world-size", "8", "--format", "json"});
+  ASSERT_EQ(none.code, 0) << none.err;
+  EXPECT_EQ(none.out, base.out);
+}
+
 TEST(PlanCli, HelpExitsZero) {
   const CliResult r = run_cli(COMMGRID_EXE, {"plan", "--help"});
   EXPECT_EQ(r.code, 0);
@@ -180,6 +203,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{w8({"--tp", "2", "--ep", "2", "--order", "tp-cp-dp-pp"}), "omits \"ep\"", "", true},
         BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--etp", "1", "--order", "tp-pp-ep-dp"}),
                  "pipeline groups differ", "", true},
+        BadInput{w8({"--spares", "-1"}), "spares must be >= 0, got -1", "", true},
+        BadInput{w8({"--spares", "x"}), "spares: expected an integer", "", true},
+        BadInput{w8({"--spares", "2", "--format", "svg"}), "--spares is shown by --format table and json, not svg", "", true},
+        BadInput{w8({"--spares", "3", "--gpus-per-node", "4"}), "spares = 3 is not a whole number of nodes of 4", "", true},
+        BadInput{w8({"--spares", "4", "--gpus-per-node", "3"}), "world_size 8 is not a whole number of nodes of 3", "", true},
         BadInput{{"plan", "--world-size", "4096", "--tp", "65536", "--pp", "65536"},
                  "tp*pp*cp exceeds world_size 4096", "tp*pp*cp*gtp_remat exceeds world_size 4096", true}})));
 
