@@ -32,28 +32,47 @@ class MeshContext final : public ::gloo::Context {
   /// Makes the pairs and publishes their addresses, then waits for the peers' addresses
   /// for this rank (TimeoutError naming the members that did not arrive).
   void publish_and_wait(RendezvousStore& store, std::shared_ptr<::gloo::transport::Device>& dev) {
-    transport_ = dev->createContext(rank, size);
-    transport_->setTimeout(getTimeout());
-    for (int peer = 0; peer < size; ++peer)
-      if (peer != rank) transport_->createPair(peer);
-    std::vector<std::string> theirs;
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      store.set(pair_key(rank, peer), transport_->getPair(peer)->address().bytes());
-      theirs.push_back(pair_key(peer, rank));
-    }
-    store.wait(theirs);
+    closing_pairs_on_failure([&] {
+      transport_ = dev->createContext(rank, size);
+      transport_->setTimeout(getTimeout());
+      for (int peer = 0; peer < size; ++peer)
+        if (peer != rank) transport_->createPair(peer);
+      std::vector<std::string> theirs;
+      for (int peer = 0; peer < size; ++peer) {
+        if (peer == rank) continue;
+        store.set(pair_key(rank, peer), transport_->getPair(peer)->address().bytes());
+        theirs.push_back(pair_key(peer, rank));
+      }
+      store.wait(theirs);
+    });
     device_ = dev;
   }
 
   /// Connects every pair to the address its peer published for this rank.
   void connect(RendezvousStore& store) {
-    for (int peer = 0; peer < size; ++peer)
-      if (peer != rank) transport_->getPair(peer)->connect(store.take(pair_key(peer, rank)));
+    closing_pairs_on_failure([&] {
+      for (int peer = 0; peer < size; ++peer)
+        if (peer != rank) transport_->getPair(peer)->connect(store.take(pair_key(peer, rank)));
+    });
     transportContext_ = std::move(transport_);
   }
 
  private:
+  // A failure closes every pair (and so its listener) before the exception leaves: the
+  // caller's connection gate is still up then. A listener that outlived the gate would let
+  // Gloo's event loop accept a stranger queued on it and parse the stranger's bytes (a
+  // crafted header aborts the process), as Gloo's own connectFullMesh never allowed: its
+  // pairs die with its frame.
+  template <class F>
+  void closing_pairs_on_failure(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      transport_.reset();
+      throw;
+    }
+  }
+
   std::shared_ptr<::gloo::transport::Context> transport_;
 };
 
