@@ -176,7 +176,8 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    // One write, as launch_worker's: a process stopped right after cannot leave half a line.
+    std::cerr << ("error: " + std::string(e.what()) + "\n") << std::flush;
     return 1;
   }
 }
