@@ -43,7 +43,7 @@ struct Flags {
   bool moe = false;
   std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
-  std::string spares, snapshot_every = "1", fault_kill;  // docs/resilience.md
+  std::string spares, snapshot_every = "1", state_from = "auto", fault_kill;  // docs/resilience.md
 };
 
 double parse_double(const std::string& param, const std::string& text, double min) {
@@ -191,9 +191,18 @@ int run_with_spares(const Flags& f, const Checked& checked) {
                                                     std::to_string(launch->spares) + " spares");
   train_gpt::ResilienceConfig resilience;
   resilience.snapshot_every = to_int("snapshot_every", f.snapshot_every, 1);
+  resilience.state_from = train_gpt::parse_state_source(f.state_from);
   resilience.kills = parse_kills(f.fault_kill);
   const auto [layout, config] = checked(launch->world_size());
-  train_gpt::check_resilient_config(config, layout);
+  // The buddy on the next node: commgrid launch gives the processes per node and the nodes
+  // in torchrun's variables.
+  auto env_integer = [](const char* name) -> std::int64_t {
+    const char* v = std::getenv(name);
+    return v == nullptr ? 0 : parse_integer(name, v, 0, std::int64_t{1} << 40);
+  };
+  resilience.buddy_shift = train_gpt::buddy_shift_for(layout.world_size, env_integer("LOCAL_WORLD_SIZE"),
+                                                      env_integer("GROUP_WORLD_SIZE"));
+  train_gpt::check_resilient_config(config, layout, resilience);
   const auto results = train_gpt::run_resilient(*launch, layout, config, resilience);
   if (results) print(f.format, layout, config, *results);
   return 0;
@@ -286,7 +295,11 @@ int main(int argc, char** argv) {
   app.add_option("--format", f.format, "table or json (table)");
   app.add_option("--spares", f.spares,
                  "run under commgrid launch --spares S: survive the loss of processes (state "
-                 "from data-parallel replicas; docs/resilience.md)");
+                 "from data-parallel replicas or buddy copies; docs/resilience.md)");
+  app.add_option("--state-from", f.state_from,
+                 "with --spares: where a replaced rank's state comes from: replica (its "
+                 "data-parallel group), buddy (a copy shipped to another rank at every "
+                 "snapshot), or auto: replica where every rank has a full one (auto)");
   app.add_option("--snapshot-every", f.snapshot_every,
                  "with --spares: keep an in-memory snapshot of the state every K steps (1)");
   app.add_option("--fault-kill", f.fault_kill)->group("");

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <iostream>
@@ -34,30 +35,61 @@ struct Snapshot {
 
 }  // namespace
 
-void check_resilient_config(const TrainConfig& config, const commgrid::ParallelConfig& layout) {
-  auto why = [&]() -> std::string {
-    if (layout.dp() < 2) return "dp " + std::to_string(layout.dp()) + " (no data-parallel replica)";
-    if (config.optimizer.dist_opt) return "--dist-opt (the optimizer's state is sharded over dp)";
-    if (config.moe && layout.ep > 1) return "--moe with ep " + std::to_string(layout.ep) + " (experts are sharded over dp)";
-    return "";
-  }();
-  if (!why.empty())
+StateSource parse_state_source(const std::string& text) {
+  if (text == "auto") return StateSource::automatic;
+  if (text == "replica") return StateSource::replica;
+  if (text == "buddy") return StateSource::buddy;
+  throw commgrid::InvalidValueError("state_from", "state_from: expected auto, replica or buddy, got \"" + text + "\"");
+}
+
+std::int64_t buddy_shift_for(std::int64_t world_size, std::int64_t local_world_size,
+                             std::int64_t nnodes) {
+  if (nnodes > 1 && local_world_size > 0 && world_size > local_world_size &&
+      world_size % local_world_size == 0)
+    return local_world_size;
+  return 1;
+}
+
+std::string why_no_replica(const TrainConfig& config, const commgrid::ParallelConfig& layout) {
+  if (layout.dp() < 2) return "dp " + std::to_string(layout.dp()) + " (no data-parallel replica)";
+  if (config.optimizer.dist_opt) return "--dist-opt (the optimizer's state is sharded over dp)";
+  if (config.moe && layout.ep > 1)
+    return "--moe with ep " + std::to_string(layout.ep) + " (experts are sharded over dp)";
+  return "";
+}
+
+StateSource resolve_state_source(const TrainConfig& config, const commgrid::ParallelConfig& layout,
+                                 const ResilienceConfig& resilience) {
+  if (resilience.state_from != StateSource::automatic) return resilience.state_from;
+  return why_no_replica(config, layout).empty() ? StateSource::replica : StateSource::buddy;
+}
+
+void check_resilient_config(const TrainConfig& config, const commgrid::ParallelConfig& layout,
+                            const ResilienceConfig& resilience) {
+  const std::string why = why_no_replica(config, layout);
+  if (resilience.state_from == StateSource::replica && !why.empty())
     throw commgrid::IncompatibleError(
-        "spares", "--spares: this example recovers a rank's state from a data-parallel "
-                  "replica, and " + why + " leaves a rank without one (buddy copies are not "
-                  "implemented: docs/resilience.md)");
+        "state_from", "--state-from replica: " + why + " leaves a rank without a full "
+                      "data-parallel replica (use --state-from buddy or auto: docs/resilience.md)");
+  const std::int64_t w = layout.world_size;
+  if (resolve_state_source(config, layout, resilience) == StateSource::buddy &&
+      (resilience.buddy_shift <= 0 || resilience.buddy_shift % w == 0))
+    throw commgrid::IncompatibleError(
+        "spares", "--spares: buddy copies need another rank to hold each rank's state, and world "
+                  "size " + std::to_string(w) + " with buddy shift " + std::to_string(resilience.buddy_shift) +
+                  " gives every rank itself" + (why.empty() ? "" : " (" + why + ")"));
 }
 
 std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch& launch,
                                                      const commgrid::ParallelConfig& layout,
                                                      const TrainConfig& config,
                                                      const ResilienceConfig& resilience) {
-  check_resilient_config(config, layout);
+  check_resilient_config(config, layout, resilience);
 #if !COMMGRID_HAS_GLOO
   (void)launch;
-  (void)resilience;
   throw commgrid::ConfigError("spares", "--spares: this build has no Gloo backend");
 #else
+  const bool buddy = resolve_state_source(config, layout, resilience) == StateSource::buddy;
   std::unique_ptr<commgrid::Recovery> rec = commgrid::make_recovery(launch);
   const std::string token = launch.token;
   auto factory = [&](const std::string& prefix, int rank, int size) {
@@ -73,6 +105,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   std::unique_ptr<Collections> collections;
   std::unique_ptr<Trainer> trainer;
   std::deque<Snapshot> snapshots;  // the last two: every survivor holds the older one
+  // Buddy copies: the last two snapshots of logical rank (r - shift) mod W, received at
+  // each snapshot (their results are not kept: every rank has the same).
+  std::deque<Snapshot> copies;
+  int shipped = -1;  // the step whose snapshot this rank last shipped to its buddy
   std::vector<StepResult> results;
   int step = 0;
   bool fresh = true;  // no state of its own (a spare until it takes a rank)
@@ -81,38 +117,120 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     collections = std::make_unique<Collections>(make_collections(*g.groups));
     trainer = std::make_unique<Trainer>(collections->model, collections->grads, config);
   };
-  // After a regroup: back to the latest step whose snapshot every survivor holds; each
-  // data-parallel group sends its members the state of that step from a survivor (the
-  // spare has none; the survivors' are equal: replicas).
+  auto buddy_of = [&](std::int64_t r) { return (r + resilience.buddy_shift) % layout.world_size; };
+  auto buddy_source = [&](std::int64_t r) {
+    const std::int64_t w = layout.world_size;
+    return ((r - resilience.buddy_shift) % w + w) % w;
+  };
+  auto find = [](const std::deque<Snapshot>& list, std::int64_t s) -> const Snapshot* {
+    for (const Snapshot& snap : list)
+      if (snap.step == s) return &snap;
+    return nullptr;
+  };
+  auto keep_two = [](std::deque<Snapshot>& list, Snapshot snap) {
+    if (!list.empty() && list.back().step == snap.step) list.pop_back();
+    list.push_back(std::move(snap));
+    if (list.size() > 2) list.pop_front();
+  };
+  // Ships this rank's latest snapshot to its buddy and receives its source's: one batch of
+  // point-to-point operations on the world (the sizes first, once per epoch: a rank's
+  // state has the same size in every epoch, but its source may be a new process).
+  std::int64_t source_size = -1;
+  auto ship = [&] {
+    Communicator& world = *g.world;
+    const int to = static_cast<int>(buddy_of(world.rank()));
+    const int from = static_cast<int>(buddy_source(world.rank()));
+    const Snapshot& own = snapshots.back();
+    constexpr int kSizeTag = 7301, kStateTag = 7302;
+    if (source_size < 0) {
+      auto mine = static_cast<std::int64_t>(own.state.size());
+      const commgrid::P2POp sizes[] = {commgrid::P2POp::send(std::span<std::int64_t>(&mine, 1), to, kSizeTag),
+                                       commgrid::P2POp::recv(std::span<std::int64_t>(&source_size, 1), from, kSizeTag)};
+      world.batch_isend_irecv(sizes)->wait();
+    }
+    std::vector<double> in(static_cast<std::size_t>(source_size));
+    const commgrid::P2POp ops[] = {
+        commgrid::P2POp::send(std::span<const double>(own.state), to, kStateTag),
+        commgrid::P2POp::recv(std::span<double>(in), from, kStateTag)};
+    world.batch_isend_irecv(ops)->wait();
+    keep_two(copies, {own.step, std::move(in), {}});
+    shipped = own.step;
+  };
+  // After a regroup: back to the latest step whose snapshot every survivor holds (with
+  // buddy copies: and whose copies too), and every rank without state (a spare that took
+  // a rank) gets that step's state of its logical rank: from its data-parallel group's
+  // lowest survivor (replicas), or from its buddy (the rank that received its copies).
   auto resync = [&] {
-    const std::int64_t s = min_over(*g.world, fresh ? kNone : snapshots.back().step);
+    Communicator& world = *g.world;
+    std::int64_t latest = kNone;
+    if (!fresh) {
+      latest = snapshots.back().step;
+      if (buddy && !copies.empty()) latest = std::min<std::int64_t>(latest, copies.back().step);
+    }
+    const std::int64_t s = min_over(world, latest);
     if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
-    Communicator& dp = g.groups->group(commgrid::GroupKind::dp);
-    const Snapshot* mine = nullptr;
-    for (const Snapshot& snap : snapshots)
-      if (snap.step == s) mine = &snap;
+    const Snapshot* mine = fresh ? nullptr : find(snapshots, s);
     if (!fresh && mine == nullptr)
       throw commgrid::InternalError("recovery: this rank kept no snapshot of step " + std::to_string(s));
-    const std::int64_t source = min_over(dp, fresh ? kNone : dp.rank());
-    if (source == kNone)
-      throw BackendError("the state of logical rank " + std::to_string(*rec->logical_rank()) +
-                         " is lost: every replica in its data-parallel group died");
-    std::vector<double> buffer = fresh ? trainer->state() : mine->state;
-    const std::size_t state_size = buffer.size();
-    for (int k = 0; k < s; ++k) {
-      const StepResult r = fresh ? StepResult{} : mine->results[static_cast<std::size_t>(k)];
-      buffer.insert(buffer.end(), {r.loss, r.grad_norm, r.aux_loss});
+    std::vector<double> state = fresh ? trainer->state() : mine->state;
+    const std::size_t state_size = state.size();
+    std::vector<double> past(3 * static_cast<std::size_t>(s));  // the results of steps 1..s
+    if (!fresh)
+      for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k) {
+        const StepResult& r = mine->results[k];
+        past[3 * k] = r.loss;
+        past[3 * k + 1] = r.grad_norm;
+        past[3 * k + 2] = r.aux_loss;
+      }
+    if (!buddy) {
+      // Replicas: each data-parallel group broadcasts the state and the results from its
+      // lowest surviving member (the survivors' are equal).
+      Communicator& dp = g.groups->group(commgrid::GroupKind::dp);
+      const std::int64_t source = min_over(dp, fresh ? kNone : dp.rank());
+      if (source == kNone)
+        throw BackendError("the state of logical rank " + std::to_string(*rec->logical_rank()) +
+                           " is lost: every replica in its data-parallel group died");
+      state.insert(state.end(), past.begin(), past.end());
+      dp.broadcast(std::span<double>(state), static_cast<int>(source))->wait();
+      past.assign(state.begin() + static_cast<std::ptrdiff_t>(state_size), state.end());
+      state.resize(state_size);
+    } else {
+      // Buddy copies: who has no state (-1), and who holds its source's copy of step s (1).
+      const auto w = static_cast<std::size_t>(world.size());
+      std::int64_t has = fresh ? -1 : (find(copies, s) != nullptr ? 1 : 0);
+      std::vector<std::int64_t> all(w);
+      world.allgather(std::span<const std::int64_t>(&has, 1), std::span<std::int64_t>(all))->wait();
+      std::vector<commgrid::P2POp> ops;
+      for (std::size_t d = 0; d < w; ++d) {
+        if (all[d] != -1 || s == 0) continue;  // step 0's state is the initial one: a new Trainer's
+        const auto b = static_cast<std::size_t>(buddy_of(static_cast<std::int64_t>(d)));
+        if (all[b] != 1)
+          throw BackendError("the state of logical rank " + std::to_string(d) + " is lost: " +
+                             (all[b] == -1 ? "it and its buddy, logical rank " + std::to_string(b) + ", died"
+                                           : "its buddy, logical rank " + std::to_string(b) +
+                                                 ", holds no copy of step " + std::to_string(s)));
+        if (static_cast<int>(b) == world.rank())
+          ops.push_back(commgrid::P2POp::send(std::span<const double>(find(copies, s)->state),
+                                              static_cast<int>(d), 7303));
+        if (static_cast<int>(d) == world.rank())
+          ops.push_back(commgrid::P2POp::recv(std::span<double>(state), static_cast<int>(b), 7303));
+      }
+      if (!ops.empty()) world.batch_isend_irecv(ops)->wait();
+      // The results so far, from the lowest rank that has them.
+      const auto root = static_cast<int>(std::find_if(all.begin(), all.end(), [](std::int64_t h) { return h != -1; }) - all.begin());
+      if (s > 0) world.broadcast(std::span<double>(past), root)->wait();
+      // A rank's copies of a later step than s are of a step not taken again yet.
+      while (!copies.empty() && copies.back().step > s) copies.pop_back();
     }
-    dp.broadcast(std::span<double>(buffer), static_cast<int>(source))->wait();
-    trainer->set_state(std::span<const double>(buffer).first(state_size));
+    trainer->set_state(state);
     results.clear();
-    for (int k = 0; k < s; ++k) {
-      const double* r = buffer.data() + state_size + 3 * static_cast<std::size_t>(k);
-      results.push_back({k + 1, r[0], r[1], r[2]});
-    }
+    for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k)
+      results.push_back({static_cast<int>(k) + 1, past[3 * k], past[3 * k + 1], past[3 * k + 2]});
     step = static_cast<int>(s);
     snapshots.clear();
-    snapshots.push_back({step, std::vector<double>(buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(state_size)), results});
+    snapshots.push_back({step, std::move(state), results});
+    shipped = -1;  // ship again at step s: a spare's buddy, and a dead rank's, hold no copy
+    source_size = -1;
     fresh = false;
   };
   // Recovery's cost, by part, on stderr (docs/benchmarks.md reads it).
@@ -169,12 +287,13 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       if (kill.process == launch.process && kill.step == step && launch.incarnation == 0)
         ::raise(SIGKILL);
     try {
-      if (step % resilience.snapshot_every == 0 &&
-          (snapshots.empty() || snapshots.back().step != step)) {
-        // The per-snapshot check: one store read every K steps.
-        if (rec->failed()) throw BackendError("epoch " + std::to_string(rec->epoch()) + " failed: " + rec->failure_reason());
-        snapshots.push_back({step, trainer->state(), results});
-        if (snapshots.size() > 2) snapshots.pop_front();
+      if (step % resilience.snapshot_every == 0) {
+        if (snapshots.empty() || snapshots.back().step != step) {
+          // The per-snapshot check: one store read every K steps.
+          if (rec->failed()) throw BackendError("epoch " + std::to_string(rec->epoch()) + " failed: " + rec->failure_reason());
+          keep_two(snapshots, {step, trainer->state(), results});
+        }
+        if (buddy && shipped != step) ship();
       }
       results.push_back(trainer->step(step));
       ++step;

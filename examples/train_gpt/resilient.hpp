@@ -2,21 +2,38 @@
 // `commgrid launch --spares S`, each rank keeps in-memory snapshots of its state every K
 // steps; after a failure the survivors and a spare agree on the next epoch, regroup, roll
 // back to the last snapshot every survivor holds, and the spare fetches the state of the
-// rank it replaces from a data-parallel replica. The losses and gradient norms are those
-// of a run without failures.
+// rank it replaces: from a data-parallel replica where every rank has one, else from the
+// buddy copy that each rank ships to another rank at every snapshot. The losses and
+// gradient norms are those of a run without failures.
 #pragma once
 
 #include <commgrid/commgrid.hpp>
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "trainer.hpp"
 
 namespace train_gpt {
 
+/// Where the state of a replaced rank comes from.
+enum class StateSource : std::uint8_t {
+  automatic,  ///< replica where the layout gives every rank one, else buddy
+  replica,    ///< a surviving member of its data-parallel group (a full replica)
+  buddy,      ///< the copy its buddy received at the last snapshot
+};
+
+/// "auto", "replica" or "buddy"; throws InvalidValueError ("state_from") for other text.
+StateSource parse_state_source(const std::string& text);
+
 /// What the resilient loop does besides training.
 struct ResilienceConfig {
   int snapshot_every = 1;  ///< K: a snapshot of the state at every K-th step
+  StateSource state_from = StateSource::automatic;
+  /// Buddy copies: logical rank r ships its state to logical rank (r + buddy_shift) mod W
+  /// at every snapshot. buddy_shift_for() puts the buddy on the next node.
+  std::int64_t buddy_shift = 1;
   /// Test-only faults: process `process` (incarnation 0) kills itself with SIGKILL at the
   /// start of step `step` (0-based).
   struct Kill {
@@ -26,15 +43,32 @@ struct ResilienceConfig {
   std::vector<Kill> kills;
 };
 
-/// Checks that the layout keeps every rank's state on a replica (dp > 1, no distributed
-/// optimizer, no expert parallelism: the state recovery this example implements); throws
-/// IncompatibleError naming what is missing.
-void check_resilient_config(const TrainConfig& config, const commgrid::ParallelConfig& layout);
+/// The buddy shift that puts logical rank r's buddy on another node: the processes per
+/// node when the job spans several nodes and the world more than one, else 1 (one node:
+/// the next rank). `world_size` W, `local_world_size` the processes per node, `nnodes`.
+std::int64_t buddy_shift_for(std::int64_t world_size, std::int64_t local_world_size,
+                             std::int64_t nnodes);
+
+/// Why the layout leaves some rank's state without a full data-parallel replica (dp 1, the
+/// distributed optimizer's sharded state, experts sharded over ep); empty when every rank
+/// has one.
+std::string why_no_replica(const TrainConfig& config, const commgrid::ParallelConfig& layout);
+
+/// The source the run uses: `automatic` resolved against the layout.
+StateSource resolve_state_source(const TrainConfig& config, const commgrid::ParallelConfig& layout,
+                                 const ResilienceConfig& resilience);
+
+/// Checks that the run can recover every rank's state: `replica` needs a layout with full
+/// replicas (IncompatibleError naming what is missing), `buddy` a buddy other than the rank
+/// itself (IncompatibleError naming the world size and the shift).
+void check_resilient_config(const TrainConfig& config, const commgrid::ParallelConfig& layout,
+                            const ResilienceConfig& resilience);
 
 /// One process of a resilient run: trains (as a spare: waits), recovering from failures.
 /// Returns every step's result on the process that holds logical rank 0 at the end,
 /// nullopt on the others. Throws FencedError on a process declared dead, BackendError when
-/// the state of a rank is lost (every replica died) naming the logical rank.
+/// the state of a rank is lost (every replica, or the rank and its buddy, died) naming the
+/// logical rank.
 std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch& launch,
                                                      const commgrid::ParallelConfig& layout,
                                                      const TrainConfig& config,

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "cli_runner.hpp"
@@ -51,11 +53,23 @@ std::vector<Step> reference(int world, const std::vector<std::string>& layout) {
   return steps_of(r);
 }
 
+// The same layout as rank-threads of one process (--local): the reference of the buddy
+// tests (a second path to the same losses).
+std::vector<Step> reference_local(int world, const std::vector<std::string>& layout) {
+  std::string cmd = "timeout 300 " + shell_quote(COMMGRID_TRAIN_GPT) + " --local " + std::to_string(world);
+  for (const auto& a : layout) cmd += " " + shell_quote(a);
+  const CliResult r = run_shell(cmd + " --steps 6 --format json --timeout 60");
+  EXPECT_EQ(r.code, 0) << r.err;
+  return steps_of(r);
+}
+
 std::vector<Step> with_failure(int processes, int spares, const std::vector<std::string>& layout,
-                               const std::string& kills, int* code = nullptr, std::string* err = nullptr) {
+                               const std::string& kills, int* code = nullptr, std::string* err = nullptr,
+                               const std::vector<std::string>& extra = {}) {
   std::vector<std::string> train = layout;
   train.insert(train.end(), {"--steps", "6", "--format", "json", "--spares", std::to_string(spares),
                              "--snapshot-every", "2", "--fault-kill", kills});
+  train.insert(train.end(), extra.begin(), extra.end());
   const CliResult r = launch({"-n", std::to_string(processes), "--spares", std::to_string(spares),
                               "--output", "raw"},
                              train);
@@ -97,11 +111,76 @@ TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
             std::string::npos) << err;
 }
 
+// A process and a step drawn at random (printed on failure): any rank, at a step after
+// the snapshot of step 2 was shipped (so that the state moves: a kill before it rolls back
+// to step 0, whose state is a new Trainer's).
+std::pair<int, int> random_kill(int world) {
+  std::random_device device;
+  std::mt19937 gen(device());
+  return {std::uniform_int_distribution<int>(0, world - 1)(gen), std::uniform_int_distribution<int>(3, 5)(gen)};
+}
+
+std::string kill_text(std::pair<int, int> kill) {
+  return std::to_string(kill.first) + ":" + std::to_string(kill.second);
+}
+
+// Buddy copies (no full replica): each rank ships its snapshot to logical rank r + 1 and
+// the spare fetches the dead rank's state from there.
+TEST(TrainGptSpares, BuddyCopiesDpOneTpPpARandomRankAtARandomStep) {
+  const std::vector<std::string> layout{"--tp", "2", "--pp", "2", "--micro-batches", "2"};  // dp 1
+  const auto kill = random_kill(4);
+  SCOPED_TRACE("--fault-kill " + kill_text(kill));
+  expect_same(with_failure(5, 1, layout, kill_text(kill)), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, BuddyCopiesDistributedOptimizerShards) {
+  const std::vector<std::string> layout{"--tp", "2", "--dist-opt"};  // dp 2, Adam sharded over it
+  expect_same(with_failure(5, 1, layout, "2:3"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, BuddyCopiesMoeWithExpertsShardedOverEp) {
+  const std::vector<std::string> layout{"--moe", "--ep", "2", "--pp", "2", "--micro-batches", "2"};
+  expect_same(with_failure(5, 1, layout, "1:3"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, BuddyCopiesCpAndInterleavedPipelineARandomRankAtARandomStep) {
+  const std::vector<std::string> layout{"--cp", "2", "--pp", "2", "--vpp", "2", "--micro-batches", "2"};
+  const auto kill = random_kill(4);
+  SCOPED_TRACE("--fault-kill " + kill_text(kill));
+  expect_same(with_failure(5, 1, layout, kill_text(kill)), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, BuddyCopiesTwoFailuresInARowOnAReplicaLayout) {
+  // --state-from buddy on a layout that has replicas: rank 0 at step 1, then process 3 at
+  // step 4 (its buddy, logical rank 0, is the first spare by then).
+  const std::vector<std::string> layout{"--tp", "2"};
+  expect_same(with_failure(6, 2, layout, "0:1,3:4", nullptr, nullptr, {"--state-from", "buddy"}),
+              reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, LosingARankAndItsBuddyEndsTheJobNamingTheRank) {
+  // tp 2 x pp 2 (dp 1): logical rank 1's buddy is logical rank 2; both die at step 3.
+  int code = 0;
+  std::string err;
+  (void)with_failure(6, 2, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3,2:3", &code, &err);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("the state of logical rank 1 is lost: it and its buddy, logical rank 2, died"),
+            std::string::npos) << err;
+}
+
 TEST(TrainGptSpares, BadInputExitsTwo) {
-  // A layout without a replica, and --spares without launch --spares.
-  const CliResult no_replica = launch({"-n", "3", "--spares", "1"}, {"--tp", "2", "--spares", "1"});
+  // Replicas asked for on a layout without them, a bad --state-from, and --spares without
+  // launch --spares.
+  const CliResult no_replica =
+      launch({"-n", "3", "--spares", "1"}, {"--tp", "2", "--spares", "1", "--state-from", "replica"});
   EXPECT_EQ(no_replica.code, 2) << no_replica.err;
-  EXPECT_NE(no_replica.err.find("buddy copies are not implemented"), std::string::npos) << no_replica.err;
+  EXPECT_NE(no_replica.err.find("--state-from replica: dp 1 (no data-parallel replica)"), std::string::npos)
+      << no_replica.err;
+  const CliResult bad_source =
+      launch({"-n", "5", "--spares", "1"}, {"--tp", "2", "--spares", "1", "--state-from", "disk"});
+  EXPECT_EQ(bad_source.code, 2) << bad_source.err;
+  EXPECT_NE(bad_source.err.find("state_from: expected auto, replica or buddy, got \"disk\""), std::string::npos)
+      << bad_source.err;
   const CliResult no_launch = run_shell(shell_quote(COMMGRID_TRAIN_GPT) + " --spares 1 --local 2");
   EXPECT_EQ(no_launch.code, 2) << no_launch.err;
 }
