@@ -163,7 +163,8 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
 }
 
 // --fault-kill P:S[,P:S...] (test-only): process (or MPI rank) P kills itself with SIGKILL
-// at the start of step S.
+// at the start of step S; P:recovery (with --spares) in its first recovery, once the new
+// epoch's groups exist, before the state moves.
 std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
   std::vector<train_gpt::ResilienceConfig::Kill> out;
   while (!kills.empty()) {
@@ -171,9 +172,10 @@ std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
     kills.erase(0, std::min(kills.size(), item.size() + 1));
     const auto colon = item.find(':');
     if (colon == std::string::npos)
-      throw commgrid::InvalidValueError("fault_kill", "fault_kill: expected PROCESS:STEP, got \"" + item + "\"");
+      throw commgrid::InvalidValueError("fault_kill", "fault_kill: expected PROCESS:STEP or PROCESS:recovery, got \"" + item + "\"");
+    const std::string when = item.substr(colon + 1);
     out.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
-                   to_int("fault_kill", item.substr(colon + 1), 0)});
+                   when == "recovery" ? train_gpt::ResilienceConfig::kDuringRecovery : to_int("fault_kill", when, 0)});
   }
   return out;
 }

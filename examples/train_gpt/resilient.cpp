@@ -113,6 +113,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   int step = 0;
   bool fresh = true;  // no state of its own (a spare until it takes a rank)
 
+  auto fault_kill = [&](int at) {
+    for (const auto& kill : resilience.kills)
+      if (kill.process == launch.process && kill.step == at && launch.incarnation == 0) ::raise(SIGKILL);
+  };
   auto start_epoch = [&] {
     collections = std::make_unique<Collections>(make_collections(*g.groups));
     trainer = std::make_unique<Trainer>(collections->model, collections->grads, config);
@@ -187,9 +191,11 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       // lowest surviving member (the survivors' are equal).
       Communicator& dp = g.groups->group(commgrid::GroupKind::dp);
       const std::int64_t source = min_over(dp, fresh ? kNone : dp.rank());
-      if (source == kNone)
-        throw BackendError("the state of logical rank " + std::to_string(*rec->logical_rank()) +
-                           " is lost: every replica in its data-parallel group died");
+      // The verdict over the world, so that every rank ends alike.
+      const std::int64_t lost = min_over(world, source == kNone ? world.rank() : kNone);
+      if (lost != kNone)
+        throw StateLostError("the state of logical rank " + std::to_string(lost) +
+                             " is lost: every replica in its data-parallel group died");
       state.insert(state.end(), past.begin(), past.end());
       dp.broadcast(std::span<double>(state), static_cast<int>(source))->wait();
       past.assign(state.begin() + static_cast<std::ptrdiff_t>(state_size), state.end());
@@ -205,7 +211,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         if (all[d] != -1 || s == 0) continue;  // step 0's state is the initial one: a new Trainer's
         const auto b = static_cast<std::size_t>(buddy_of(static_cast<std::int64_t>(d)));
         if (all[b] != 1)
-          throw BackendError("the state of logical rank " + std::to_string(d) + " is lost: " +
+          throw StateLostError("the state of logical rank " + std::to_string(d) + " is lost: " +
                              (all[b] == -1 ? "it and its buddy, logical rank " + std::to_string(b) + ", died"
                                            : "its buddy, logical rank " + std::to_string(b) +
                                                  ", holds no copy of step " + std::to_string(s)));
@@ -238,37 +244,40 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   auto seconds = [](Clock::time_point a, Clock::time_point b) {
     return std::to_string(std::chrono::duration<double>(b - a).count()).substr(0, 6);
   };
+  // Recovery::recover, timed by part: agree, then build the epoch's world and groups, the
+  // model, and move the state; all of it again from the next decision when a process dies
+  // on the way (every failure ends at least one process, so the attempts are bounded).
   auto recover = [&] {
-    const auto t0 = Clock::now();
-    trainer.reset();
-    collections.reset();
-    g = commgrid::EpochGroups{};  // closes this epoch's connections: blocked peers fail now
-    // Recovery::recover, timed by part: agree, then build the epoch's world and groups
-    // (again from the last decision when a process dies during the build).
-    Clock::time_point agreed;
-    for (std::int64_t attempt = 0;; ++attempt) {
+    for (std::int64_t attempt = 1;; ++attempt) {
+      const auto t0 = Clock::now();
+      trainer.reset();
+      collections.reset();
+      g = commgrid::EpochGroups{};  // closes this epoch's connections: blocked peers fail now
       rec->agree();
-      agreed = Clock::now();
+      const auto agreed = Clock::now();
       try {
-        g = rec->build(factory, layout);
-        break;
+        g = rec->build(factory, layout);  // marks the epoch failed when it fails
+        const auto t1 = Clock::now();
+        if (!g.world) return;  // still a spare
+        start_epoch();
+        const auto t2 = Clock::now();
+        fault_kill(ResilienceConfig::kDuringRecovery);
+        resync();
+        std::cerr << ("train_gpt: process " + std::to_string(launch.process) + " is logical rank " +
+                      std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(rec->epoch()) +
+                      ", back at step " + std::to_string(step) + ": agreement " + seconds(t0, agreed) +
+                      " s, groups " + seconds(agreed, t1) + " s, model " + seconds(t1, t2) +
+                      " s, state " + seconds(t2, Clock::now()) + " s\n")
+                  << std::flush;
+        return;
       } catch (const commgrid::FencedError&) {
         throw;
-      } catch (const BackendError&) {
-        if (attempt + 1 >= rec->map().num_processes()) throw;
+      } catch (const StateLostError&) {
+        throw;  // every rank reached the same verdict: nothing to retry
+      } catch (const BackendError& e) {
+        if (attempt >= rec->map().num_processes()) throw;
+        rec->mark_failed(e.what());
       }
-    }
-    const auto t1 = Clock::now();
-    if (g.world) {
-      start_epoch();
-      const auto t2 = Clock::now();
-      resync();
-      std::cerr << ("train_gpt: process " + std::to_string(launch.process) + " is logical rank " +
-                    std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(rec->epoch()) +
-                    ", back at step " + std::to_string(step) + ": agreement " + seconds(t0, agreed) +
-                    " s, groups " + seconds(agreed, t1) + " s, model " + seconds(t1, t2) +
-                    " s, state " + seconds(t2, Clock::now()) + " s\n")
-                << std::flush;
     }
   };
 
@@ -283,9 +292,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       recover();
       continue;
     }
-    for (const auto& kill : resilience.kills)
-      if (kill.process == launch.process && kill.step == step && launch.incarnation == 0)
-        ::raise(SIGKILL);
+    fault_kill(step);
     try {
       if (step % resilience.snapshot_every == 0) {
         if (snapshots.empty() || snapshots.back().step != step) {

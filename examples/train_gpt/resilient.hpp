@@ -17,6 +17,13 @@
 
 namespace train_gpt {
 
+/// The state of a logical rank is lost: every process that held it (its data-parallel
+/// replicas, or it and its buddy) died. Every rank of the epoch throws it alike.
+class StateLostError : public commgrid::BackendError {
+ public:
+  using commgrid::BackendError::BackendError;
+};
+
 /// Where the state of a replaced rank comes from.
 enum class StateSource : std::uint8_t {
   automatic,  ///< replica where the layout gives every rank one, else buddy
@@ -35,7 +42,9 @@ struct ResilienceConfig {
   /// at every snapshot. buddy_shift_for() puts the buddy on the next node.
   std::int64_t buddy_shift = 1;
   /// Test-only faults: process `process` (incarnation 0) kills itself with SIGKILL at the
-  /// start of step `step` (0-based).
+  /// start of step `step` (0-based), or, with step kDuringRecovery, when its first recovery
+  /// has built the new epoch's groups and is about to move the state.
+  static constexpr int kDuringRecovery = -2;
   struct Kill {
     std::int64_t process = -1;
     int step = -1;
@@ -66,7 +75,7 @@ void check_resilient_config(const TrainConfig& config, const commgrid::ParallelC
 
 /// One process of a resilient run: trains (as a spare: waits), recovering from failures.
 /// Returns every step's result on the process that holds logical rank 0 at the end,
-/// nullopt on the others. Throws FencedError on a process declared dead, BackendError when
+/// nullopt on the others. Throws FencedError on a process declared dead, StateLostError when
 /// the state of a rank is lost (every replica, or the rank and its buddy, died) naming the
 /// logical rank.
 std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch& launch,

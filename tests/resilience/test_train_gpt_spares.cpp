@@ -100,6 +100,25 @@ TEST(TrainGptSpares, TpPpDpAKilledStageIsReplaced) {
   expect_same(with_failure(9, 1, layout, "5:2"), reference(8, layout));
 }
 
+TEST(TrainGptSpares, ASurvivorKilledDuringTheRecoveryIsReplacedByTheNextSpare) {
+  // Process 1 dies at step 3; process 2, a survivor, dies in that recovery once the new
+  // groups exist: a second epoch gives logical rank 2 to the second spare, and both states
+  // come from their replicas (tp 2 x dp 2: logical ranks 3 and 0).
+  const std::vector<std::string> layout{"--tp", "2"};
+  expect_same(with_failure(6, 2, layout, "1:3,2:recovery"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, ABuddyKilledDuringTheRecoveryLosesTheStateItHeld) {
+  // tp 2 x pp 2 (dp 1): process 1 dies at step 3; its buddy, logical rank 2, dies in the
+  // recovery before sending the copy: nobody else holds rank 1's state.
+  int code = 0;
+  std::string err;
+  (void)with_failure(6, 2, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3,2:recovery", &code, &err);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("the state of logical rank 1 is lost: it and its buddy, logical rank 2, died"),
+            std::string::npos) << err;
+}
+
 TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
   // dp groups {0, 2} and {1, 3}: both of {0, 2} die at step 2; two spares take their
   // places, but nobody holds their state.
