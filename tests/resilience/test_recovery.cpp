@@ -199,6 +199,16 @@ int agreed_step(const EpochGroups& g, int mine) {
   return static_cast<int>(v);
 }
 
+// Each epoch's world: Gloo over the job's store, with the epoch's prefix.
+WorldFactory gloo_worlds(const std::shared_ptr<Store>& store) {
+  return [store](const std::string& prefix, int rank, int size) {
+    GlooOptions o;
+    o.timeout = 30s;
+    o.prefix = prefix;
+    return make_gloo_world(store, rank, size, o);
+  };
+}
+
 // Gloo ranks as threads: W = 4 (tp 2, dp 2) and one spare. Process 3 dies after step 1 (it
 // closes every connection, as a killed process's kernel does); the others fail at their
 // next collective, agree, regroup with process 4 as logical rank 3, and every later step's
@@ -217,12 +227,7 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
       threads.emplace_back([&, p] {
         try {
           Recovery rec(store, m0, p, fast(30s));
-          auto factory = [&](const std::string& prefix, int rank, int size) {
-            GlooOptions o;
-            o.timeout = 30s;
-            o.prefix = prefix;
-            return make_gloo_world(store, rank, size, o);
-          };
+          const WorldFactory factory = gloo_worlds(store);
           EpochGroups g = rec.build(factory, config);
           int step = 0;
           while (step < kSteps) {
@@ -390,12 +395,7 @@ TEST(GlooRegroup, WithoutASpareTheWorldShrinksToTheKeptReplica) {
         const auto i = static_cast<std::size_t>(p);
         try {
           Recovery rec(store, m0, p, options);
-          auto factory = [&](const std::string& prefix, int rank, int size) {
-            GlooOptions o;
-            o.timeout = 30s;
-            o.prefix = prefix;
-            return make_gloo_world(store, rank, size, o);
-          };
+          const WorldFactory factory = gloo_worlds(store);
           EpochGroups g = rec.build(factory, config);
           int step = 0;
           while (step < kSteps) {
