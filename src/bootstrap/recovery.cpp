@@ -83,11 +83,13 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
     c.validate();
     if (c.world_size != map_.world_size())
       throw IncompatibleError("shrink", "recovery: the shrink layout's world_size " +
-                                            std::to_string(c.world_size) + " is not the map's world of " +
+                                            std::to_string(c.world_size) +
+                                            " is not the map's world of " +
                                             std::to_string(map_.world_size()));
-    if (shrink->global_batch && (*shrink->global_batch < 1 || *shrink->global_batch % c.dp() != 0))
-      throw InvalidValueError("global_batch", "recovery: global_batch " + std::to_string(*shrink->global_batch) +
-                                                  " is not a positive multiple of dp " + std::to_string(c.dp()));
+    if (const auto batch = shrink->global_batch; batch && (*batch < 1 || *batch % c.dp() != 0))
+      throw InvalidValueError("global_batch", "recovery: global_batch " + std::to_string(*batch) +
+                                                  " is not a positive multiple of dp " +
+                                                  std::to_string(c.dp()));
     config_ = c;
   }
   // Every decision so far, replayed: a restarted process learns the job's current epoch

@@ -316,8 +316,9 @@ ShrinkPlan plan_shrink(const ParallelConfig& config, std::span<const Rank> dead,
 EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> dead,
                               const ParallelConfig& config, std::optional<std::int64_t> global_batch) {
   if (config.world_size != map.world_size())
-    throw IncompatibleError("world_size", "shrink: the layout's world_size " + str(config.world_size) +
-                                              " is not the map's world of " + str(map.world_size()));
+    throw IncompatibleError("world_size", "shrink: the layout's world_size " +
+                                              str(config.world_size) + " is not the map's world of " +
+                                              str(map.world_size()));
   try {
     return {map.replace(dead), std::nullopt};
   } catch (const NoSpareError&) {
@@ -337,7 +338,8 @@ EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> 
   // exists for k, none exists for a smaller k either.
   for (std::size_t k = lost.size() - 1;; --k) {
     std::vector<Rank> dropped;
-    for (std::size_t i = k; i < lost.size(); ++i) dropped.insert(dropped.end(), lost[i].begin(), lost[i].end());
+    for (std::size_t i = k; i < lost.size(); ++i)
+      dropped.insert(dropped.end(), lost[i].begin(), lost[i].end());
     std::optional<ShrinkPlan> plan;
     try {
       plan = plan_shrink(config, dropped, global_batch);

@@ -364,8 +364,8 @@ TEST(Shrink, OptionsThatDoNotFitTheJobAreRefusedAtTheStartAndZeroSparesWork) {
     ADD_FAILURE() << "no error";
   } catch (const IncompatibleError& e) {
     EXPECT_EQ(e.parameter(), "shrink");
-    EXPECT_NE(std::string(e.what()).find("world_size 8 is not the map's world of 4"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("world_size 8 is not the map's world of 4"),
+              std::string::npos) << e.what();
   }
   o.shrink = ShrinkOptions{tp_config(4, 2), 3};  // dp 2 does not divide 3
   EXPECT_THROW((void)make_recovery(launch, o), InvalidValueError);
