@@ -40,9 +40,12 @@ ParallelConfig tp_config(std::int64_t world, std::int64_t tp) {
   return c;
 }
 
-// With the world shrinking when no spare is left, over `layout` (epoch 0's).
+// With the world shrinking when no spare is left, over `layout` (epoch 0's). Every death in
+// these tests is posted, so the window (10 s) is never waited out: it only keeps a live
+// process that is slow to register on a loaded machine from being declared dead.
 RecoveryOptions shrinking(const ParallelConfig& layout, std::chrono::milliseconds timeout = 20s) {
   RecoveryOptions o = fast(timeout);
+  o.decision_window = 0.5;
   o.shrink = ShrinkOptions{layout, std::nullopt};
   return o;
 }
@@ -299,6 +302,44 @@ TEST(Shrink, WithoutSparesEverySurvivorAdoptsOneSmallerWorld) {
     ASSERT_TRUE(a.shrink[i]) << i;
     EXPECT_EQ(a.shrink[i]->old_ranks(), (std::vector<Rank>{0, 1}));
   }
+  // A process that comes later (a restart, say) replays the decision to the same epoch.
+  const Recovery late(store, RankMap(4, spares(0)), 2, shrinking(tp_config(4, 2)));
+  EXPECT_EQ(late.map().canonical(), a.map[0]);
+  ASSERT_TRUE(late.config());
+  EXPECT_EQ(late.config()->world_size, 2);
+}
+
+TEST(Shrink, ProcessesWithDifferentShrinkOptionsFailRatherThanHang) {
+  auto store = make_memory_store();
+  store->set(dead_process_key("resilience", 3, 0), bytes(std::string("SIGKILL")));
+  const RankMap m0(4, spares(0));
+  std::vector<std::string> errors(3);
+  {
+    std::vector<std::jthread> threads;
+    for (std::int64_t p = 0; p < 3; ++p)
+      threads.emplace_back([&, p] {
+        try {
+          // Process 0, the decider, has no shrink: its decision keeps the world.
+          RecoveryOptions o = shrinking(tp_config(4, 2));
+          if (p == 0) o.shrink.reset();
+          Recovery r(store, m0, p, o);
+          (void)r.agree();
+        } catch (const NoSpareError& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("NoSpareError: ") + e.what();
+        } catch (const BackendError& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("BackendError: ") + e.what();
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("other: ") + e.what();
+        }
+      });
+  }
+  EXPECT_NE(errors[0].find("NoSpareError: no spare left for logical rank [3]"), std::string::npos)
+      << errors[0];
+  for (std::size_t p : {1u, 2u})
+    EXPECT_NE(errors[p].find("BackendError: recovery: the decision for epoch 1 keeps the world, "
+                             "this process's plan shrinks the world to 2"),
+              std::string::npos)
+        << errors[p];
 }
 
 TEST(Shrink, NoValidSmallerLayoutIsTheSameIncompatibleErrorEverywhere) {
@@ -380,8 +421,7 @@ TEST(Shrink, OptionsThatDoNotFitTheJobAreRefusedAtTheStartAndZeroSparesWork) {
 TEST(GlooRegroup, WithoutASpareTheWorldShrinksToTheKeptReplica) {
   auto store = make_memory_store();
   const ParallelConfig config = tp_config(4, 2);
-  RecoveryOptions options = shrinking(config, 30s);
-  options.decision_window = 0.5;  // live ranks register well within 15 s, even when loaded
+  const RecoveryOptions options = shrinking(config, 30s);
   const RankMap m0(4, spares(0));
   constexpr int kSteps = 4;
   std::vector<std::string> errors(4);
