@@ -75,6 +75,23 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   if (options_.incarnation < 0)
     throw InvalidValueError("incarnation", "recovery: incarnation must be >= 0, got " +
                                                std::to_string(options_.incarnation));
+  if (const auto& shrink = options_.shrink) {
+    // What plan_shrink would refuse at the first failure, refused now.
+    const ParallelConfig& c = shrink->config;
+    if (c.compat != Compat::seed)
+      throw IncompatibleError("shrink", "recovery: shrink needs a compat seed layout (plan_shrink's)");
+    c.validate();
+    if (c.world_size != map_.world_size())
+      throw IncompatibleError("shrink", "recovery: the shrink layout's world_size " +
+                                            std::to_string(c.world_size) +
+                                            " is not the map's world of " +
+                                            std::to_string(map_.world_size()));
+    if (const auto batch = shrink->global_batch; batch && (*batch < 1 || *batch % c.dp() != 0))
+      throw InvalidValueError("global_batch", "recovery: global_batch " + std::to_string(*batch) +
+                                                  " is not a positive multiple of dp " +
+                                                  std::to_string(c.dp()));
+    config_ = c;
+  }
   // Every decision so far, replayed: a restarted process learns the job's current epoch
   // (and the fresh process of epoch 0 finds none).
   while (store_->has(epoch_decision_key(options_.prefix, epoch_ + 1)))
@@ -133,21 +150,38 @@ bool Recovery::dead_known(std::int64_t p) {
   return store_->has(dead_process_key(options_.prefix, p, incarnation_[static_cast<std::size_t>(p)]));
 }
 
+EpochChange Recovery::change(const RankMap& map, const std::vector<std::int64_t>& dead) const {
+  if (dead.empty()) return {map, std::nullopt};
+  if (!options_.shrink) return {map.replace(dead), std::nullopt};
+  return replace_or_shrink(map, dead, *config_, options_.shrink->global_batch);
+}
+
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
                              const std::vector<std::int64_t>& revived) {
   std::string out = "epoch=" + std::to_string(epoch_ + 1) + "\ndecider=" + std::to_string(process_) +
                     "\ndead=" + join(dead) + "\nrevived=";
+  RankMap revived_map = map_;
   for (std::size_t i = 0; i < revived.size(); ++i) {
     const std::string k = key(epoch_ + 1, "alive/" + std::to_string(revived[i]));
     out += (i ? "," : "") + std::to_string(revived[i]) + ":" + text(store_->get(k));
+    revived_map = revived_map.revive(revived[i]);
   }
-  return out + "\n";
+  out += "\n";
+  // The world size a shrink leads to, which every process checks against its own plan.
+  try {
+    if (const auto plan = change(revived_map, dead).shrink)
+      out += "shrink=" + std::to_string(plan->config.world_size) + "\n";
+  } catch (const ConfigError&) {
+    // No next epoch: every process throws the same error when it adopts the decision.
+  }
+  return out;
 }
 
 void Recovery::adopt(const std::string& decision) {
   EpochDecision d;
   d.text = decision;
   std::vector<std::pair<std::int64_t, int>> revive;
+  std::optional<std::int64_t> shrink_world;
   for (std::string_view line : split(decision, '\n')) {
     if (line.empty()) continue;
     const auto eq = line.find('=');
@@ -165,6 +199,8 @@ void Recovery::adopt(const std::string& decision) {
                             static_cast<int>(parse_number(item.substr(colon + 1), "incarnation")));
         d.revived.push_back(revive.back().first);
       }
+    } else if (name == "shrink") {
+      shrink_world = parse_number(value, "shrink");
     }
   }
   if (d.epoch != epoch_ + 1)
@@ -177,10 +213,24 @@ void Recovery::adopt(const std::string& decision) {
   }
   epoch_ = d.epoch;
   history_.push_back(d);
-  // A decision that leaves a rank without a spare still ends the epoch on every process
-  // alike: each throws the same NoSpareError.
-  if (!d.dead.empty()) next = next.replace(d.dead);
-  map_ = std::move(next);
+  // A decision that leaves a rank without a spare (and, with shrink, without a smaller
+  // layout) still ends the epoch on every process alike: each throws the same error.
+  EpochChange step = change(next, d.dead);
+  const auto world = [](std::optional<std::int64_t> w) {
+    return w ? "shrinks the world to " + std::to_string(*w) : std::string("keeps the world");
+  };
+  const std::optional<std::int64_t> mine =
+      step.shrink ? std::optional<std::int64_t>(step.shrink->config.world_size) : std::nullopt;
+  if (mine != shrink_world)
+    throw BackendError("recovery: the decision for epoch " + std::to_string(epoch_) + " " +
+                       world(shrink_world) + ", this process's plan " + world(mine) +
+                       " (RecoveryOptions::shrink differs between processes)");
+  if (step.shrink) {
+    config_ = step.shrink->config;
+    shrunk_ = true;
+  }
+  history_.back().shrink = std::move(step.shrink);
+  map_ = std::move(step.map);
   if (map_.role(process_) == ProcessRole::dead &&
       incarnation_[static_cast<std::size_t>(process_)] == options_.incarnation)
     throw FencedError("process " + std::to_string(process_) + " was declared dead in epoch " +
@@ -272,7 +322,7 @@ EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& c
   try {
     out.world = factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
     out.groups = std::make_shared<ProcessGroups>();
-    out.groups->initialize(*out.world, config, init);
+    out.groups->initialize(*out.world, shrunk_ ? *config_ : config, init);
   } catch (const FencedError&) {
     throw;
   } catch (const BackendError& e) {

@@ -1,6 +1,7 @@
 #include "commgrid/rank_map.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include "commgrid/error.hpp"
 #include "commgrid/layout.hpp"
@@ -175,6 +176,43 @@ RankMap RankMap::revive(std::int64_t process) const {
   return next;
 }
 
+RankMap RankMap::shrink(const ShrinkPlan& plan, std::span<const std::int64_t> dead) const {
+  for (std::int64_t p : dead) (void)role(p);  // RankOutOfRangeError
+  if (static_cast<std::int64_t>(plan.new_rank.size()) != world_size_)
+    throw IncompatibleError("plan", "shrink: the plan is for a world of " +
+                                        str(static_cast<std::int64_t>(plan.new_rank.size())) +
+                                        " ranks, the map's world has " + str(world_size_));
+  const std::vector<Rank> old = plan.old_ranks();
+  // The dead holding a rank the plan keeps get spares first, as in replace(); the others
+  // die with their replicas.
+  std::vector<std::int64_t> fill, drop;
+  for (std::int64_t p : dead) {
+    const auto r = logical_rank(p);
+    (r && !plan.new_rank[static_cast<std::size_t>(*r)] ? drop : fill).push_back(p);
+  }
+  RankMap next = replace(fill);  // the next epoch; NoSpareError
+  for (std::int64_t p : drop) {
+    next.role_[static_cast<std::size_t>(p)] = ProcessRole::dead;
+    next.logical_[static_cast<std::size_t>(p)] = -1;
+  }
+  const std::vector<std::int64_t> before = next.process_of_;
+  next.world_size_ = static_cast<std::int64_t>(old.size());
+  next.process_of_.assign(old.size(), -1);
+  for (std::size_t r = 0; r < before.size(); ++r) {
+    const auto p = static_cast<std::size_t>(before[r]);
+    if (next.role_[p] == ProcessRole::dead) continue;
+    if (const auto n = plan.new_rank[r]) {
+      next.process_of_[static_cast<std::size_t>(*n)] = before[r];
+      next.logical_[p] = *n;
+    } else {
+      next.role_[p] = ProcessRole::spare;
+      next.logical_[p] = -1;
+    }
+  }
+  next.spares_left_ = static_cast<std::int64_t>(next.spare_processes().size());
+  return next;
+}
+
 std::string RankMap::canonical() const {
   std::string s = "epoch=" + str(epoch_) + " world=" + str(world_size_) +
                   " processes=" + str(num_processes()) + " map=";
@@ -189,6 +227,31 @@ std::string RankMap::canonical() const {
       }
   }
   return s;
+}
+
+std::vector<Rank> ShrinkPlan::old_ranks() const {
+  const auto old_world = static_cast<std::int64_t>(new_rank.size());
+  if (config.world_size < 1 || config.world_size > old_world)
+    throw IncompatibleError("plan", "shrink plan: world_size " + str(config.world_size) +
+                                        " is not in [1, " + str(old_world) + "], the old world");
+  std::vector<Rank> out(static_cast<std::size_t>(config.world_size), -1);
+  for (Rank r = 0; r < old_world; ++r) {
+    const auto& n = new_rank[static_cast<std::size_t>(r)];
+    if (!n) continue;
+    if (*n < 0 || *n >= config.world_size)
+      throw IncompatibleError("plan", "shrink plan: old rank " + str(r) + " becomes rank " +
+                                          str(*n) + ", outside the new world of " +
+                                          str(config.world_size));
+    Rank& slot = out[static_cast<std::size_t>(*n)];
+    if (slot >= 0)
+      throw IncompatibleError("plan", "shrink plan: old ranks " + str(slot) + " and " + str(r) +
+                                          " both become rank " + str(*n));
+    slot = r;
+  }
+  if (const auto hole = std::find(out.begin(), out.end(), -1); hole != out.end())
+    throw IncompatibleError("plan", "shrink plan: new rank " + str(hole - out.begin()) +
+                                        " is no old rank's");
+  return out;
 }
 
 ShrinkPlan plan_shrink(const ParallelConfig& config, std::span<const Rank> dead,
@@ -248,6 +311,53 @@ ShrinkPlan plan_shrink(const ParallelConfig& config, std::span<const Rank> dead,
   throw IncompatibleError("dp", "cannot shrink after " + who + " failed: " + str(static_cast<std::int64_t>(kept.size())) +
                                     " of " + str(dp) + " data-parallel replicas survive, and no "
                                     "smaller dp gives a valid layout (" + last_reason + ")");
+}
+
+EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> dead,
+                              const ParallelConfig& config, std::optional<std::int64_t> global_batch) {
+  if (config.world_size != map.world_size())
+    throw IncompatibleError("world_size", "shrink: the layout's world_size " +
+                                              str(config.world_size) + " is not the map's world of " +
+                                              str(map.world_size()));
+  try {
+    return {map.replace(dead), std::nullopt};
+  } catch (const NoSpareError&) {
+    // Some dead rank found no spare: shrink.
+  }
+  const Layout layout(config);
+  const RankGrid& grid = layout.dense_grid();
+  std::map<std::int64_t, std::vector<Rank>> by_replica;  // dp coordinate -> its dead ranks
+  for (std::int64_t p : dead)
+    if (const auto r = map.logical_rank(p)) by_replica[grid.coordinate(*r, Axis::dp)].push_back(*r);
+  std::vector<std::vector<Rank>> lost;  // fewest dead ranks first, then lowest dp
+  for (auto& [d, ranks] : by_replica) lost.push_back(std::move(ranks));
+  std::stable_sort(lost.begin(), lost.end(),
+                   [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  // The spares fill the first k replicas that lost ranks (k = all did not fit); the rest
+  // are dropped. Fewer dropped replicas leave more dp sizes to choose from, so when no plan
+  // exists for k, none exists for a smaller k either.
+  for (std::size_t k = lost.size() - 1;; --k) {
+    std::vector<Rank> dropped;
+    for (std::size_t i = k; i < lost.size(); ++i)
+      dropped.insert(dropped.end(), lost[i].begin(), lost[i].end());
+    std::optional<ShrinkPlan> plan;
+    try {
+      plan = plan_shrink(config, dropped, global_batch);
+    } catch (const IncompatibleError&) {
+      // The same error on every process, naming every dead rank, not only the dropped.
+      std::vector<Rank> all;
+      for (const auto& l : lost) all.insert(all.end(), l.begin(), l.end());
+      (void)plan_shrink(config, all, global_batch);
+      throw;
+    }
+    try {
+      return {map.shrink(*plan, dead), std::move(plan)};
+    } catch (const NoSpareError&) {
+      // With nodes the spares may not hold these k replicas' ranks: fill fewer (k = 0
+      // fills none, so needs no spare).
+      if (k == 0) throw;
+    }
+  }
 }
 
 }  // namespace commgrid

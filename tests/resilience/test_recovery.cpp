@@ -40,9 +40,22 @@ ParallelConfig tp_config(std::int64_t world, std::int64_t tp) {
   return c;
 }
 
-// `live` processes of a W + S job agree at once; returns each one's decision text and map.
+// With the world shrinking when no spare is left, over `layout` (epoch 0's). Every death in
+// these tests is posted, so the window (10 s) is never waited out: it only keeps a live
+// process that is slow to register on a loaded machine from being declared dead.
+RecoveryOptions shrinking(const ParallelConfig& layout, std::chrono::milliseconds timeout = 20s) {
+  RecoveryOptions o = fast(timeout);
+  o.decision_window = 0.5;
+  o.shrink = ShrinkOptions{layout, std::nullopt};
+  return o;
+}
+
+// `live` processes of a W + S job agree at once; returns each one's decision text, map,
+// current layout (with shrink) and the decision's shrink plan, or its error and its type.
 struct Agreed {
-  std::vector<std::string> text, map, error;
+  std::vector<std::string> text, map, error, kind;
+  std::vector<std::optional<ParallelConfig>> config;
+  std::vector<std::optional<ShrinkPlan>> shrink;
 };
 Agreed agree_all(const std::shared_ptr<Store>& store, const RankMap& map,
                  const std::vector<std::int64_t>& live, RecoveryOptions options) {
@@ -50,15 +63,24 @@ Agreed agree_all(const std::shared_ptr<Store>& store, const RankMap& map,
   out.text.resize(live.size());
   out.map.resize(live.size());
   out.error.resize(live.size());
+  out.kind.resize(live.size());
+  out.config.resize(live.size());
+  out.shrink.resize(live.size());
   std::vector<std::jthread> threads;
   for (std::size_t i = 0; i < live.size(); ++i)
     threads.emplace_back([&, i] {
       try {
         Recovery r(store, map, live[i], options);
-        out.text[i] = r.agree().text;
+        const EpochDecision& d = r.agree();
+        out.text[i] = d.text;
+        out.shrink[i] = d.shrink;
         out.map[i] = r.map().canonical();
+        out.config[i] = r.config();
       } catch (const std::exception& e) {
         out.error[i] = e.what();
+        out.kind[i] = dynamic_cast<const IncompatibleError*>(&e) ? "IncompatibleError"
+                      : dynamic_cast<const NoSpareError*>(&e)    ? "NoSpareError"
+                                                                 : "other";
       }
     });
   threads.clear();
@@ -180,6 +202,16 @@ int agreed_step(const EpochGroups& g, int mine) {
   return static_cast<int>(v);
 }
 
+// Each epoch's world: Gloo over the job's store, with the epoch's prefix.
+WorldFactory gloo_worlds(const std::shared_ptr<Store>& store) {
+  return [store](const std::string& prefix, int rank, int size) {
+    GlooOptions o;
+    o.timeout = 30s;
+    o.prefix = prefix;
+    return make_gloo_world(store, rank, size, o);
+  };
+}
+
 // Gloo ranks as threads: W = 4 (tp 2, dp 2) and one spare. Process 3 dies after step 1 (it
 // closes every connection, as a killed process's kernel does); the others fail at their
 // next collective, agree, regroup with process 4 as logical rank 3, and every later step's
@@ -198,12 +230,7 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
       threads.emplace_back([&, p] {
         try {
           Recovery rec(store, m0, p, fast(30s));
-          auto factory = [&](const std::string& prefix, int rank, int size) {
-            GlooOptions o;
-            o.timeout = 30s;
-            o.prefix = prefix;
-            return make_gloo_world(store, rank, size, o);
-          };
+          const WorldFactory factory = gloo_worlds(store);
           EpochGroups g = rec.build(factory, config);
           int step = 0;
           while (step < kSteps) {
@@ -252,6 +279,218 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
   // The spare ran the steps after the failure as logical rank 3.
   ASSERT_FALSE(sums[4].empty());
   EXPECT_EQ(sums[4].back(), kSteps * 6.0);
+}
+
+// Shrink: tp 2 x dp 2 (replica 0 is ranks {0, 1}, replica 1 {2, 3}) without spares.
+TEST(Shrink, WithoutSparesEverySurvivorAdoptsOneSmallerWorld) {
+  auto store = make_memory_store();
+  store->set(dead_process_key("resilience", 3, 0), bytes(std::string("SIGKILL")));
+  const Agreed a = agree_all(store, RankMap(4, spares(0)), {0, 1, 2}, shrinking(tp_config(4, 2)));
+  for (const auto& e : a.error) ASSERT_EQ(e, "");
+  for (std::size_t i = 1; i < a.text.size(); ++i) {
+    EXPECT_EQ(a.text[i], a.text[0]);
+    EXPECT_EQ(a.map[i], a.map[0]);
+  }
+  EXPECT_NE(a.text[0].find("dead=3\n"), std::string::npos) << a.text[0];
+  EXPECT_NE(a.text[0].find("shrink=2\n"), std::string::npos) << a.text[0];
+  // Replica 1 lost rank 3: replica 0 goes on alone (dp 1); process 2 is a spare now.
+  EXPECT_EQ(a.map[0], "epoch=1 world=2 processes=4 map=0,1 spare=2 dead=3");
+  for (std::size_t i = 0; i < a.text.size(); ++i) {
+    ASSERT_TRUE(a.config[i]) << i;
+    EXPECT_EQ(a.config[i]->world_size, 2);
+    EXPECT_EQ(a.config[i]->dp(), 1);
+    ASSERT_TRUE(a.shrink[i]) << i;
+    EXPECT_EQ(a.shrink[i]->old_ranks(), (std::vector<Rank>{0, 1}));
+  }
+  // A process that comes later (a restart, say) replays the decision to the same epoch.
+  const Recovery late(store, RankMap(4, spares(0)), 2, shrinking(tp_config(4, 2)));
+  EXPECT_EQ(late.map().canonical(), a.map[0]);
+  ASSERT_TRUE(late.config());
+  EXPECT_EQ(late.config()->world_size, 2);
+}
+
+TEST(Shrink, ProcessesWithDifferentShrinkOptionsFailRatherThanHang) {
+  auto store = make_memory_store();
+  store->set(dead_process_key("resilience", 3, 0), bytes(std::string("SIGKILL")));
+  const RankMap m0(4, spares(0));
+  std::vector<std::string> errors(3);
+  {
+    std::vector<std::jthread> threads;
+    for (std::int64_t p = 0; p < 3; ++p)
+      threads.emplace_back([&, p] {
+        try {
+          // Process 0, the decider, has no shrink: its decision keeps the world.
+          RecoveryOptions o = shrinking(tp_config(4, 2));
+          if (p == 0) o.shrink.reset();
+          Recovery r(store, m0, p, o);
+          (void)r.agree();
+        } catch (const NoSpareError& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("NoSpareError: ") + e.what();
+        } catch (const BackendError& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("BackendError: ") + e.what();
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("other: ") + e.what();
+        }
+      });
+  }
+  EXPECT_NE(errors[0].find("NoSpareError: no spare left for logical rank [3]"), std::string::npos)
+      << errors[0];
+  for (std::size_t p : {1u, 2u})
+    EXPECT_NE(errors[p].find("BackendError: recovery: the decision for epoch 1 keeps the world, "
+                             "this process's plan shrinks the world to 2"),
+              std::string::npos)
+        << errors[p];
+}
+
+TEST(Shrink, NoValidSmallerLayoutIsTheSameIncompatibleErrorEverywhere) {
+  auto store = make_memory_store();
+  ParallelConfig c = tp_config(4, 2);
+  c.pp = 2;  // dp 1: no replica to drop
+  store->set(dead_process_key("resilience", 3, 0), bytes(std::string("SIGKILL")));
+  const Agreed a = agree_all(store, RankMap(4, spares(0)), {0, 1, 2}, shrinking(c));
+  for (std::size_t i = 0; i < a.error.size(); ++i) {
+    EXPECT_EQ(a.kind[i], "IncompatibleError") << a.error[i];
+    EXPECT_EQ(a.error[i], a.error[0]);
+  }
+  EXPECT_NE(a.error[0].find("cannot shrink after logical rank [3] failed"), std::string::npos)
+      << a.error[0];
+  // They agreed (one decision, no shrink in it) and then failed alike: no one timed out.
+  ASSERT_TRUE(store->has(epoch_decision_key("resilience", 1)));
+  const auto decision = store->get(epoch_decision_key("resilience", 1));
+  EXPECT_EQ(std::string(decision.begin(), decision.end()).find("shrink="), std::string::npos);
+}
+
+TEST(Shrink, SparesAreUsedBeforeTheWorldShrinks) {
+  auto store = make_memory_store();
+  const RankMap m0(4, spares(1));
+  const RecoveryOptions o = shrinking(tp_config(4, 2));
+  store->set(dead_process_key("resilience", 3, 0), bytes(std::string("x")));
+  const Agreed first = agree_all(store, m0, {0, 1, 2, 4}, o);
+  for (const auto& e : first.error) ASSERT_EQ(e, "");
+  EXPECT_EQ(first.map[0], "epoch=1 world=4 processes=5 map=0,1,2,4 spare= dead=3");
+  EXPECT_FALSE(first.shrink[0]);
+  EXPECT_EQ(first.text[0].find("shrink="), std::string::npos) << first.text[0];
+  EXPECT_EQ(first.config[0]->world_size, 4);
+  // No spare left: process 0 (rank 0, replica 0) dies; replica 1 (ranks 2 and 3, on
+  // processes 2 and 4) goes on as ranks 0 and 1, process 1 becomes a spare.
+  store->set(dead_process_key("resilience", 0, 0), bytes(std::string("x")));
+  const Agreed second = agree_all(store, m0, {1, 2, 4}, o);  // each replays epoch 1 first
+  for (const auto& e : second.error) ASSERT_EQ(e, "");
+  for (std::size_t i = 1; i < second.text.size(); ++i) {
+    EXPECT_EQ(second.text[i], second.text[0]);
+    EXPECT_EQ(second.map[i], second.map[0]);
+  }
+  EXPECT_EQ(second.map[0], "epoch=2 world=2 processes=5 map=2,4 spare=1 dead=0,3");
+  ASSERT_TRUE(second.shrink[0]);
+  EXPECT_EQ(second.shrink[0]->old_ranks(), (std::vector<Rank>{2, 3}));
+  EXPECT_EQ(second.config[0]->world_size, 2);
+}
+
+TEST(Shrink, OptionsThatDoNotFitTheJobAreRefusedAtTheStartAndZeroSparesWork) {
+  SpareLaunch launch;
+  launch.process = 1;
+  launch.num_processes = 4;
+  launch.spares = 0;
+  launch.store = "memory";
+  RecoveryOptions o;
+  o.shrink = ShrinkOptions{tp_config(4, 2), 4};
+  const auto rec = make_recovery(launch, o);
+  EXPECT_EQ(rec->map().canonical(), "epoch=0 world=4 processes=4 map=0,1,2,3 spare= dead=");
+  EXPECT_EQ(rec->logical_rank(), std::optional<Rank>(1));
+  ASSERT_TRUE(rec->config());
+  EXPECT_EQ(rec->config()->world_size, 4);
+  o.shrink = ShrinkOptions{tp_config(8, 2), std::nullopt};
+  try {
+    (void)make_recovery(launch, o);
+    ADD_FAILURE() << "no error";
+  } catch (const IncompatibleError& e) {
+    EXPECT_EQ(e.parameter(), "shrink");
+    EXPECT_NE(std::string(e.what()).find("world_size 8 is not the map's world of 4"),
+              std::string::npos) << e.what();
+  }
+  o.shrink = ShrinkOptions{tp_config(4, 2), 3};  // dp 2 does not divide 3
+  EXPECT_THROW((void)make_recovery(launch, o), InvalidValueError);
+  o.shrink = ShrinkOptions{tp_config(4, 2), std::nullopt};
+  o.shrink->config.compat = Compat::head;
+  EXPECT_THROW((void)make_recovery(launch, o), IncompatibleError);
+}
+
+// Gloo ranks as threads, tp 2 x dp 2 and no spare: process 3 dies before step 1; the others
+// fail, agree on a world of 2 (replica 0, dp 1), and process 2 (replica 1's survivor) is a
+// spare that waits for the end. Every step's world allreduce shows who took part.
+TEST(GlooRegroup, WithoutASpareTheWorldShrinksToTheKeptReplica) {
+  auto store = make_memory_store();
+  const ParallelConfig config = tp_config(4, 2);
+  const RecoveryOptions options = shrinking(config, 30s);
+  const RankMap m0(4, spares(0));
+  constexpr int kSteps = 4;
+  std::vector<std::string> errors(4);
+  std::vector<std::vector<double>> sums(4);
+  std::vector<std::int64_t> epochs(4, -1), world(4, -1), tp(4, -1), dp(4, -1);
+  std::vector<std::optional<Rank>> ranks(4);
+  {
+    std::vector<std::jthread> threads;
+    for (std::int64_t p = 0; p < 4; ++p)
+      threads.emplace_back([&, p] {
+        const auto i = static_cast<std::size_t>(p);
+        try {
+          Recovery rec(store, m0, p, options);
+          const WorldFactory factory = gloo_worlds(store);
+          EpochGroups g = rec.build(factory, config);
+          int step = 0;
+          while (step < kSteps) {
+            if (!g.world) {  // a spare: here, the dropped replica's survivor
+              if (!rec.wait_for_failure()) break;
+              g = rec.recover(factory, config);
+              if (g.world) step = agreed_step(g, -1);
+              continue;
+            }
+            if (p == 3 && step == 1) {
+              // Dies (its groups close with it); launch would post its death.
+              store->set(dead_process_key("resilience", 3, 0), bytes(std::string("SIGKILL")));
+              return;
+            }
+            try {
+              double v = (step + 1) * (static_cast<double>(*rec.logical_rank()) + 1);
+              g.world->allreduce(std::span<double>(&v, 1), ReduceOp::sum)->wait();
+              sums[i].push_back(v);
+              ++step;
+            } catch (const BackendError& e) {
+              rec.mark_failed(e.what());
+              g = EpochGroups{};
+              g = rec.recover(factory, config);  // the caller's config: build follows config()
+              if (!g.world) continue;
+              world[i] = g.world->size();
+              tp[i] = g.groups->group(GroupKind::tp).size();
+              dp[i] = g.groups->group(GroupKind::dp).size();
+              step = agreed_step(g, step);
+              sums[i].resize(static_cast<std::size_t>(step));
+            }
+          }
+          epochs[i] = rec.epoch();
+          ranks[i] = rec.logical_rank();
+          if (ranks[i] == std::optional<Rank>(0)) rec.mark_done();
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+          // Let a waiting spare go: the test fails on the error, it does not hang.
+          (void)store->set_if_absent("resilience/done", bytes(std::string("1")));
+        }
+      });
+  }
+  for (std::size_t p = 0; p < 4; ++p) EXPECT_EQ(errors[p], "") << "process " << p;
+  // Epoch 0: ranks 0-3, sum (s+1)*10; epoch 1 from step 1: ranks 0 and 1, sum (s+1)*3.
+  const std::vector<double> expected{10, 6, 9, 12};
+  for (std::size_t p : {0u, 1u}) {
+    EXPECT_EQ(sums[p], expected) << "process " << p;
+    EXPECT_EQ(epochs[p], 1);
+    EXPECT_EQ(ranks[p], std::optional<Rank>(static_cast<Rank>(p)));
+    EXPECT_EQ(world[p], 2);
+    EXPECT_EQ(tp[p], 2);
+    EXPECT_EQ(dp[p], 1);
+  }
+  EXPECT_EQ(sums[2], std::vector<double>{10});
+  EXPECT_EQ(epochs[2], 1);
+  EXPECT_FALSE(ranks[2]);
 }
 
 }  // namespace

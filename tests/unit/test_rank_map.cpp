@@ -212,5 +212,138 @@ TEST(Shrink, NoValidSmallerLayoutIsAClearError) {
   EXPECT_THROW((void)plan_shrink(head, one), IncompatibleError);
 }
 
+using Processes = std::vector<std::int64_t>;
+
+// A job without spares (S = 0), tp 2 x dp 2: replica 0 is ranks {0, 1}, replica 1 {2, 3}.
+TEST(RankMapShrink, KeptRanksTakeTheirNewRanksAndTheDroppedSurvivorsBecomeSpares) {
+  const ParallelConfig c = config(4, 2, 1);
+  const RankMap m(4, SparePlacement{});
+  EXPECT_EQ(m.spares_left(), 0);
+  const std::int64_t third[] = {3};
+  const ShrinkPlan p = plan_shrink(c, std::vector<Rank>{3});
+  const RankMap n = m.shrink(p, third);
+  EXPECT_EQ(n.canonical(), "epoch=1 world=2 processes=4 map=0,1 spare=2 dead=3");
+  EXPECT_EQ(p.old_ranks(), (std::vector<Rank>{0, 1}));
+  expect_consistent(n);
+  // Replica 0 lost rank 1: replica 1's ranks 2 and 3 become 0 and 1.
+  const std::int64_t first[] = {1};
+  const RankMap k = m.shrink(plan_shrink(c, std::vector<Rank>{1}), first);
+  EXPECT_EQ(k.canonical(), "epoch=1 world=2 processes=4 map=2,3 spare=0 dead=1");
+  EXPECT_EQ(plan_shrink(c, std::vector<Rank>{1}).old_ranks(), (std::vector<Rank>{2, 3}));
+  // The survivor of the dropped replica is a spare like any other: it takes the next dead rank.
+  const RankMap later = n.replace(Processes{0});
+  EXPECT_EQ(later.canonical(), "epoch=2 world=2 processes=4 map=2,1 spare= dead=0,3");
+}
+
+TEST(RankMapShrink, AKeptRankOfADeadProcessTakesASpareInTheSameEpoch) {
+  // world 8, tp 2: dp 4; process 1 (replica 0) and process 2 (replica 1) die, one spare.
+  const ParallelConfig c = config(8, 2, 1);
+  const RankMap m(8, {1, std::nullopt});
+  const ShrinkPlan p = plan_shrink(c, std::vector<Rank>{2});  // replica 1 dropped
+  const RankMap n = m.shrink(p, Processes{2, 1});
+  EXPECT_EQ(n.canonical(), "epoch=1 world=6 processes=9 map=0,8,4,5,6,7 spare=3 dead=1,2");
+  expect_consistent(n);
+}
+
+TEST(RankMapShrink, BadPlansAndTooFewSparesAreClearErrors) {
+  const ParallelConfig c = config(4, 2, 1);
+  const RankMap m(4, SparePlacement{});
+  const ShrinkPlan p = plan_shrink(c, std::vector<Rank>{3});
+  try {
+    (void)RankMap(8, SparePlacement{}).shrink(p, Processes{3});
+    FAIL() << "no error";
+  } catch (const IncompatibleError& e) {
+    EXPECT_EQ(e.parameter(), "plan");
+    EXPECT_NE(std::string(e.what()).find("a world of 4 ranks, the map's world has 8"),
+              std::string::npos) << e.what();
+  }
+  ShrinkPlan twice = p;
+  twice.new_rank[1] = 0;
+  try {
+    (void)m.shrink(twice, Processes{3});
+    FAIL() << "no error";
+  } catch (const IncompatibleError& e) {
+    EXPECT_EQ(e.parameter(), "plan");
+    EXPECT_NE(std::string(e.what()).find("old ranks 0 and 1 both become rank 0"), std::string::npos)
+        << e.what();
+  }
+  ShrinkPlan outside = p;
+  outside.new_rank[1] = 2;
+  EXPECT_THROW((void)m.shrink(outside, Processes{3}), IncompatibleError);
+  // The plan keeps rank 1, whose process died too, and there is no spare for it.
+  try {
+    (void)m.shrink(p, Processes{1, 3});
+    FAIL() << "no error";
+  } catch (const NoSpareError& e) {
+    EXPECT_EQ(e.ranks(), std::vector<Rank>{1});
+  }
+  EXPECT_THROW((void)m.shrink(p, Processes{4}), RankOutOfRangeError);
+}
+
+TEST(ReplaceOrShrink, SparesFirstThenTheReplicasWithFewestDeadRanks) {
+  const ParallelConfig c = config(8, 2, 1);  // dp 4: replica d is ranks {2d, 2d+1}
+  // Enough spares: a plain replace, no shrink.
+  const RankMap m(8, {2, std::nullopt});
+  const EpochChange plain = replace_or_shrink(m, Processes{1, 2}, c);
+  EXPECT_FALSE(plain.shrink);
+  EXPECT_EQ(plain.map, m.replace(Processes{1, 2}));
+  // Three dead: replica 0 lost ranks 0 and 1, replica 1 lost rank 2. The two spares fill
+  // replica 1 (fewest dead ranks) and replica 0 is dropped.
+  const EpochChange three = replace_or_shrink(m, Processes{0, 1, 2}, c);
+  ASSERT_TRUE(three.shrink);
+  EXPECT_EQ(three.shrink->kept_dp, (Processes{1, 2, 3}));
+  EXPECT_EQ(three.map.canonical(), "epoch=1 world=6 processes=10 map=8,3,4,5,6,7 spare=9 dead=0,1,2");
+  expect_consistent(three.map);
+  // One spare, two replicas with one dead rank each: the lower one is filled.
+  const EpochChange two =
+      replace_or_shrink(RankMap(8, {1, std::nullopt}), Processes{2, 1}, c);
+  ASSERT_TRUE(two.shrink);
+  EXPECT_EQ(two.map.canonical(), "epoch=1 world=6 processes=9 map=0,8,4,5,6,7 spare=3 dead=1,2");
+  // Without spares (S = 0) the dropped replica's survivor is the spare.
+  const EpochChange none =
+      replace_or_shrink(RankMap(4, SparePlacement{}), Processes{3}, config(4, 2, 1));
+  ASSERT_TRUE(none.shrink);
+  EXPECT_EQ(none.shrink->config.world_size, 2);
+  EXPECT_EQ(none.map.canonical(), "epoch=1 world=2 processes=4 map=0,1 spare=2 dead=3");
+  EXPECT_THROW((void)replace_or_shrink(m, Processes{1}, config(4, 2, 1)), IncompatibleError);
+}
+
+TEST(ReplaceOrShrink, SparesThatFitByCountButNotByNodeFillFewerReplicas) {
+  // Nodes of 2 GPUs, tp 2: each of the 4 active nodes is one replica; 2 spare nodes.
+  RankMap m(8, {4, 2});
+  m = m.replace(Processes{9, 11});  // one spare left on each spare node
+  ASSERT_EQ(m.spare_processes(), (Processes{8, 10}));
+  // Nodes 0 and 1 die: two spares for two dead ranks of replica 0, but not on one node.
+  const EpochChange e = replace_or_shrink(m, Processes{0, 1, 2, 3}, config(8, 2, 1));
+  ASSERT_TRUE(e.shrink);
+  EXPECT_EQ(e.shrink->kept_dp, (Processes{2, 3}));
+  EXPECT_EQ(e.map.canonical(),
+            "epoch=2 world=4 processes=12 map=4,5,6,7 spare=8,10 dead=0,1,2,3,9,11");
+  expect_consistent(e.map);
+}
+
+TEST(ReplaceOrShrink, NoValidSmallerLayoutNamesEveryDeadRank) {
+  // dp 1: nothing to drop.
+  try {
+    (void)replace_or_shrink(RankMap(4, SparePlacement{}), Processes{3}, config(4, 2, 2));
+    FAIL() << "no error";
+  } catch (const IncompatibleError& e) {
+    EXPECT_EQ(e.parameter(), "dp");
+    EXPECT_NE(std::string(e.what()).find("cannot shrink after logical rank [3] failed"),
+              std::string::npos) << e.what();
+  }
+  // Two distributed-optimizer instances need an even dp. Four replicas lose a rank each and
+  // the one spare fills one: dp 1 is not valid, and the error names all four dead ranks.
+  ParallelConfig c = config(8, 2, 1);
+  c.dist_opt_instances = 2;
+  try {
+    (void)replace_or_shrink(RankMap(8, {1, std::nullopt}), Processes{6, 1, 2, 4}, c);
+    FAIL() << "no error";
+  } catch (const IncompatibleError& e) {
+    EXPECT_EQ(e.parameter(), "dp");
+    EXPECT_NE(std::string(e.what()).find("logical ranks [1,2,4,6]"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace commgrid

@@ -20,6 +20,17 @@
 
 namespace commgrid {
 
+/// How a job goes on when a dead rank finds no spare: with fewer data-parallel replicas
+/// (replace_or_shrink: the spares fill what they can, the replicas still short of a rank
+/// are dropped, their survivors become spares). docs/resilience.md, "Shrink".
+struct ShrinkOptions {
+  /// Epoch 0's layout: world_size is the map's world; compat seed (plan_shrink's).
+  ParallelConfig config;
+  /// When given, every smaller dp must divide it (the global batch stays the same, so each
+  /// replica takes more micro-batches).
+  std::optional<std::int64_t> global_batch;
+};
+
 /// How a process takes part in recovery.
 struct RecoveryOptions {
   /// The job's timeout: bounds every wait of the agreement (re-armed per epoch).
@@ -34,6 +45,9 @@ struct RecoveryOptions {
   std::string prefix = "resilience";
   /// This process's incarnation (0, then 1, 2, ... for each restart by commgrid launch).
   int incarnation = 0;
+  /// Opt-in: shrink the world when no spare is left. Without it a dead rank without a spare
+  /// ends the job (NoSpareError on every process). Every process must give the same.
+  std::optional<ShrinkOptions> shrink;
 };
 
 /// What one epoch's decision said.
@@ -43,6 +57,10 @@ struct EpochDecision {
   std::vector<std::int64_t> revived;      ///< restarted processes back as spares
   std::int64_t decider = -1;              ///< the process whose write won
   std::string text;                       ///< as stored
+  /// Set when the epoch shrank the world: its layout (shrink->config, world_size W'), each
+  /// old logical rank's new rank (shrink->new_rank) and each new rank's old one
+  /// (shrink->old_ranks()), the old ranks being the previous epoch's.
+  std::optional<ShrinkPlan> shrink;
 };
 
 /// The world and groups of one epoch on one process (empty on a spare). Replaced as a
@@ -74,6 +92,9 @@ class Recovery {
   [[nodiscard]] const RecoveryOptions& options() const noexcept { return options_; }
   /// The job's store.
   [[nodiscard]] const std::shared_ptr<Store>& store() const noexcept { return store_; }
+  /// The current epoch's layout with RecoveryOptions::shrink (epoch 0's, then each shrink's:
+  /// world_size is map().world_size()); nullopt without it.
+  [[nodiscard]] const std::optional<ParallelConfig>& config() const noexcept { return config_; }
   /// This process's logical rank in the current epoch; nullopt on a spare.
   [[nodiscard]] std::optional<Rank> logical_rank() const { return map_.logical_rank(process_); }
   /// The decisions adopted so far, oldest first.
@@ -100,13 +121,18 @@ class Recovery {
   /// Agrees with every live process on the next epoch and adopts it: registers, then the
   /// lowest registered process (or, when it does not decide within the window, the next)
   /// writes the decision with set_if_absent; every process reads the one that won. Returns
-  /// it. Throws FencedError when this process is declared dead in it, NoSpareError when a
-  /// dead rank finds no spare (the job cannot go on with this layout), TimeoutError when no
-  /// decision comes within the timeout.
+  /// it. Spares take the dead ranks; with RecoveryOptions::shrink, when they do not suffice,
+  /// the world shrinks (replace_or_shrink: every process computes the same change from the
+  /// same decision). Throws FencedError when this process is declared dead in it,
+  /// NoSpareError when a dead rank finds no spare and shrink is off, IncompatibleError
+  /// (plan_shrink's, "dp", naming the dead logical ranks) when no valid smaller layout
+  /// exists, BackendError when the decision's shrink differs from this process's (different
+  /// ShrinkOptions), TimeoutError when no decision comes within the timeout.
   const EpochDecision& agree();
 
-  /// Creates the current epoch's world and groups (nothing on a spare). A failure (a peer
-  /// that died during recovery) marks the epoch failed and is rethrown.
+  /// Creates the current epoch's world and groups (nothing on a spare). Once the world has
+  /// shrunk, the groups follow config() (the current epoch's layout), not `config`. A
+  /// failure (a peer that died during recovery) marks the epoch failed and is rethrown.
   EpochGroups build(const WorldFactory& factory, const ParallelConfig& config,
                     const InitOptions& init = {});
   /// agree() and build() until a world is built (a failure during recovery starts the next
@@ -118,6 +144,7 @@ class Recovery {
   std::string key(std::int64_t epoch, const std::string& name) const;
   void adopt(const std::string& text);
   std::string decide(const std::vector<std::int64_t>& dead, const std::vector<std::int64_t>& revived);
+  [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
   [[nodiscard]] bool dead_known(std::int64_t process);
 
   std::shared_ptr<Store> store_;
@@ -127,6 +154,8 @@ class Recovery {
   std::int64_t epoch_ = 0;
   std::vector<int> incarnation_;  ///< per process, as the decisions said
   std::vector<EpochDecision> history_;
+  std::optional<ParallelConfig> config_;  ///< with options_.shrink: the current epoch's
+  bool shrunk_ = false;                   ///< whether some epoch shrank the world
 };
 
 /// What `commgrid launch --spares S` tells each of its processes (COMMGRID_PROCESS,
@@ -145,7 +174,8 @@ struct SpareLaunch {
 /// ConfigError naming a missing or malformed variable.
 [[nodiscard]] std::optional<SpareLaunch> read_spare_launch();
 /// Opens the job's store as this process (its fencing identity, never serving: launch
-/// serves it) and the Recovery of this process over epoch 0's RankMap(W, {S}).
+/// serves it) and the Recovery of this process over epoch 0's RankMap(W, {S}); S may be 0
+/// (a job that only shrinks, with options.shrink).
 [[nodiscard]] std::unique_ptr<Recovery> make_recovery(const SpareLaunch& launch,
                                                       RecoveryOptions options = {});
 

@@ -33,12 +33,16 @@ struct SparePlacement {
   /// together onto one spare node in their local order (so node-local groups such as tp
   /// stay inside a node).
   std::optional<std::int64_t> gpus_per_node;
+  bool operator==(const SparePlacement&) const = default;
 };
+
+struct ShrinkPlan;
 
 /// The logical ranks 0 ... W-1 on the physical processes 0 ... W+S-1 in one epoch. Epoch 0
 /// puts logical rank r on process r and the spares on processes W ... W+S-1. Every later
 /// epoch comes from replace() (spares take failed ranks' places), revive() (a restarted
-/// process rejoins as a spare) or, through ShrinkPlan, a smaller world.
+/// process rejoins as a spare) or shrink() (a smaller world, from plan_shrink, when the
+/// spares do not suffice; replace_or_shrink chooses).
 class RankMap {
  public:
   /// Throws InvalidValueError ("spares", "gpus_per_node") for negative or zero values and
@@ -76,6 +80,16 @@ class RankMap {
   /// The next epoch with a dead process back as a spare (a restarted process). Throws
   /// IncompatibleError unless the process is dead.
   [[nodiscard]] RankMap revive(std::int64_t process) const;
+  /// The next epoch of a smaller world (`plan` from plan_shrink over this map's logical
+  /// ranks) after the processes `dead` died (any order, duplicates ignored; spares and
+  /// already dead processes may be among them): the world is plan.config.world_size; the
+  /// process of each old rank r the plan keeps holds plan.new_rank[r], a dead one's rank
+  /// going to a spare as in replace(); the surviving processes of dropped ranks become
+  /// spares; the dead are dead. One epoch, like replace(). Throws IncompatibleError
+  /// ("plan") when the plan is not a bijection onto its world or is for another world
+  /// size, NoSpareError when a kept rank of a dead process finds no spare, and
+  /// RankOutOfRangeError for a process outside the job.
+  [[nodiscard]] RankMap shrink(const ShrinkPlan& plan, std::span<const std::int64_t> dead) const;
 
   /// One line: "epoch=2 world=8 processes=10 map=0,1,9,3,4,5,6,7 spare=8 dead=2": equal
   /// on two processes exactly when their maps are equal.
@@ -115,6 +129,9 @@ struct ShrinkPlan {
   std::vector<std::int64_t> kept_dp;    ///< the old dp coordinates kept, ascending
   std::vector<std::optional<Rank>> new_rank;  ///< per old logical rank: its rank in the new
                                               ///< layout, nullopt when dropped or dead
+  /// The inverse of new_rank: per new rank (0 ... config.world_size-1), the old logical
+  /// rank it was.
+  [[nodiscard]] std::vector<Rank> old_ranks() const;
 };
 
 /// The shrink of `config` after the logical ranks `dead` failed. When `global_batch` is
@@ -125,5 +142,23 @@ struct ShrinkPlan {
 /// Compat seed only: a HEAD config is refused (IncompatibleError "compat").
 [[nodiscard]] ShrinkPlan plan_shrink(const ParallelConfig& config, std::span<const Rank> dead,
                                      std::optional<std::int64_t> global_batch = std::nullopt);
+
+/// The next epoch of a job after the processes `dead` died, spares first: replace() when
+/// the spares take every dead rank; otherwise a shrink. The data-parallel replicas that lost
+/// ranks get spares in order of fewest lost ranks (then lowest dp coordinate) while the
+/// spares last, and the others are dropped by plan_shrink(config, their dead ranks,
+/// global_batch). `config` is the layout of `map`'s current epoch.
+struct EpochChange {
+  RankMap map;                       ///< the next epoch's map
+  std::optional<ShrinkPlan> shrink;  ///< set when the world shrank
+};
+/// Deterministic: every process that calls it with the same map, dead processes and config
+/// gets the same change or the same error. Throws IncompatibleError ("dp", from plan_shrink,
+/// naming every dead logical rank) when no valid smaller layout exists, IncompatibleError
+/// ("world_size") when config is not the map's world, and RankOutOfRangeError for a
+/// process outside the job.
+[[nodiscard]] EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> dead,
+                                            const ParallelConfig& config,
+                                            std::optional<std::int64_t> global_batch = std::nullopt);
 
 }  // namespace commgrid
