@@ -268,9 +268,11 @@ struct JobSetup {
   /// serves at the same address (--master-port + 1, or a free port on one node).
   int torch_port = 0;
   std::string job_id, token;
-  /// --spares S (0: none): the last S processes of the job hold no rank; launch keeps the
-  /// job going when a process dies and posts its death to the store it serves.
+  /// --spares S: the last S processes of the job hold no rank; launch keeps the job going
+  /// when a process dies and posts its death to the store it serves. `resilient` whenever
+  /// --spares is given, 0 included (a job that shrinks when a process dies).
   int spares = 0;
+  bool resilient = false;
   int max_restarts = 0;  ///< --max-restarts R: dead processes restarted as spares
 };
 
@@ -376,7 +378,7 @@ class Launcher {
       store = "tcp://" + job_.master_addr + ":" + std::to_string(job_.master_port);
     }
 #if COMMGRID_HAS_BOOTSTRAP
-    if (job_.spares > 0) {
+    if (job_.resilient) {
       // Served here, not by rank 0 (torchrun's agent store): losing any rank loses no store.
       StoreOptions so;
       so.job_id = job_.job_id;
@@ -391,7 +393,7 @@ class Launcher {
     ::fcntl(sig.write.get(), F_SETFL, O_NONBLOCK);
     SignalGuard guard(sig.write.get());
     children_.resize(static_cast<size_t>(n_));
-    if (timeout_ && job_.spares == 0) {
+    if (timeout_ && !job_.resilient) {
       // (With spares the job outlives its failures, so --timeout bounds each operation only.)
       // The ranks' operations are bounded by T each; the job as a whole by T and a second,
       // so that a rank's own timeout error (which names the missing peer) is seen first.
@@ -432,7 +434,7 @@ class Launcher {
                   std::to_string(started_) + " ranks");
       return 128 + interrupted_;
     }
-    if (job_.spares > 0 && job_done() && some_exited_ok_) {
+    if (job_.resilient && job_done() && some_exited_ok_) {
       // Failures the job recovered from were said above, as they happened.
       if (failure_)
         write_all(STDERR_FILENO, "launch: the job finished after recovering from: " + *failure_ +
@@ -570,7 +572,7 @@ class Launcher {
         {"TORCHELASTIC_RUN_ID", job_.job_id},
         {"TORCHELASTIC_RESTART_COUNT", std::to_string(incarnation)},
         {"TORCHELASTIC_MAX_RESTARTS", std::to_string(job_.max_restarts)}};
-    if (job_.spares > 0) {
+    if (job_.resilient) {
       // Processes, not ranks: a spare (process >= W) holds no rank until a decision gives
       // it one, so it gets no COMMGRID_RANK or RANK.
       if (r >= world_size())
@@ -759,7 +761,7 @@ class Launcher {
       if (block) break;
     }
     if (failed_now.empty()) return;
-    if (job_.spares > 0 && !std::all_of(failed_now.begin(), failed_now.end(), [](const Child* c) {
+    if (job_.resilient && !std::all_of(failed_now.begin(), failed_now.end(), [](const Child* c) {
           return WIFEXITED(c->status) && WEXITSTATUS(c->status) == 2;
         })) {
       // The job goes on: the survivors and spares recover (docs/resilience.md). It fails
@@ -953,7 +955,8 @@ Command add_launch_command(CLI::App& root) {
   app->add_option("--spares", args->spares,
                   "Hot spares: the last S of the job's processes hold no rank; when a process "
                   "dies the job goes on (the program recovers: docs/resilience.md) and launch "
-                  "serves the TCP store itself (default 0)")->type_name("S");
+                  "serves the TCP store itself; --spares 0: the job goes on without spares "
+                  "(a program that shrinks)")->type_name("S");
   app->add_option("--max-restarts,--max_restarts", args->max_restarts,
                   "With --spares: restart up to R dead processes, which rejoin as spares "
                   "(torchrun's name for the budget; default 0)")->type_name("R");
@@ -1038,6 +1041,7 @@ Command add_launch_command(CLI::App& root) {
                                            "-n N -- PROGRAM ARGS...)");
             if (!args->spares.empty()) {
               job.spares = static_cast<int>(parse_integer("--spares", args->spares, 0, kMaxRanks));
+              job.resilient = true;
               const std::int64_t procs = n * job.nnodes;
               if (job.spares >= procs)
                 throw InvalidValueError("--spares", "launch: --spares " + std::to_string(job.spares) +
@@ -1051,12 +1055,12 @@ Command add_launch_command(CLI::App& root) {
             }
             if (!args->max_restarts.empty()) {
               job.max_restarts = static_cast<int>(parse_integer("--max-restarts", args->max_restarts, 0, kMaxRanks));
-              if (job.max_restarts > 0 && job.spares == 0)
+              if (job.max_restarts > 0 && !job.resilient)
                 throw IncompatibleError("--max-restarts", "launch: --max-restarts " + args->max_restarts +
                                                               " needs --spares (a restarted process "
                                                               "rejoins as a spare)");
             }
-            if (job.spares > 0) {
+            if (job.resilient) {
 #if !COMMGRID_HAS_BOOTSTRAP
               throw IncompatibleError("--spares", "launch: --spares needs the bootstrap library "
                                                   "(OpenSSL), which this build lacks");

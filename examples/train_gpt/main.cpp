@@ -40,7 +40,7 @@ struct Flags {
   std::string vocab = "64", hidden = "32", heads = "4", seq = "32", layers = "4";
   std::string format = "table", fault;
   bool sequence_parallel = false, dist_opt = false;
-  bool moe = false;
+  bool moe = false, no_shrink = false;
   std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
   std::string spares, snapshot_every = "1", state_from = "auto", fault_kill;  // docs/resilience.md
@@ -194,6 +194,7 @@ int run_with_spares(const Flags& f, const Checked& checked) {
   train_gpt::ResilienceConfig resilience;
   resilience.snapshot_every = to_int("snapshot_every", f.snapshot_every, 1);
   resilience.state_from = train_gpt::parse_state_source(f.state_from);
+  resilience.shrink = !f.no_shrink;
   resilience.kills = parse_kills(f.fault_kill);
   const auto [layout, config] = checked(launch->world_size());
   // The buddy on the next node: commgrid launch gives the processes per node and the nodes
@@ -302,6 +303,9 @@ int main(int argc, char** argv) {
                  "with --spares: where a replaced rank's state comes from: replica (its "
                  "data-parallel group), buddy (a copy shipped to another rank at every "
                  "snapshot), or auto: replica where every rank has a full one (auto)");
+  app.add_flag("--no-shrink", f.no_shrink,
+               "with --spares: when a failure finds no spare, end the job instead of going on "
+               "with fewer data-parallel replicas");
   app.add_option("--snapshot-every", f.snapshot_every,
                  "with --spares: keep an in-memory snapshot of the state every K steps (1)");
   app.add_option("--fault-kill", f.fault_kill)->group("");

@@ -206,4 +206,37 @@ void Optimizer::load_state(std::span<const double> in, std::size_t& at) {
   steps_ = static_cast<int>(in[at++]);
 }
 
+void Optimizer::load_resharded(std::span<const std::span<const double>> saved, std::size_t at,
+                               std::span<const double> values) {
+  if (saved.empty() || values.size() != numel_)
+    throw commgrid::InternalError("optimizer reshard: " + std::to_string(saved.size()) + " saved shards and " +
+                                  std::to_string(values.size()) + " values for " + std::to_string(numel_));
+  // Each saved entry: m, v (its shard, or everything without dist_opt), the master shard
+  // (dist_opt), the step count; the shard length follows from the entry's length.
+  const std::size_t parts = config_.dist_opt ? 3 : 2;
+  std::vector<double> m, v;
+  for (const auto& entry : saved) {
+    if (entry.size() <= at || (entry.size() - at - 1) % parts != 0)
+      throw commgrid::InternalError("optimizer reshard: a saved state of " + std::to_string(entry.size()) +
+                                    " values does not fit " + std::to_string(numel_) + " parameters");
+    const std::size_t shard = (entry.size() - at - 1) / parts;
+    m.insert(m.end(), entry.begin() + static_cast<std::ptrdiff_t>(at),
+             entry.begin() + static_cast<std::ptrdiff_t>(at + shard));
+    v.insert(v.end(), entry.begin() + static_cast<std::ptrdiff_t>(at + shard),
+             entry.begin() + static_cast<std::ptrdiff_t>(at + 2 * shard));
+  }
+  if (m.size() < numel_)
+    throw commgrid::InternalError("optimizer reshard: the saved shards hold " + std::to_string(m.size()) +
+                                  " moments for " + std::to_string(numel_) + " parameters");
+  // This rank's shard (the padding past numel_ is zero, as in a run that had this sharding).
+  auto slice = [&](std::span<const double> whole, std::vector<double>& out) {
+    out.assign(shard_, 0.0);
+    for (std::size_t i = 0; i < shard_ && shard_begin_ + i < numel_; ++i) out[i] = whole[shard_begin_ + i];
+  };
+  slice(m, m_);
+  slice(v, v_);
+  if (config_.dist_opt) slice(values, master_);
+  steps_ = static_cast<int>(saved.front().back());
+}
+
 }  // namespace train_gpt

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <commgrid/commgrid.hpp>
+#include <span>
 #include <vector>
 
 #include "parallel.hpp"
@@ -66,6 +67,15 @@ class Optimizer {
   void save_state(std::vector<double>& out) const;
   /// Reads what save_state wrote from `in` at `at` (advanced past it).
   void load_state(std::span<const double> in, std::size_t& at);
+  /// Reads the state of the same parameters saved under another sharding (a shrunk
+  /// layout's): `saved` holds what save_state wrote on each member of the old shard group
+  /// (intra_dp_cp), in its rank order (one entry without dist_opt), each starting at
+  /// offset `at`; `values` the parameters. Takes this rank's shard of the moments and of
+  /// the parameters.
+  void load_resharded(std::span<const std::span<const double>> saved, std::size_t at,
+                      std::span<const double> values);
+  /// Elements of every parameter (the length of `values` above).
+  [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
 
  private:
   void pack_grads(std::vector<double>& flat) const;

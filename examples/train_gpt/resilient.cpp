@@ -7,6 +7,8 @@
 #include <deque>
 #include <iostream>
 #include <limits>
+#include <map>
+#include <numeric>
 #include <memory>
 #include <string>
 
@@ -90,7 +92,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   throw commgrid::ConfigError("spares", "--spares: this build has no Gloo backend");
 #else
   const bool buddy = resolve_state_source(config, layout, resilience) == StateSource::buddy;
-  std::unique_ptr<commgrid::Recovery> rec = commgrid::make_recovery(launch);
+  commgrid::RecoveryOptions options;
+  if (resilience.shrink)  // dp' must divide dp x micro-batches: the micro-batch size is kept
+    options.shrink = commgrid::ShrinkOptions{layout, layout.dp() * config.micro_batches};
+  std::unique_ptr<commgrid::Recovery> rec = commgrid::make_recovery(launch, options);
   const std::string token = launch.token;
   auto factory = [&](const std::string& prefix, int rank, int size) {
     commgrid::GlooOptions o;
@@ -112,6 +117,11 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   std::vector<StepResult> results;
   int step = 0;
   bool fresh = true;  // no state of its own (a spare until it takes a rank)
+  std::int64_t own_rank = -1;  // the logical rank whose state this rank's snapshots hold
+  // The layout and the run of the current epoch: a shrink makes dp smaller and each
+  // replica's micro-batches more (the global batch and the micro-batch size are kept).
+  commgrid::ParallelConfig epoch_layout = layout;
+  TrainConfig epoch_config = config;
 
   auto fault_kill = [&](int at) {
     for (const auto& kill : resilience.kills)
@@ -119,12 +129,17 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   };
   auto start_epoch = [&] {
     collections = std::make_unique<Collections>(make_collections(*g.groups));
-    trainer = std::make_unique<Trainer>(collections->model, collections->grads, config);
+    trainer = std::make_unique<Trainer>(collections->model, collections->grads, epoch_config);
   };
-  auto buddy_of = [&](std::int64_t r) { return (r + resilience.buddy_shift) % layout.world_size; };
+  // The buddy shift in the current world (a shrunk world may be a multiple of it: then 1).
+  auto shift = [&] {
+    const std::int64_t w = epoch_layout.world_size;
+    return resilience.buddy_shift % w == 0 ? std::int64_t{1} : resilience.buddy_shift;
+  };
+  auto buddy_of = [&](std::int64_t r) { return (r + shift()) % epoch_layout.world_size; };
   auto buddy_source = [&](std::int64_t r) {
-    const std::int64_t w = layout.world_size;
-    return ((r - resilience.buddy_shift) % w + w) % w;
+    const std::int64_t w = epoch_layout.world_size;
+    return ((r - shift()) % w + w) % w;
   };
   auto find = [](const std::deque<Snapshot>& list, std::int64_t s) -> const Snapshot* {
     for (const Snapshot& snap : list)
@@ -238,6 +253,109 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     shipped = -1;  // ship again at step s: a spare's buddy, and a dead rank's, hold no copy
     source_size = -1;
     fresh = false;
+    own_rank = world.rank();
+  };
+  // A shrink (no spare left): every live process, the new world's ranks and the spares
+  // (the survivors of dropped replicas among them), meets in a transfer world of the
+  // epoch and offers the states it holds of the step every one of them can go back to:
+  // its own snapshot and its buddy copy, each with the logical rank it belongs to. Each
+  // rank of the shrunk world takes the states of its old rank's optimizer shard group
+  // (the old rank alone, or a replica of it, without the distributed optimizer) and, once
+  // its Trainer exists, reshards them (Trainer::set_state_resharded). Everything is
+  // offered to everyone (an allgather): simple, and sized for this example's models.
+  struct Resharded {
+    std::int64_t step = 0;
+    std::vector<std::vector<double>> saved;  // empty on a process left without a rank
+    std::vector<StepResult> results;
+  };
+  auto reshard = [&](const commgrid::ShrinkPlan& plan) -> Resharded {
+    if (config.moe)
+      throw commgrid::IncompatibleError("spares", "shrinking the layout of an MoE run is not implemented "
+                                                  "(the experts would move between ranks)");
+    const commgrid::RankMap& map = rec->map();
+    std::vector<std::int64_t> live;
+    for (std::int64_t p = 0; p < map.num_processes(); ++p)
+      if (map.role(p) != commgrid::ProcessRole::dead) live.push_back(p);
+    const auto me = static_cast<int>(std::find(live.begin(), live.end(), launch.process) - live.begin());
+    auto transfer = factory(rec->options().prefix + "/epoch/" + std::to_string(rec->epoch()) + "/reshard",
+                            me, static_cast<int>(live.size()));
+    std::int64_t latest = kNone;
+    if (!fresh) {
+      latest = snapshots.back().step;
+      if (buddy && !copies.empty()) latest = std::min<std::int64_t>(latest, copies.back().step);
+    }
+    Resharded out;
+    const std::int64_t s = min_over(*transfer, latest);
+    if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
+    out.step = s;
+    // What this process offers: [owner, length, values...] per state it holds of step s.
+    std::vector<double> offer;
+    auto add = [&](std::int64_t owner, const std::vector<double>& state) {
+      offer.push_back(static_cast<double>(owner));
+      offer.push_back(static_cast<double>(state.size()));
+      offer.insert(offer.end(), state.begin(), state.end());
+    };
+    const Snapshot* mine = fresh ? nullptr : find(snapshots, s);
+    if (mine != nullptr) add(own_rank, mine->state);
+    if (const Snapshot* copy = (fresh || !buddy) ? nullptr : find(copies, s)) add(buddy_source(own_rank), copy->state);
+    const auto n = static_cast<std::size_t>(transfer->size());
+    auto length = static_cast<std::int64_t>(offer.size());
+    std::vector<std::int64_t> lengths(n);
+    transfer->allgather(std::span<const std::int64_t>(&length, 1), std::span<std::int64_t>(lengths))->wait();
+    std::vector<std::size_t> counts(lengths.begin(), lengths.end());
+    std::vector<double> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
+    transfer->allgatherv(offer.data(), offer.size(), all.data(), counts, commgrid::DataType::float64)->wait();
+    std::map<std::int64_t, std::vector<double>> held;  // old logical rank -> its state at step s
+    for (std::size_t at = 0; at < all.size();) {
+      const auto owner = static_cast<std::int64_t>(all[at]);
+      const auto len = static_cast<std::size_t>(all[at + 1]);
+      held.emplace(owner, std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(at + 2),
+                                              all.begin() + static_cast<std::ptrdiff_t>(at + 2 + len)));
+      at += 2 + len;
+    }
+    // Which old states the new rank needs, and whether every rank of the new world finds
+    // them: the verdict is the transfer world's, so that every process ends alike.
+    const commgrid::Layout old_layout(epoch_layout);
+    const std::optional<commgrid::Rank> rank = rec->logical_rank();
+    std::int64_t missing = kNone;
+    if (rank) {
+      const commgrid::Rank old = plan.old_ranks()[static_cast<std::size_t>(*rank)];
+      std::vector<commgrid::Rank> need{old};
+      if (config.optimizer.dist_opt) {
+        need = old_layout.group_of(commgrid::GroupKind::intra_dp_cp, old)->members;
+        std::sort(need.begin(), need.end());  // the communicator's rank order
+      }
+      for (commgrid::Rank r : need) {
+        auto it = held.find(r);
+        if (it == held.end() && !config.optimizer.dist_opt && why_no_replica(config, epoch_layout).empty()) {
+          const std::optional<commgrid::GroupRef> replicas = old_layout.group_of(commgrid::GroupKind::dp, r);
+          for (commgrid::Rank replica : replicas->members)
+            if (it = held.find(replica); it != held.end()) break;
+        }
+        if (it == held.end()) {
+          missing = r;
+          break;
+        }
+        out.saved.push_back(it->second);
+      }
+    }
+    const std::int64_t lost = min_over(*transfer, missing);
+    if (lost != kNone)
+      throw StateLostError("the state of logical rank " + std::to_string(lost) + " is lost: no live process "
+                           "holds it to reshard to the shrunk layout of epoch " + std::to_string(rec->epoch()));
+    // The results so far, from the lowest process that has them.
+    std::vector<double> past(3 * static_cast<std::size_t>(s));
+    if (mine != nullptr)
+      for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k) {
+        past[3 * k] = mine->results[k].loss;
+        past[3 * k + 1] = mine->results[k].grad_norm;
+        past[3 * k + 2] = mine->results[k].aux_loss;
+      }
+    const std::int64_t root = min_over(*transfer, mine != nullptr ? transfer->rank() : kNone);
+    if (s > 0) transfer->broadcast(std::span<double>(past), static_cast<int>(root))->wait();
+    for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k)
+      out.results.push_back({static_cast<int>(k) + 1, past[3 * k], past[3 * k + 1], past[3 * k + 2]});
+    return out;
   };
   // Recovery's cost, by part, on stderr (docs/benchmarks.md reads it).
   using Clock = std::chrono::steady_clock;
@@ -247,22 +365,65 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   // Recovery::recover, timed by part: agree, then build the epoch's world and groups, the
   // model, and move the state; all of it again from the next decision when a process dies
   // on the way (every failure ends at least one process, so the attempts are bounded).
+  // A shrink's epoch is not retried: once the ranks are renumbered, the states held are
+  // of the old layout's ranks (a failure while resharding ends the job).
   auto recover = [&] {
     for (std::int64_t attempt = 1;; ++attempt) {
       const auto t0 = Clock::now();
       trainer.reset();
       collections.reset();
       g = commgrid::EpochGroups{};  // closes this epoch's connections: blocked peers fail now
-      rec->agree();
+      std::optional<Resharded> resharded;
+      try {
+        const commgrid::EpochDecision& decision = rec->agree();
+        if (decision.shrink) {
+          const commgrid::ParallelConfig next = decision.shrink->config;
+          resharded = reshard(*decision.shrink);
+          epoch_config.micro_batches = static_cast<int>(config.micro_batches * layout.dp() / next.dp());
+          epoch_layout = next;
+          check_train_config(epoch_config, epoch_layout);
+          std::cerr << ("train_gpt: epoch " + std::to_string(rec->epoch()) + " shrinks the world to " +
+                        std::to_string(next.world_size) + " ranks (dp " + std::to_string(next.dp()) + ", " +
+                        std::to_string(epoch_config.micro_batches) + " micro-batches per replica)\n")
+                    << std::flush;
+        }
+      } catch (const commgrid::FencedError&) {
+        throw;
+      } catch (const commgrid::ConfigError& e) {
+        // No smaller layout, or none this run fits: the job cannot go on (every process alike).
+        throw BackendError(std::string("recovery: cannot go on without a spare: ") + e.what());
+      }
       const auto agreed = Clock::now();
       try {
-        g = rec->build(factory, layout);  // marks the epoch failed when it fails
+        g = rec->build(factory, epoch_layout);  // marks the epoch failed when it fails
         const auto t1 = Clock::now();
-        if (!g.world) return;  // still a spare
+        if (!g.world) {  // a spare (again, or a survivor of a dropped replica)
+          if (resharded) {
+            fresh = true;
+            snapshots.clear();
+            copies.clear();
+            results.clear();
+          }
+          return;
+        }
         start_epoch();
         const auto t2 = Clock::now();
         fault_kill(ResilienceConfig::kDuringRecovery);
-        resync();
+        if (resharded) {
+          std::vector<std::span<const double>> saved(resharded->saved.begin(), resharded->saved.end());
+          trainer->set_state_resharded(saved);
+          step = static_cast<int>(resharded->step);
+          results = resharded->results;
+          snapshots.clear();
+          snapshots.push_back({step, trainer->state(), results});
+          copies.clear();
+          shipped = -1;
+          source_size = -1;
+          fresh = false;
+          own_rank = g.world->rank();
+        } else {
+          resync();
+        }
         std::cerr << ("train_gpt: process " + std::to_string(launch.process) + " is logical rank " +
                       std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(rec->epoch()) +
                       ", back at step " + std::to_string(step) + ": agreement " + seconds(t0, agreed) +
@@ -275,7 +436,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       } catch (const StateLostError&) {
         throw;  // every rank reached the same verdict: nothing to retry
       } catch (const BackendError& e) {
-        if (attempt >= rec->map().num_processes()) throw;
+        if (resharded || attempt >= rec->map().num_processes()) throw;
         rec->mark_failed(e.what());
       }
     }
@@ -285,6 +446,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   if (g.world) {
     start_epoch();
     fresh = false;
+    own_rank = g.world->rank();
   }
   while (step < config.steps) {
     if (!g.world) {

@@ -41,6 +41,10 @@ struct ResilienceConfig {
   /// Buddy copies: logical rank r ships its state to logical rank (r + buddy_shift) mod W
   /// at every snapshot. buddy_shift_for() puts the buddy on the next node.
   std::int64_t buddy_shift = 1;
+  /// When a failure finds no spare: go on with fewer data-parallel replicas (the global
+  /// batch and the micro-batch size kept, each replica taking more micro-batches), the
+  /// state resharded to the smaller layout; false: the job ends (NoSpareError).
+  bool shrink = true;
   /// Test-only faults: process `process` (incarnation 0) kills itself with SIGKILL at the
   /// start of step `step` (0-based), or, with step kDuringRecovery, when its first recovery
   /// has built the new epoch's groups and is about to move the state.

@@ -216,6 +216,23 @@ void Trainer::set_state(std::span<const double> state) {
                                   " values left over for this rank's shapes");
 }
 
+void Trainer::set_state_resharded(std::span<const std::span<const double>> saved) {
+  if (impl_->expert_optimizer)
+    throw commgrid::IncompatibleError("moe", "resharding the state of an MoE model is not implemented");
+  const std::size_t numel = impl_->optimizer->numel();
+  if (saved.empty() || saved.front().size() < numel)
+    throw commgrid::InternalError("train state: no saved state holds this rank's " + std::to_string(numel) +
+                                  " parameters");
+  const std::span<const double> values = saved.front().first(numel);
+  std::size_t at = 0;
+  for (Param* p : impl_->params) {
+    const auto v = elements(p->value);
+    std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+    at += v.size();
+  }
+  impl_->optimizer->load_resharded(saved, numel, values);
+}
+
 std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_groups,
                               const commgrid::GradCommProcessGroups& grad_groups,
                               const TrainConfig& config) {

@@ -76,6 +76,11 @@ class Trainer {
   [[nodiscard]] std::vector<double> state() const;
   /// Restores what state() returned on a rank with the same coordinates.
   void set_state(std::span<const double> state);
+  /// Restores the state of a rank whose layout shrank (fewer data-parallel replicas; the
+  /// same model slice): `saved` holds what state() returned, in the old layout, on every
+  /// member of the old rank's optimizer shard group (intra_dp_cp, in its rank order; the old
+  /// rank's own state alone without the distributed optimizer). Dense models only.
+  void set_state_resharded(std::span<const std::span<const double>> saved);
 
  private:
   struct Impl;

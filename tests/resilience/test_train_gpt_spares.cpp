@@ -187,6 +187,40 @@ TEST(TrainGptSpares, LosingARankAndItsBuddyEndsTheJobNamingTheRank) {
             std::string::npos) << err;
 }
 
+// Shrink: a failure that finds no spare goes on with fewer data-parallel replicas (the
+// global batch kept: each replica takes more micro-batches), the state resharded.
+TEST(TrainGptSpares, ShrinkWithoutSparesARandomRankAtARandomStep) {
+  const std::vector<std::string> layout{"--tp", "2"};  // dp 2 -> 1
+  const auto kill = random_kill(4);
+  SCOPED_TRACE("--fault-kill " + kill_text(kill));
+  expect_same(with_failure(4, 0, layout, kill_text(kill)), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, ShrinkReshardsTheDistributedOptimizer) {
+  // dp 4, Adam's state in 4 shards; process 1 dies: 3 replicas survive, dp 2 (which divides
+  // dp x micro-batches = 4) is kept, and the 2 new ranks take 2 old shards each.
+  const std::vector<std::string> layout{"--dist-opt"};
+  expect_same(with_failure(4, 0, layout, "1:3"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, TheSpareFirstThenShrink) {
+  // Process 1 dies at step 1 and spare 4 takes its rank; process 4 dies at step 4: no spare
+  // is left, so tp 2 x dp 2 shrinks to dp 1.
+  const std::vector<std::string> layout{"--tp", "2"};
+  expect_same(with_failure(5, 1, layout, "1:1,4:4"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, NoSmallerLayoutEndsTheJobSayingWhy) {
+  // tp 2 x pp 2 has one replica: losing a rank leaves no layout to shrink to.
+  int code = 0;
+  std::string err;
+  (void)with_failure(4, 0, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3", &code, &err);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("cannot go on without a spare: cannot shrink after logical rank [1] failed: every one "
+                     "of the 1 data-parallel replicas lost a rank"),
+            std::string::npos) << err;
+}
+
 TEST(TrainGptSpares, BadInputExitsTwo) {
   // Replicas asked for on a layout without them, a bad --state-from, and --spares without
   // launch --spares.
