@@ -190,40 +190,41 @@ void Optimizer::apply(double clip) {
 }
 
 void Optimizer::save_state(std::vector<double>& out) const {
+  out.push_back(static_cast<double>(m_.size() + v_.size() + master_.size() + 1));
   for (const auto* v : {&m_, &v_, &master_}) out.insert(out.end(), v->begin(), v->end());
   out.push_back(static_cast<double>(steps_));
 }
 
 void Optimizer::load_state(std::span<const double> in, std::size_t& at) {
+  const std::size_t want = m_.size() + v_.size() + master_.size() + 1;
+  if (at >= in.size() || in[at] != static_cast<double>(want))
+    throw commgrid::InternalError("optimizer state: expected " + std::to_string(want) + " values, " +
+                                  (at >= in.size() ? std::string("none are left") : "the state says " + std::to_string(in[at])));
+  ++at;
+  if (at + want > in.size())
+    throw commgrid::InternalError("optimizer state: " + std::to_string(in.size()) +
+                                  " values are too few for this rank's shapes");
   for (auto* v : {&m_, &v_, &master_}) {
-    if (at + v->size() > in.size())
-      throw commgrid::InternalError("optimizer state: " + std::to_string(in.size()) +
-                                    " values are too few for this rank's shapes");
     std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(at), v->size(), v->begin());
     at += v->size();
   }
-  if (at >= in.size()) throw commgrid::InternalError("optimizer state: the step count is missing");
   steps_ = static_cast<int>(in[at++]);
 }
 
-void Optimizer::load_resharded(std::span<const std::span<const double>> saved, std::size_t at,
-                               std::span<const double> values) {
-  if (saved.empty() || values.size() != numel_)
-    throw commgrid::InternalError("optimizer reshard: " + std::to_string(saved.size()) + " saved shards and " +
-                                  std::to_string(values.size()) + " values for " + std::to_string(numel_));
+void Optimizer::load_resharded(std::span<const std::span<const double>> saved) {
+  if (saved.empty()) throw commgrid::InternalError("optimizer reshard: no saved state");
   // Each saved entry: m, v (its shard, or everything without dist_opt), the master shard
   // (dist_opt), the step count; the shard length follows from the entry's length.
   const std::size_t parts = config_.dist_opt ? 3 : 2;
   std::vector<double> m, v;
   for (const auto& entry : saved) {
-    if (entry.size() <= at || (entry.size() - at - 1) % parts != 0)
+    if (entry.empty() || (entry.size() - 1) % parts != 0)
       throw commgrid::InternalError("optimizer reshard: a saved state of " + std::to_string(entry.size()) +
-                                    " values does not fit " + std::to_string(numel_) + " parameters");
-    const std::size_t shard = (entry.size() - at - 1) / parts;
-    m.insert(m.end(), entry.begin() + static_cast<std::ptrdiff_t>(at),
-             entry.begin() + static_cast<std::ptrdiff_t>(at + shard));
-    v.insert(v.end(), entry.begin() + static_cast<std::ptrdiff_t>(at + shard),
-             entry.begin() + static_cast<std::ptrdiff_t>(at + 2 * shard));
+                                    " values is not " + std::to_string(parts) + " shards and a step count");
+    const std::size_t shard = (entry.size() - 1) / parts;
+    m.insert(m.end(), entry.begin(), entry.begin() + static_cast<std::ptrdiff_t>(shard));
+    v.insert(v.end(), entry.begin() + static_cast<std::ptrdiff_t>(shard),
+             entry.begin() + static_cast<std::ptrdiff_t>(2 * shard));
   }
   if (m.size() < numel_)
     throw commgrid::InternalError("optimizer reshard: the saved shards hold " + std::to_string(m.size()) +
@@ -235,7 +236,11 @@ void Optimizer::load_resharded(std::span<const std::span<const double>> saved, s
   };
   slice(m, m_);
   slice(v, v_);
-  if (config_.dist_opt) slice(values, master_);
+  if (config_.dist_opt) {
+    std::vector<double> values;
+    pack_values(values);
+    slice(values, master_);
+  }
   steps_ = static_cast<int>(saved.front().back());
 }
 

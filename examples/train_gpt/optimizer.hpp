@@ -62,20 +62,18 @@ class Optimizer {
   void apply(double clip);
   /// min(1, clip_grad / norm) (1 without clipping).
   double clip_coefficient(double norm) const;
-  /// Appends Adam's state on this rank (moments, the dist_opt master shard, the step
-  /// count) to `out`: what a rank that takes this rank's place needs besides the values.
+  /// Appends Adam's state on this rank to `out`: its length, then the moments, the
+  /// dist_opt master shard and the step count: what a rank that takes this rank's place
+  /// needs besides the values.
   void save_state(std::vector<double>& out) const;
   /// Reads what save_state wrote from `in` at `at` (advanced past it).
   void load_state(std::span<const double> in, std::size_t& at);
   /// Reads the state of the same parameters saved under another sharding (a shrunk
-  /// layout's): `saved` holds what save_state wrote on each member of the old shard group
-  /// (intra_dp_cp), in its rank order (one entry without dist_opt), each starting at
-  /// offset `at`; `values` the parameters. Takes this rank's shard of the moments and of
-  /// the parameters.
-  void load_resharded(std::span<const std::span<const double>> saved, std::size_t at,
-                      std::span<const double> values);
-  /// Elements of every parameter (the length of `values` above).
-  [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
+  /// layout's): `saved` holds what save_state wrote after its length on each member of the
+  /// old shard group (intra_dp_cp, or intra_expt_dp for experts), in its rank order (one
+  /// entry without dist_opt). Takes this rank's shard of the moments and, from the
+  /// parameters' values (already restored), of the master copy.
+  void load_resharded(std::span<const std::span<const double>> saved);
 
  private:
   void pack_grads(std::vector<double>& flat) const;

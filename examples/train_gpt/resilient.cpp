@@ -260,18 +260,18 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   // epoch and offers the states it holds of the step every one of them can go back to:
   // its own snapshot and its buddy copy, each with the logical rank it belongs to. Each
   // rank of the shrunk world takes the states of its old rank's optimizer shard group
-  // (the old rank alone, or a replica of it, without the distributed optimizer) and, once
-  // its Trainer exists, reshards them (Trainer::set_state_resharded). Everything is
-  // offered to everyone (an allgather): simple, and sized for this example's models.
+  // (the old rank alone, or a replica of it, without the distributed optimizer) and, with
+  // MoE, those of an old rank with its new expert coordinates (the experts it now holds);
+  // once its Trainer exists, it reshards them (Trainer::set_state_resharded). Everything
+  // is offered to everyone (an allgather): simple, and sized for this example's models.
   struct Resharded {
     std::int64_t step = 0;
-    std::vector<std::vector<double>> saved;  // empty on a process left without a rank
+    // The old states a new rank reshards from (empty on a process left without a rank):
+    // its dense optimizer shard group's, and (MoE) its expert one's.
+    std::vector<std::vector<double>> dense, expert;
     std::vector<StepResult> results;
   };
   auto reshard = [&](const commgrid::ShrinkPlan& plan) -> Resharded {
-    if (config.moe)
-      throw commgrid::IncompatibleError("spares", "shrinking the layout of an MoE run is not implemented "
-                                                  "(the experts would move between ranks)");
     const commgrid::RankMap& map = rec->map();
     std::vector<std::int64_t> live;
     for (std::int64_t p = 0; p < map.num_processes(); ++p)
@@ -316,27 +316,52 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     // Which old states the new rank needs, and whether every rank of the new world finds
     // them: the verdict is the transfer world's, so that every process ends alike.
     const commgrid::Layout old_layout(epoch_layout);
+    const commgrid::Layout new_layout(plan.config);
     const std::optional<commgrid::Rank> rank = rec->logical_rank();
     std::int64_t missing = kNone;
+    // The states of `shard_group` (the old optimizer shard group) of one of `candidates`
+    // (old ranks whose states are equal outside the optimizer's shards), the first whose
+    // every member is held; `shard_group` is empty without the distributed optimizer (the
+    // candidate's own state then). Notes the first missing rank otherwise.
+    auto gather = [&](const std::vector<commgrid::Rank>& candidates, commgrid::GroupKind shard_group,
+                      std::vector<std::vector<double>>& into) {
+      for (commgrid::Rank c : candidates) {
+        std::vector<commgrid::Rank> need{c};
+        if (config.optimizer.dist_opt) {
+          need = old_layout.group_of(shard_group, c)->members;
+          std::sort(need.begin(), need.end());  // the communicator's rank order
+        }
+        std::vector<std::vector<double>> found;
+        for (commgrid::Rank r : need)
+          if (auto it = held.find(r); it != held.end()) found.push_back(it->second);
+        if (found.size() == need.size()) {
+          into = std::move(found);
+          return;
+        }
+      }
+      if (missing == kNone) missing = candidates.front();
+    };
     if (rank) {
       const commgrid::Rank old = plan.old_ranks()[static_cast<std::size_t>(*rank)];
-      std::vector<commgrid::Rank> need{old};
-      if (config.optimizer.dist_opt) {
-        need = old_layout.group_of(commgrid::GroupKind::intra_dp_cp, old)->members;
-        std::sort(need.begin(), need.end());  // the communicator's rank order
+      // Dense: the old rank itself or, where its data-parallel replicas hold the same dense
+      // state (no distributed optimizer), any of them.
+      std::vector<commgrid::Rank> dense{old};
+      if (!config.optimizer.dist_opt) {
+        const std::optional<commgrid::GroupRef> replicas = old_layout.group_of(commgrid::GroupKind::dp, old);
+        for (commgrid::Rank r : replicas->members)
+          if (r != old) dense.push_back(r);
       }
-      for (commgrid::Rank r : need) {
-        auto it = held.find(r);
-        if (it == held.end() && !config.optimizer.dist_opt && why_no_replica(config, epoch_layout).empty()) {
-          const std::optional<commgrid::GroupRef> replicas = old_layout.group_of(commgrid::GroupKind::dp, r);
-          for (commgrid::Rank replica : replicas->members)
-            if (it = held.find(replica); it != held.end()) break;
+      gather(dense, commgrid::GroupKind::intra_dp_cp, out.dense);
+      if (config.moe) {
+        // Experts: an old rank with this rank's new expert coordinates (pp, expert-tp, ep);
+        // its expert-data-parallel peers hold the same experts.
+        const commgrid::RankCoordinates want = new_layout.coordinates(*rank);
+        std::vector<commgrid::Rank> experts;
+        for (commgrid::Rank r = 0; r < old_layout.world_size(); ++r) {
+          const commgrid::RankCoordinates c = old_layout.coordinates(r);
+          if (c.pp == want.pp && c.etp == want.etp && c.ep == want.ep) experts.push_back(r);
         }
-        if (it == held.end()) {
-          missing = r;
-          break;
-        }
-        out.saved.push_back(it->second);
+        gather(experts, commgrid::GroupKind::intra_expt_dp, out.expert);
       }
     }
     const std::int64_t lost = min_over(*transfer, missing);
@@ -410,8 +435,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         const auto t2 = Clock::now();
         fault_kill(ResilienceConfig::kDuringRecovery);
         if (resharded) {
-          std::vector<std::span<const double>> saved(resharded->saved.begin(), resharded->saved.end());
-          trainer->set_state_resharded(saved);
+          const std::vector<std::span<const double>> dense(resharded->dense.begin(), resharded->dense.end());
+          const std::vector<std::span<const double>> expert(resharded->expert.begin(), resharded->expert.end());
+          trainer->set_state_resharded(dense, expert);
           step = static_cast<int>(resharded->step);
           results = resharded->results;
           snapshots.clear();

@@ -1,5 +1,6 @@
 #include "trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -216,21 +217,57 @@ void Trainer::set_state(std::span<const double> state) {
                                   " values left over for this rank's shapes");
 }
 
-void Trainer::set_state_resharded(std::span<const std::span<const double>> saved) {
-  if (impl_->expert_optimizer)
-    throw commgrid::IncompatibleError("moe", "resharding the state of an MoE model is not implemented");
-  const std::size_t numel = impl_->optimizer->numel();
-  if (saved.empty() || saved.front().size() < numel)
-    throw commgrid::InternalError("train state: no saved state holds this rank's " + std::to_string(numel) +
-                                  " parameters");
-  const std::span<const double> values = saved.front().first(numel);
+namespace {
+
+// The parts of what Trainer::state() wrote: the values of every parameter (`numel`), then
+// each optimizer's state after its length.
+std::vector<std::span<const double>> state_parts(std::span<const double> state, std::size_t numel,
+                                                 std::size_t optimizers) {
+  std::vector<std::span<const double>> parts{state.first(std::min(numel, state.size()))};
+  std::size_t at = numel;
+  for (std::size_t k = 0; k < optimizers; ++k) {
+    if (at >= state.size() || at + 1 + static_cast<std::size_t>(state[at]) > state.size())
+      throw commgrid::InternalError("train state: " + std::to_string(state.size()) +
+                                    " values do not hold optimizer " + std::to_string(k) + "'s state");
+    const auto n = static_cast<std::size_t>(state[at]);
+    parts.push_back(state.subspan(at + 1, n));
+    at += 1 + n;
+  }
+  if (parts.front().size() != numel || at != state.size())
+    throw commgrid::InternalError("train state: " + std::to_string(state.size()) + " values do not fit " +
+                                  std::to_string(numel) + " parameters and " + std::to_string(optimizers) +
+                                  " optimizers");
+  return parts;
+}
+
+}  // namespace
+
+void Trainer::set_state_resharded(std::span<const std::span<const double>> dense,
+                                  std::span<const std::span<const double>> expert) {
+  const bool moe = impl_->expert_optimizer != nullptr;
+  if (dense.empty() || (moe && expert.empty()))
+    throw commgrid::InternalError("train state: no saved state to reshard from");
+  std::size_t numel = 0;
+  for (const Param* p : impl_->params) numel += static_cast<std::size_t>(p->value.size());
+  const std::size_t optimizers = moe ? 2 : 1;
+  auto parts_of = [&](std::span<const std::span<const double>> saved, std::size_t which) {
+    std::vector<std::span<const double>> out;
+    for (const auto& state : saved) out.push_back(state_parts(state, numel, optimizers)[which]);
+    return out;
+  };
+  // The values: dense parameters from a dense source, experts from an expert source (a
+  // stage's parameters have the same shapes on every rank of it).
+  const std::span<const double> dense_values = parts_of(dense.first(1), 0).front();
+  const std::span<const double> expert_values = moe ? parts_of(expert.first(1), 0).front() : dense_values;
   std::size_t at = 0;
   for (Param* p : impl_->params) {
     const auto v = elements(p->value);
-    std::copy_n(values.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+    const auto& from = p->domain == ParamDomain::expert ? expert_values : dense_values;
+    std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
     at += v.size();
   }
-  impl_->optimizer->load_resharded(saved, numel, values);
+  impl_->optimizer->load_resharded(parts_of(dense, 1));
+  if (moe) impl_->expert_optimizer->load_resharded(parts_of(expert, 2));
 }
 
 std::vector<StepResult> train(const commgrid::ModelCommProcessGroups& model_groups,

@@ -77,10 +77,13 @@ class Trainer {
   /// Restores what state() returned on a rank with the same coordinates.
   void set_state(std::span<const double> state);
   /// Restores the state of a rank whose layout shrank (fewer data-parallel replicas; the
-  /// same model slice): `saved` holds what state() returned, in the old layout, on every
-  /// member of the old rank's optimizer shard group (intra_dp_cp, in its rank order; the old
-  /// rank's own state alone without the distributed optimizer). Dense models only.
-  void set_state_resharded(std::span<const std::span<const double>> saved);
+  /// same model slice): `dense` holds what state() returned, in the old layout, on every
+  /// member of an old rank's dense optimizer shard group (intra_dp_cp, in its rank order; a
+  /// rank with this rank's dense coordinates alone without the distributed optimizer);
+  /// `expert` (MoE) the same for the expert optimizer (intra_expt_dp of an old rank with
+  /// this rank's expert coordinates: pp, expert-tp, ep).
+  void set_state_resharded(std::span<const std::span<const double>> dense,
+                           std::span<const std::span<const double>> expert = {});
 
  private:
   struct Impl;

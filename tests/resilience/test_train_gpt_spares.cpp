@@ -203,6 +203,16 @@ TEST(TrainGptSpares, ShrinkReshardsTheDistributedOptimizer) {
   expect_same(with_failure(4, 0, layout, "1:3"), reference_local(4, layout));
 }
 
+TEST(TrainGptSpares, ShrinkMoeMovesExpertsAndReshardsBothOptimizers) {
+  // tp 2 x dp 4, experts over ep 4 (expert-tp 1, expert-dp 2), both optimizers sharded;
+  // rank 0 dies: dp 4 -> 2 keeps old ranks 2-5 as new ranks 0-3, whose ep coordinates
+  // change (old 2, 3, 0, 1 -> new 0, 1, 2, 3): each takes its new experts from old ranks
+  // that held them, and reshards dense and expert optimizer states.
+  const std::vector<std::string> layout{"--moe", "--tp", "2", "--etp", "1", "--ep", "4",
+                                        "--sequence-parallel", "--dist-opt"};
+  expect_same(with_failure(8, 0, layout, "0:3"), reference_local(8, layout));
+}
+
 TEST(TrainGptSpares, TheSpareFirstThenShrink) {
   // Process 1 dies at step 1 and spare 4 takes its rank; process 4 dies at step 4: no spare
   // is left, so tp 2 x dp 2 shrinks to dp 1.
