@@ -411,6 +411,13 @@ struct NcclCommunicator::State {
   void abort(const std::string& why) noexcept { comm_.abort(why); }
   /// The same; whether this call destroyed it (false: aborted before).
   bool abort_now(const std::string& why) noexcept { return comm_.abort(why); }
+  /// Marks the communicator aborted (every other thread's call and look says so from now on)
+  /// but keeps it for a last use through use_stopping() (a shrink); abort() destroys it.
+  void stop(const std::string& why) noexcept { comm_.stop(why); }
+  template <class F>
+  auto use_stopping(F&& fn) {
+    return comm_.use_stopping(std::forward<F>(fn));
+  }
 
   /// fn(comm) while no abort can destroy comm; nullopt once aborted.
   template <class F>
@@ -920,9 +927,11 @@ void begin_epoch(const std::shared_ptr<State>& world) {
 // waits for it), so that NCCL never writes into a slot that is gone; and a child NCCL wrote
 // is aborted unless it is returned. Returns the child, initialized (nullptr when NCCL gave
 // this rank none: a split without color). `target` names the child in messages.
+// With `stopping` the parent was stop()ped (a shrink: nobody else may use it, and its pending
+// operations report it aborted): it is called and polled through use_stopping().
 template <class Call>
 OwnedComm make_child(State& s, const std::string& op, const std::string& target,
-                     const std::string& child_name, Ms timeout, Call&& call) {
+                     const std::string& child_name, Ms timeout, bool stopping, Call&& call) {
   const Clock::time_point deadline = Clock::now() + timeout;
   ncclComm_t slot = nullptr;
   bool job_ended = false;
@@ -931,13 +940,15 @@ OwnedComm make_child(State& s, const std::string& op, const std::string& target,
     if (!job_ended) s.abort("nccl " + op + " on " + s.name + " for " + target + " did not complete");
     child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
   });
-  const std::optional<ncclResult_t> called = s.use([&](ncclComm_t parent) { return call(parent, &slot); });
+  auto on_parent = [&](ncclComm_t parent) { return call(parent, &slot); };
+  const std::optional<ncclResult_t> called = stopping ? s.use_stopping(on_parent) : s.use(on_parent);
   if (!called) s.check_usable(op);
   // The parent reports ncclInProgress until the job has ended (for a rank without color too:
   // it takes part in the exchange of colors).
   Settled st{called.value_or(ncclInvalidUsage), false};
   if (st.rc == ncclSuccess || st.rc == ncclInProgress)
-    st = settle([&s] { return s.async_state(); }, deadline);
+    st = settle([&s, stopping] { return stopping ? s.use_stopping(&async_state_of) : s.async_state(); },
+                deadline);
   if (st.aborted) s.check_usable(op);
   if (st.rc == ncclInProgress) {
     const std::string msg = timeout_message(op, s.name, target, timeout, s.name, s.members);
@@ -972,7 +983,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
   ncclConfig_t config = cfg.config;
   const int c = color ? static_cast<int>(*color) : NCCL_SPLIT_NOCOLOR;
   const std::string target = name + (color ? " (color " + std::to_string(*color) + ")" : " (no color)");
-  OwnedComm child = make_child(s, "split", target, name, timeout(), [&](ncclComm_t parent, ncclComm_t* slot) {
+  OwnedComm child = make_child(s, "split", target, name, timeout(), false, [&](ncclComm_t parent, ncclComm_t* slot) {
     return ncclCommSplit(parent, c, static_cast<int>(key), slot, &config);
   });
   if (!color) {
@@ -1461,13 +1472,17 @@ std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
 #if COMMGRID_NCCL_HAS_SHRINK
   s.check_usable("shrink");
   if (s.epoch) (void)s.epoch->abort_all(what + ": the epoch's groups are aborted", &s);
+  // From here the old world is the shrink's alone: other threads' calls fail and their
+  // pending operations (which NCCL_SHRINK_ABORT ends early, their events then complete) report
+  // it aborted instead of complete.
+  s.stop(what + ": the world is replaced by its shrink");
   const DeviceGuard guard(s.device, "shrink", s.name);
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config("world");
   ncclConfig_t config = cfg.config;
   std::vector<int> excluded = plan.exclude;  // NCCL takes a non-const list
   const int flags = options.abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
   const std::string target = "world without " + members_text(std::vector<std::int64_t>(excluded.begin(), excluded.end()));
-  OwnedComm child = make_child(s, "shrink", target, "world", timeout, [&](ncclComm_t parent, ncclComm_t* slot) {
+  OwnedComm child = make_child(s, "shrink", target, "world", timeout, true, [&](ncclComm_t parent, ncclComm_t* slot) {
     return ncclCommShrink(parent, excluded.empty() ? nullptr : excluded.data(),
                           static_cast<int>(excluded.size()), slot, &config, flags);
   });

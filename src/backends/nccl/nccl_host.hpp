@@ -185,17 +185,35 @@ class AbortableHandle {
     return {TryUse::ran, fn(handle_)};
   }
 
-  /// Marks the handle aborted with `reason` (the first reason wins), waits for the call in
-  /// progress and destroys the handle. Returns whether this call destroyed it.
-  bool abort(const std::string& reason) noexcept {
+  /// Marks the handle stopping with `reason` (the first reason wins), as abort() does, but
+  /// does not destroy it: from now on use() and try_use() refuse it and aborted() is true, so
+  /// that other threads' looks end and report it aborted, while its owner makes a last use
+  /// of it with use_stopping() (a shrink, which ends the handle's operations in flight);
+  /// abort() destroys it afterwards.
+  void stop(const std::string& reason) noexcept {
     bool expected = false;
     if (stopping_.compare_exchange_strong(expected, true)) {
       std::lock_guard lock(reason_mutex_);
       try {
         reason_ = reason;
-      } catch (...) {  // out of memory: the abort matters more than its reason
+      } catch (...) {  // out of memory: stopping matters more than its reason
       }
     }
+  }
+
+  /// fn(handle) under the lock even while the handle is stopping (after stop()); nullopt
+  /// without calling fn once it is destroyed or released.
+  template <class F>
+  auto use_stopping(F&& fn) -> std::optional<std::invoke_result_t<F, Handle>> {
+    std::lock_guard lock(mutex_);
+    if (handle_ == Handle{}) return std::nullopt;
+    return fn(handle_);
+  }
+
+  /// Marks the handle aborted with `reason` (the first reason wins), waits for the call in
+  /// progress and destroys the handle. Returns whether this call destroyed it.
+  bool abort(const std::string& reason) noexcept {
+    stop(reason);
     std::lock_guard lock(mutex_);
     if (handle_ == Handle{}) return false;
     const Handle h = handle_;

@@ -267,6 +267,27 @@ TEST(NcclRecoveryHost, AShrinkAbortsTheGroupsButNotTheWorld) {
   EXPECT_EQ(epoch.abort_all("done"), 2u);  // then the world (and the later group) go too
 }
 
+// A shrink stops the old world first: every other thread's call and look then finds it
+// aborted (its pending operations, which NCCL_SHRINK_ABORT ends early, must not read as
+// complete), while the shrink itself still uses it; the abort afterwards destroys it once.
+TEST(NcclRecoveryHost, AStoppedHandleServesOnlyItsLastUseThenTheAbort) {
+  std::atomic<int> destroyed{0};
+  FakeComm c(&destroyed);
+  c.handle.stop("nccl shrink of world: the world is replaced by its shrink");
+  EXPECT_TRUE(c.handle.aborted());
+  EXPECT_EQ(c.handle.reason(), "nccl shrink of world: the world is replaced by its shrink");
+  EXPECT_FALSE(c.handle.use([](int*) { return 1; }).has_value());
+  EXPECT_EQ(c.handle.try_use([](int*) { return 1; }).first, nccl_host::TryUse::stopped);
+  EXPECT_EQ(c.handle.use_stopping([](int* h) { return h != nullptr; }), std::optional<bool>(true));
+  EXPECT_EQ(destroyed.load(), 0);
+  EXPECT_TRUE(c.handle.abort("later reason"));
+  EXPECT_EQ(c.handle.reason(), "nccl shrink of world: the world is replaced by its shrink");
+  EXPECT_EQ(destroyed.load(), 1);
+  EXPECT_FALSE(c.handle.use_stopping([](int*) { return true; }).has_value());
+  EXPECT_FALSE(c.handle.abort("again"));
+  EXPECT_EQ(destroyed.load(), 1);
+}
+
 // A call polling a peer that never answers (a dead one) holds the handle only for each look;
 // the epoch's abort waits for one look, never for the peer, and the poller ends at its next
 // look. Fails (by the time bound) if the abort waited for the peer, and (by the count) if
