@@ -28,6 +28,7 @@
 #include "commgrid/recovery.hpp"
 #include "commgrid/store.hpp"
 #include "nccl_host.hpp"
+#include "nccl_test_support.hpp"
 #include "nccl_types.hpp"
 
 namespace commgrid {
@@ -36,15 +37,7 @@ namespace {
 using namespace std::chrono_literals;
 using Ms = std::chrono::milliseconds;
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using nccl_test::message_of;
 
 // The parameter() of the ConfigError f throws; "(none)" when it throws none.
 template <class F>
@@ -215,6 +208,15 @@ using FakeEpoch = nccl_host::EpochMembers<FakeComm>;
 FakeEpoch::Abort fake_abort() {
   return [](FakeComm& c, const std::string& why) { return c.handle.abort(why); };
 }
+// n members of `epoch`, each counting its destruction in `destroyed`.
+std::vector<std::shared_ptr<FakeComm>> add_members(FakeEpoch& epoch, int n, std::atomic<int>* destroyed) {
+  std::vector<std::shared_ptr<FakeComm>> comms;
+  for (int i = 0; i < n; ++i) {
+    comms.push_back(std::make_shared<FakeComm>(destroyed));
+    epoch.add(comms.back());
+  }
+  return comms;
+}
 
 TEST(NcclRecoveryHost, AnEpochAbortAbortsEveryLiveMemberOnceAndIsIdempotent) {
   std::atomic<int> destroyed{0};
@@ -296,11 +298,7 @@ TEST(NcclRecoveryHost, AStoppedHandleServesOnlyItsLastUseThenTheAbort) {
 TEST(NcclRecoveryHost, AnEpochAbortNeverWaitsForADeadPeer) {
   std::atomic<int> destroyed{0};
   FakeEpoch epoch(fake_abort());
-  std::vector<std::shared_ptr<FakeComm>> comms;
-  for (int i = 0; i < 4; ++i) {
-    comms.push_back(std::make_shared<FakeComm>(&destroyed));
-    epoch.add(comms.back());
-  }
+  const std::vector<std::shared_ptr<FakeComm>> comms = add_members(epoch, 4, &destroyed);
   std::atomic<int> looks_seeing_abort{0};
   std::vector<std::jthread> pollers;
   for (const auto& c : comms)
@@ -329,11 +327,7 @@ TEST(NcclRecoveryHost, ConcurrentEpochAbortsDestroyEachMemberOnce) {
   for (int round = 0; round < 50; ++round) {
     std::atomic<int> destroyed{0};
     FakeEpoch epoch(fake_abort());
-    std::vector<std::shared_ptr<FakeComm>> comms;
-    for (int i = 0; i < 8; ++i) {
-      comms.push_back(std::make_shared<FakeComm>(&destroyed));
-      epoch.add(comms.back());
-    }
+    const std::vector<std::shared_ptr<FakeComm>> comms = add_members(epoch, 8, &destroyed);
     std::atomic<std::size_t> total{0};
     {
       std::vector<std::jthread> aborters;
@@ -426,35 +420,18 @@ TEST(NcclRecoveryHost, WithoutADeviceRecoveryBuildFailsAlikeOnEveryRank) {
 
 // ---- on a device ---------------------------------------------------------------------------
 
-int ranks_for_tests() {
-  if (const char* env = std::getenv("COMMGRID_NCCL_RANKS"); env && *env) return std::atoi(env);
-  return std::min(cuda_device_count(), 8);
-}
-
-class NcclRecoveryDevice : public ::testing::Test {
+class NcclRecoveryDevice : public nccl_test::DeviceRanks {
  protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason();
-    n_ = ranks_for_tests();
-    if (n_ < 1 || n_ > cuda_device_count())
-      GTEST_SKIP() << "COMMGRID_NCCL_RANKS=" << n_ << " needs that many CUDA devices; this process sees "
-                   << cuda_device_count();
-  }
   void run(const std::function<void(Communicator& boot)>& fn) {
     GlooOptions gloo;
     gloo.timeout = 60s;
     run_local_ranks(n_, fn, gloo);
   }
-  int n_ = 1;
 };
 
 class NcclRecoveryDeviceMulti : public NcclRecoveryDevice {
  protected:
-  void SetUp() override {
-    NcclRecoveryDevice::SetUp();
-    if (IsSkipped()) return;
-    if (n_ < 2) GTEST_SKIP() << "needs 2 ranks (2 GPUs): NCCL refuses two ranks on one GPU";
-  }
+  NcclRecoveryDeviceMulti() { min_ranks_ = 2; }
 };
 
 // An allreduce of (rank + 1) over `comm` on a device buffer: the sum 1 + ... + size.
