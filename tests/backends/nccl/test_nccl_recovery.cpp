@@ -590,5 +590,46 @@ TEST_F(NcclRecoveryDeviceMulti, TheSurvivorsShrinkWithoutTheLastRank) {
   });
 }
 
+// Two or more GPUs, the case a recovery meets: the last rank stops (alive, its world kept,
+// but it never joins another collective) while the others have an allreduce in flight on
+// the world. The survivors' shrink ends that operation (NCCL_SHRINK_ABORT; or the epoch's
+// abort, for the new-world method): its wait() says the world was replaced instead of
+// reporting success or hanging, and the smaller world reduces without the stopped rank.
+TEST_F(NcclRecoveryDeviceMulti, AHungCollectiveOfTheOldWorldEndsWithTheShrink) {
+  run([&](Communicator& boot) {
+    auto world = make_nccl_world(boot, device_options());
+    expect_allreduce_works(*world);  // every connection made while every rank takes part
+    const int last = world->size() - 1;
+    std::int64_t token = 0;
+    if (world->rank() == last) {
+      // Stopped, not gone: it keeps its world until the survivors are done, then leaves.
+      boot.recv(&token, 1, DataType::int64, 0, 7)->wait();
+      EXPECT_EQ(abort_nccl_epoch(*world, "this rank leaves"), 1u);
+      return;
+    }
+    std::int64_t* d = nullptr;
+    ASSERT_EQ(cudaMalloc(&d, sizeof *d), cudaSuccess);
+    ASSERT_EQ(cudaMemset(d, 0, sizeof *d), cudaSuccess);
+    auto hung = world->allreduce(d, d, 1, DataType::int64, ReduceOp::sum);  // the last never joins
+    std::this_thread::sleep_for(200ms);
+    EXPECT_FALSE(hung->done());
+    const int gone[] = {last};
+    NcclShrinkOptions o;
+    if (nccl_shrink_method() == NcclShrinkMethod::new_world) {
+      std::vector<int> rest(static_cast<std::size_t>(last));
+      std::iota(rest.begin(), rest.end(), 0);
+      o.bootstrap = boot.create_group(rest, "survivors");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto shrunk = shrink_nccl_world(*world, gone, o);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);
+    EXPECT_NE(message_of([&] { hung->wait(); }).find("nccl shrink of world"), std::string::npos);
+    EXPECT_EQ(shrunk->size(), last);
+    expect_allreduce_works(*shrunk);
+    cudaFree(d);
+    if (world->rank() == 0) boot.send(&token, 1, DataType::int64, last, 7)->wait();
+  });
+}
+
 }  // namespace
 }  // namespace commgrid
