@@ -451,4 +451,19 @@ std::vector<int> nccl_excluded_ranks(const RankMap& previous, std::span<const st
   return out;
 }
 
+std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous, const RankMap& next) {
+  std::vector<bool> kept(static_cast<std::size_t>(previous.world_size()), false);
+  std::optional<Rank> last;
+  for (Rank r = 0; r < next.world_size(); ++r) {
+    const std::optional<Rank> old = previous.logical_rank(next.process_of(r));
+    if (!old || (last && *old <= *last)) return std::nullopt;  // a spare joins, or the order changes
+    kept[static_cast<std::size_t>(*old)] = true;
+    last = old;
+  }
+  std::vector<int> exclude;
+  for (std::size_t r = 0; r < kept.size(); ++r)
+    if (!kept[r]) exclude.push_back(static_cast<int>(r));
+  return exclude;
+}
+
 }  // namespace commgrid

@@ -119,6 +119,41 @@ TEST(NcclRecoveryHost, ExcludedRanksAreTheLogicalRanksTheDeadHeld) {
   EXPECT_EQ(parameter_of([&] { (void)nccl_excluded_ranks(m0, stranger); }), "process");
 }
 
+// Shrink or afresh: a world whose every rank is a survivor in its old order is a shrink of
+// the old one (the excluded: the dead and the dropped replicas' survivors); a spare that
+// joins, or a change of order, needs a fresh world.
+TEST(NcclRecoveryHost, AShrinkWithoutSparesIsAnNcclShrinkAndASpareMeansAFreshWorld) {
+  const RankMap m0(8);  // tp 2 x dp 4, no spare
+  EXPECT_EQ(nccl_shrink_exclusion(m0, m0), std::optional<std::vector<int>>(std::vector<int>{}));
+  ParallelConfig config;
+  config.world_size = 8;
+  config.tp = 2;
+  const std::int64_t three[] = {3};  // rank 3 (dp 1) dies: replica {2, 3} is dropped
+  const EpochChange shrunk = replace_or_shrink(m0, three, config);
+  ASSERT_TRUE(shrunk.shrink.has_value());
+  const std::optional<std::vector<int>> exclude = nccl_shrink_exclusion(m0, shrunk.map);
+  ASSERT_TRUE(exclude.has_value());
+  // Every old rank not excluded holds a new rank, in order: what ncclCommShrink makes.
+  std::vector<std::int64_t> kept;
+  for (int r = 0; r < 8; ++r)
+    if (!std::binary_search(exclude->begin(), exclude->end(), r)) kept.push_back(r);
+  ASSERT_EQ(static_cast<std::int64_t>(kept.size()), shrunk.map.world_size());
+  for (std::size_t i = 0; i < kept.size(); ++i)
+    EXPECT_EQ(shrunk.map.logical_rank(m0.process_of(kept[i])), static_cast<Rank>(i));
+  EXPECT_TRUE(std::binary_search(exclude->begin(), exclude->end(), 2));  // a survivor, now a spare
+  EXPECT_TRUE(std::binary_search(exclude->begin(), exclude->end(), 3));  // the dead
+  const int me = 4;  // a survivor's own plan agrees with the map
+  const nccl_host::WorldShrink plan = nccl_host::plan_world_shrink(8, me, *exclude, "s");
+  EXPECT_EQ(plan.size, shrunk.map.world_size());
+  EXPECT_EQ(Rank{plan.rank}, shrunk.map.logical_rank(m0.process_of(me)));
+
+  const RankMap s0(4, spares(1));
+  const std::int64_t two[] = {2};
+  EXPECT_EQ(nccl_shrink_exclusion(s0, s0.replace(two)), std::nullopt);  // process 4 joins
+  const RankMap other(3);
+  EXPECT_THROW((void)nccl_shrink_exclusion(other, s0), RankOutOfRangeError);
+}
+
 // The whole way: processes 0 and 2 of a 2 + 1 job agree on process 1's death (posted as
 // commgrid launch posts it, so the agreement does not wait out its window), and the
 // decision's dead give the ranks to exclude from epoch 0's world.

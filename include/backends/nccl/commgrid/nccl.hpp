@@ -288,6 +288,18 @@ struct NcclShrinkOptions {
 [[nodiscard]] std::vector<int> nccl_excluded_ranks(const RankMap& previous,
                                                    std::span<const std::int64_t> dead);
 
+/// Whether the world of the epoch `next` can be made by shrinking the world of `previous`
+/// (shrink_nccl_world), and excluding which of its ranks: yes when every rank of `next` is
+/// held by a process that held a rank in `previous`, in the same order (ncclCommShrink keeps
+/// the survivors' order), as after a data-parallel shrink without spares (RankMap::shrink,
+/// replace_or_shrink). Then the old ranks whose processes hold none in `next` (the dead, and
+/// the survivors of dropped replicas, which become spares) are the ones to exclude,
+/// ascending. nullopt when a spare joins (it has no old communicator: a shrink cannot
+/// include it) or the order changes: make the world afresh. Throws RankOutOfRangeError
+/// ("process") when the maps are not of one job.
+[[nodiscard]] std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous,
+                                                                    const RankMap& next);
+
 /// A factory of an epoch's world, as Recovery takes one (commgrid::WorldFactory, the same
 /// type): `prefix` the epoch's store prefix, `rank` and `size` this rank's in that world.
 using NcclWorldFactory =
