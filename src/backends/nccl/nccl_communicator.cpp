@@ -335,6 +335,11 @@ struct NcclCommunicator::State {
   int size = 0;
   Ms timeout{0};                      // bounds finalization in the destructor
   Communicator* bootstrap = nullptr;  // carries the unique ids of member-only groups
+  // The bootstrap when the world owns it (make_nccl_world with a shared_ptr, a factory's,
+  // a shrink's); every group made from the world holds it too.
+  std::shared_ptr<Communicator> owned_bootstrap;
+  // The world and the groups made from it, which abort_nccl_epoch aborts together.
+  std::shared_ptr<nccl_host::EpochMembers<State>> epoch;
   // Device staging memory in stream order, of this communicator only; nullptr on a device
   // without memory pools (then device_cache(device)).
   cudaMemPool_t pool = nullptr;
@@ -404,6 +409,15 @@ struct NcclCommunicator::State {
   [[nodiscard]] std::string reason() const { return comm_.reason(); }
   /// Thread-safe; returns once the communicator is destroyed (whoever started the abort).
   void abort(const std::string& why) noexcept { comm_.abort(why); }
+  /// The same; whether this call destroyed it (false: aborted before).
+  bool abort_now(const std::string& why) noexcept { return comm_.abort(why); }
+  /// Marks the communicator aborted (every other thread's call and look says so from now on)
+  /// but keeps it for a last use through use_stopping() (a shrink); abort() destroys it.
+  void stop(const std::string& why) noexcept { comm_.stop(why); }
+  template <class F>
+  auto use_stopping(F&& fn) {
+    return comm_.use_stopping(std::forward<F>(fn));
+  }
 
   /// fn(comm) while no abort can destroy comm; nullopt once aborted.
   template <class F>
@@ -889,8 +903,70 @@ namespace {
 // and the name NCCL was given.
 std::shared_ptr<State> new_state(OwnedComm comm, const State& parent, const std::string& name,
                                  std::shared_ptr<const std::string> nccl_name) {
-  return std::make_shared<State>(std::move(comm), parent.device, name, parent.bootstrap,
-                                 parent.timeout, std::move(nccl_name));
+  auto state = std::make_shared<State>(std::move(comm), parent.device, name, parent.bootstrap,
+                                       parent.timeout, std::move(nccl_name));
+  state->owned_bootstrap = parent.owned_bootstrap;
+  state->epoch = parent.epoch;
+  if (state->epoch) state->epoch->add(state);  // aborted at once if the epoch was
+  return state;
+}
+
+using Epoch = nccl_host::EpochMembers<State>;
+
+// A world's state begins an epoch of its own.
+void begin_epoch(const std::shared_ptr<State>& world) {
+  world->epoch = std::make_shared<Epoch>([](State& s, const std::string& why) { return s.abort_now(why); });
+  world->epoch->add(world);
+}
+
+// Waits for a child that `call(parent, &slot)` makes from `s` (ncclCommSplit, ncclCommShrink):
+// NCCL runs it as a job of the parent and writes the child into `slot` from that job's thread
+// when the job ends, failed or not (NCCL 2.28 init.cc, ncclCommInitRankFunc; ncclCommShrink
+// goes through the same ncclCommInitChildComm as ncclCommSplit). Until the job is known to
+// have ended, every way out of here aborts the parent, which joins the job (ncclCommAbort
+// waits for it), so that NCCL never writes into a slot that is gone; and a child NCCL wrote
+// is aborted unless it is returned. Returns the child, initialized (nullptr when NCCL gave
+// this rank none: a split without color). `target` names the child in messages.
+// With `stopping` the parent was stop()ped (a shrink: nobody else may use it, and its pending
+// operations report it aborted): it is called and polled through use_stopping().
+template <class Call>
+OwnedComm make_child(State& s, const std::string& op, const std::string& target,
+                     const std::string& child_name, Ms timeout, bool stopping, Call&& call) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  ncclComm_t slot = nullptr;
+  bool job_ended = false;
+  OwnedComm child(nullptr, CommAborter{s.device});
+  OnExit unwind([&] {
+    if (!job_ended) s.abort("nccl " + op + " on " + s.name + " for " + target + " did not complete");
+    child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
+  });
+  auto on_parent = [&](ncclComm_t parent) { return call(parent, &slot); };
+  const std::optional<ncclResult_t> called = stopping ? s.use_stopping(on_parent) : s.use(on_parent);
+  if (!called) s.check_usable(op);
+  // The parent reports ncclInProgress until the job has ended (for a rank without color too:
+  // it takes part in the exchange of colors).
+  Settled st{called.value_or(ncclInvalidUsage), false};
+  if (st.rc == ncclSuccess || st.rc == ncclInProgress)
+    st = settle([&s, stopping] { return stopping ? s.use_stopping(&async_state_of) : s.async_state(); },
+                deadline);
+  if (st.aborted) s.check_usable(op);
+  if (st.rc == ncclInProgress) {
+    const std::string msg = timeout_message(op, s.name, target, timeout, s.name, s.members);
+    s.abort(msg);
+    throw TimeoutError(msg);
+  }
+  if (st.rc != ncclSuccess) s.fail(op + " for " + target, st.rc);
+  job_ended = true;
+  unwind.dismiss();
+  child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
+  if (!child) return child;
+  st = settle_own(child.get(), deadline);
+  if (st.rc != ncclSuccess) {
+    if (st.rc == ncclInProgress)
+      throw TimeoutError(timeout_message(op, s.name, target, timeout, child_name, s.members));
+    throw BackendError("nccl " + op + " on " + s.name + " for " + target + ": " + nccl_text(st.rc));
+  }
+  return child;
 }
 
 }  // namespace
@@ -906,39 +982,10 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);  // outlives the child
   ncclConfig_t config = cfg.config;
   const int c = color ? static_cast<int>(*color) : NCCL_SPLIT_NOCOLOR;
-  const Clock::time_point deadline = Clock::now() + timeout();
   const std::string target = name + (color ? " (color " + std::to_string(*color) + ")" : " (no color)");
-  // A nonblocking split runs as a job of the parent, and NCCL writes the child into `slot`
-  // from that job's thread when the job ends, failed or not (NCCL 2.28 init.cc,
-  // ncclCommInitRankFunc). Until the job is known to have ended, every way out of here aborts
-  // the parent, which joins the job (ncclCommAbort waits for it), so that NCCL never writes
-  // into a slot that is gone; and a child NCCL wrote is aborted unless it is adopted.
-  ncclComm_t slot = nullptr;
-  bool job_ended = false;
-  OwnedComm child(nullptr, CommAborter{s.device});
-  OnExit unwind([&] {
-    if (!job_ended) s.abort("nccl split on " + s.name + " for " + target + " did not complete");
-    child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
+  OwnedComm child = make_child(s, "split", target, name, timeout(), false, [&](ncclComm_t parent, ncclComm_t* slot) {
+    return ncclCommSplit(parent, c, static_cast<int>(key), slot, &config);
   });
-  const std::optional<ncclResult_t> called = s.use([&](ncclComm_t parent) {
-    return ncclCommSplit(parent, c, static_cast<int>(key), &slot, &config);
-  });
-  if (!called) s.check_usable("split");
-  // The parent reports ncclInProgress until the job has ended (for a rank without color too:
-  // it takes part in the exchange of colors).
-  Settled st{called.value_or(ncclInvalidUsage), false};
-  if (st.rc == ncclSuccess || st.rc == ncclInProgress)
-    st = settle([&s] { return s.async_state(); }, deadline);
-  if (st.aborted) s.check_usable("split");
-  if (st.rc == ncclInProgress) {
-    const std::string msg = timeout_message("split", s.name, target, timeout(), s.name, s.members);
-    s.abort(msg);
-    throw TimeoutError(msg);
-  }
-  if (st.rc != ncclSuccess) s.fail("split for " + target, st.rc);
-  job_ended = true;
-  unwind.dismiss();
-  child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
   if (!color) {
     COMMGRID_ENFORCE(child == nullptr, "ncclCommSplit gave a communicator to a rank without color");
     return nullptr;
@@ -946,12 +993,6 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
   if (!child)
     throw BackendError("nccl split on " + s.name + " for " + target +
                        ": ncclCommSplit completed without a communicator");
-  st = settle_own(child.get(), deadline);
-  if (st.rc != ncclSuccess) {
-    if (st.rc == ncclInProgress)
-      throw TimeoutError(timeout_message("split", s.name, target, timeout(), name, s.members));
-    throw BackendError("nccl split on " + s.name + " for " + target + ": " + nccl_text(st.rc));
-  }
   auto out = adopt(new_state(std::move(child), s, name, cfg.name), timeout(), {});
   // NCCL does not say which parent ranks joined; the members tell each other.
   const std::int64_t me = global_rank(rank());
@@ -1292,8 +1333,21 @@ std::string nccl_version() {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
-std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
-                                                  const NcclOptions& options) {
+// What the recovery functions need of a communicator (a friend of NcclCommunicator).
+struct NcclCommunicatorAccess {
+  static const std::shared_ptr<State>& state(const NcclCommunicator& c) noexcept { return c.state_; }
+  static std::unique_ptr<NcclCommunicator> adopt(std::shared_ptr<State> state, Ms timeout,
+                                                 std::vector<std::int64_t> members) {
+    return NcclCommunicator::adopt(std::move(state), timeout, std::move(members));
+  }
+};
+
+namespace {
+
+// make_nccl_world; `owned` is `bootstrap` when the world keeps it alive, else null.
+std::unique_ptr<NcclCommunicator> make_world(Communicator& bootstrap,
+                                             std::shared_ptr<Communicator> owned,
+                                             const NcclOptions& options) {
   if (options.device && *options.device < 0)
     throw InvalidValueError("device", "nccl world: device must be >= 0, got " +
                                           std::to_string(*options.device));
@@ -1335,7 +1389,160 @@ std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
                              cfg, timeout, members);
   auto state = std::make_shared<State>(std::move(comm), mine.device, "world", &bootstrap, timeout,
                                        cfg.name);
-  return NcclCommunicator::adopt(std::move(state), timeout, std::move(members));
+  state->owned_bootstrap = std::move(owned);
+  begin_epoch(state);
+  return NcclCommunicatorAccess::adopt(std::move(state), timeout, std::move(members));
+}
+
+}  // namespace
+
+std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
+                                                  const NcclOptions& options) {
+  return make_world(bootstrap, nullptr, options);
+}
+
+std::unique_ptr<NcclCommunicator> make_nccl_world(std::shared_ptr<Communicator> bootstrap,
+                                                  const NcclOptions& options) {
+  if (!bootstrap) throw InvalidValueError("bootstrap", "nccl world: no bootstrap communicator");
+  Communicator& b = *bootstrap;
+  return make_world(b, std::move(bootstrap), options);
+}
+
+// ---- recovery ---------------------------------------------------------------------------
+
+std::size_t abort_nccl_epoch(NcclCommunicator& comm, const std::string& reason) noexcept {
+  State& s = *NcclCommunicatorAccess::state(comm);
+  try {
+    if (s.epoch) return s.epoch->abort_all(reason);
+  } catch (...) {  // out of memory while listing the members: at least this one goes
+  }
+  return s.abort_now(reason) ? 1 : 0;
+}
+
+std::size_t abort_nccl_epoch(Communicator& comm, const std::string& reason) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  if (nccl == nullptr)
+    throw ConfigError("backend", "abort_nccl_epoch: " + comm.name() + " is a " +
+                                     std::string(comm.backend()) +
+                                     " communicator; only NCCL communicators have an epoch to abort");
+  return abort_nccl_epoch(*nccl, reason);
+}
+
+NcclShrinkMethod nccl_shrink_method() noexcept {
+#if COMMGRID_NCCL_HAS_SHRINK
+  return NcclShrinkMethod::comm_shrink;
+#else
+  return NcclShrinkMethod::new_world;
+#endif
+}
+
+const char* nccl_shrink_method_name(NcclShrinkMethod method) noexcept {
+  return method == NcclShrinkMethod::comm_shrink ? "ncclCommShrink" : "new world";
+}
+
+std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
+                                                    std::span<const int> exclude,
+                                                    const NcclShrinkOptions& options) {
+  const std::shared_ptr<State> keep = NcclCommunicatorAccess::state(world);
+  State& s = *keep;
+  const std::string what = "nccl shrink of " + s.name;
+  const Ms timeout = options.timeout.value_or(world.timeout());
+  if (timeout.count() <= 0)
+    throw InvalidValueError("timeout", what + ": timeout must be > 0 ms, got " +
+                                           std::to_string(timeout.count()));
+  const nccl_host::WorldShrink plan = nccl_host::plan_world_shrink(world.size(), world.rank(), exclude, what);
+  if (options.bootstrap &&
+      (options.bootstrap->size() != plan.size || options.bootstrap->rank() != plan.rank))
+    throw InvalidValueError("bootstrap", what + ": the bootstrap is rank " +
+                                             std::to_string(options.bootstrap->rank()) + " of " +
+                                             std::to_string(options.bootstrap->size()) +
+                                             ", and this rank is rank " + std::to_string(plan.rank) +
+                                             " of " + std::to_string(plan.size) +
+                                             " in the shrunk world (members " +
+                                             members_text(plan.survivors) + ")");
+  if (nccl_shrink_method() == NcclShrinkMethod::new_world && !options.bootstrap)
+    throw ConfigError("bootstrap", what + ": this build makes the smaller world afresh (NCCL " +
+                                       std::to_string(NCCL_VERSION_CODE) +
+                                       " headers, or COMMGRID_NCCL_NO_SHRINK: no ncclCommShrink), "
+                                       "which needs NcclShrinkOptions::bootstrap over the survivors");
+  nccl_host::check_nccl_environment(what, true);
+  // The old world has dead peers: whatever happens below, it is aborted on the way out
+  // (finalizing it would wait for them).
+  OnExit abort_old([&] { s.abort(what + ": the world was replaced by its shrink"); });
+#if COMMGRID_NCCL_HAS_SHRINK
+  s.check_usable("shrink");
+  if (s.epoch) (void)s.epoch->abort_all(what + ": the epoch's groups are aborted", &s);
+  // From here the old world is the shrink's alone: other threads' calls fail and their
+  // pending operations (which NCCL_SHRINK_ABORT ends early, their events then complete) report
+  // it aborted instead of complete.
+  s.stop(what + ": the world is replaced by its shrink");
+  const DeviceGuard guard(s.device, "shrink", s.name);
+  const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config("world");
+  ncclConfig_t config = cfg.config;
+  std::vector<int> excluded = plan.exclude;  // NCCL takes a non-const list
+  const int flags = options.abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
+  const std::string target = "world without " + members_text(std::vector<std::int64_t>(excluded.begin(), excluded.end()));
+  OwnedComm child = make_child(s, "shrink", target, "world", timeout, true, [&](ncclComm_t parent, ncclComm_t* slot) {
+    return ncclCommShrink(parent, excluded.empty() ? nullptr : excluded.data(),
+                          static_cast<int>(excluded.size()), slot, &config, flags);
+  });
+  if (!child)
+    throw BackendError(what + " for " + target + ": ncclCommShrink completed without a communicator");
+  auto state = std::make_shared<State>(std::move(child), s.device, "world", options.bootstrap.get(),
+                                       timeout, cfg.name);
+  state->owned_bootstrap = options.bootstrap;
+  begin_epoch(state);
+  std::vector<std::int64_t> members(static_cast<std::size_t>(plan.size));
+  std::iota(members.begin(), members.end(), std::int64_t{0});
+  return NcclCommunicatorAccess::adopt(std::move(state), timeout, std::move(members));
+#else
+  (void)abort_nccl_epoch(world, what + ": the epoch is aborted; a new world replaces it");
+  NcclOptions o;
+  o.device = s.device;
+  o.timeout = timeout;
+  return make_nccl_world(options.bootstrap, o);
+#endif
+}
+
+NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap, NcclOptions options) {
+  if (!bootstrap)
+    throw InvalidValueError("bootstrap", "make_nccl_world_factory: no bootstrap factory");
+  // The epochs this factory made, by prefix: a call for another prefix ends them.
+  struct Made {
+    std::mutex mutex;
+    std::vector<std::pair<std::string, std::weak_ptr<Epoch>>> epochs;
+  };
+  auto made = std::make_shared<Made>();
+  return [bootstrap = std::move(bootstrap), options = std::move(options), made](
+             const std::string& prefix, int rank, int size) -> std::unique_ptr<Communicator> {
+    std::vector<std::shared_ptr<Epoch>> over;
+    {
+      std::lock_guard lock(made->mutex);
+      std::erase_if(made->epochs, [&](const auto& e) {
+        if (e.first == prefix) return e.second.expired();
+        if (auto alive = e.second.lock()) over.push_back(std::move(alive));
+        return true;
+      });
+    }
+    for (const auto& e : over)
+      (void)e->abort_all("nccl: the epoch is over; the world of " + prefix + " replaces it");
+    std::shared_ptr<Communicator> boot(bootstrap(prefix, rank, size));
+    if (!boot)
+      throw InvalidValueError("bootstrap", "nccl world factory for " + prefix +
+                                               ": the bootstrap factory returned no communicator");
+    if (boot->rank() != rank || boot->size() != size)
+      throw InvalidValueError("bootstrap", "nccl world factory for " + prefix +
+                                               ": the bootstrap factory made rank " +
+                                               std::to_string(boot->rank()) + " of " +
+                                               std::to_string(boot->size()) + " for rank " +
+                                               std::to_string(rank) + " of " + std::to_string(size));
+    auto world = make_nccl_world(std::move(boot), options);
+    {
+      std::lock_guard lock(made->mutex);
+      made->epochs.emplace_back(prefix, NcclCommunicatorAccess::state(*world)->epoch);
+    }
+    return world;
+  };
 }
 
 }  // namespace commgrid

@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "commgrid/error.hpp"
+#include "commgrid/nccl.hpp"
+#include "commgrid/rank_map.hpp"
 #include "fingerprint.hpp"
 #include "time_text.hpp"
 
@@ -267,7 +269,7 @@ bool nccl_flag_on(const char* value) noexcept {
   return errno != 0 || end == value || *end != '\0' || v != 0;
 }
 
-void check_nccl_environment(const std::string& what) {
+void check_nccl_environment(const std::string& what, bool shrink) {
   struct Refused {
     const char* name;
     const char* breaks;
@@ -280,12 +282,18 @@ void check_nccl_environment(const std::string& what) {
        "makes a split's child share its parent's resources and abort flag, so that one "
        "group's abort (on a timeout) would abort the other"},
   };
-  for (const Refused& r : kRefused) {
+  static constexpr Refused kRefusedForShrink = {
+      "NCCL_COMM_SHRINK_SHARE_RESOURCES",
+      "makes a shrunk world share the old world's resources and abort flag, and the old "
+      "world is aborted once the shrink is done"};
+  auto refuse = [&](const Refused& r) {
     const char* v = std::getenv(r.name);
     if (nccl_flag_on(v))
       throw ConfigError(r.name, what + ": " + r.name + "=" + v + " " + r.breaks +
                                     "; unset it or set it to 0");
-  }
+  };
+  for (const Refused& r : kRefused) refuse(r);
+  if (shrink) refuse(kRefusedForShrink);
 }
 
 std::size_t size_class(std::size_t bytes) noexcept {
@@ -383,6 +391,34 @@ std::size_t BlockCache::made() const {
   return made_;
 }
 
+WorldShrink plan_world_shrink(int size, int rank, std::span<const int> exclude,
+                              const std::string& what) {
+  WorldShrink plan;
+  plan.exclude.assign(exclude.begin(), exclude.end());
+  std::sort(plan.exclude.begin(), plan.exclude.end());
+  for (std::size_t i = 0; i < plan.exclude.size(); ++i) {
+    const int r = plan.exclude[i];
+    if (r < 0 || r >= size)
+      throw RankOutOfRangeError("exclude", what + ": excluded rank " + std::to_string(r) +
+                                               " is not in [0, " + std::to_string(size) + ")");
+    if (i > 0 && plan.exclude[i - 1] == r)
+      throw InvalidValueError("exclude", what + ": rank " + std::to_string(r) +
+                                             " is excluded twice");
+  }
+  if (std::binary_search(plan.exclude.begin(), plan.exclude.end(), rank))
+    throw InvalidValueError("exclude", what + ": this rank (" + std::to_string(rank) +
+                                           ") is excluded; an excluded rank takes no part in "
+                                           "the shrink, only the survivors call it");
+  plan.size = size - static_cast<int>(plan.exclude.size());
+  plan.survivors.reserve(static_cast<std::size_t>(plan.size));
+  for (int r = 0; r < size; ++r) {
+    if (std::binary_search(plan.exclude.begin(), plan.exclude.end(), r)) continue;
+    if (r == rank) plan.rank = static_cast<int>(plan.survivors.size());
+    plan.survivors.push_back(r);
+  }
+  return plan;
+}
+
 std::string members_text(std::span<const std::int64_t> members) {
   constexpr std::size_t kShown = 16;
   std::string s = "[";
@@ -401,3 +437,33 @@ std::string timeout_message(const std::string& op, const std::string& group,
 }
 
 }  // namespace commgrid::nccl_host
+
+namespace commgrid {
+
+std::vector<int> nccl_excluded_ranks(const RankMap& previous, std::span<const std::int64_t> dead) {
+  std::vector<int> out;
+  for (const std::int64_t p : dead) {
+    // role() throws RankOutOfRangeError ("process") for a process the map does not have.
+    if (const std::optional<Rank> r = previous.logical_rank(p)) out.push_back(static_cast<int>(*r));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous, const RankMap& next) {
+  std::vector<bool> kept(static_cast<std::size_t>(previous.world_size()), false);
+  std::optional<Rank> last;
+  for (Rank r = 0; r < next.world_size(); ++r) {
+    const std::optional<Rank> old = previous.logical_rank(next.process_of(r));
+    if (!old || (last && *old <= *last)) return std::nullopt;  // a spare joins, or the order changes
+    kept[static_cast<std::size_t>(*old)] = true;
+    last = old;
+  }
+  std::vector<int> exclude;
+  for (std::size_t r = 0; r < kept.size(); ++r)
+    if (!kept[r]) exclude.push_back(static_cast<int>(r));
+  return exclude;
+}
+
+}  // namespace commgrid

@@ -5,6 +5,7 @@
 // touch a communicator that another thread can abort).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -184,17 +185,35 @@ class AbortableHandle {
     return {TryUse::ran, fn(handle_)};
   }
 
-  /// Marks the handle aborted with `reason` (the first reason wins), waits for the call in
-  /// progress and destroys the handle. Returns whether this call destroyed it.
-  bool abort(const std::string& reason) noexcept {
+  /// Marks the handle stopping with `reason` (the first reason wins), as abort() does, but
+  /// does not destroy it: from now on use() and try_use() refuse it and aborted() is true, so
+  /// that other threads' looks end and report it aborted, while its owner makes a last use
+  /// of it with use_stopping() (a shrink, which ends the handle's operations in flight);
+  /// abort() destroys it afterwards.
+  void stop(const std::string& reason) noexcept {
     bool expected = false;
     if (stopping_.compare_exchange_strong(expected, true)) {
       std::lock_guard lock(reason_mutex_);
       try {
         reason_ = reason;
-      } catch (...) {  // out of memory: the abort matters more than its reason
+      } catch (...) {  // out of memory: stopping matters more than its reason
       }
     }
+  }
+
+  /// fn(handle) under the lock even while the handle is stopping (after stop()); nullopt
+  /// without calling fn once it is destroyed or released.
+  template <class F>
+  auto use_stopping(F&& fn) -> std::optional<std::invoke_result_t<F, Handle>> {
+    std::lock_guard lock(mutex_);
+    if (handle_ == Handle{}) return std::nullopt;
+    return fn(handle_);
+  }
+
+  /// Marks the handle aborted with `reason` (the first reason wins), waits for the call in
+  /// progress and destroys the handle. Returns whether this call destroyed it.
+  bool abort(const std::string& reason) noexcept {
+    stop(reason);
     std::lock_guard lock(mutex_);
     if (handle_ == Handle{}) return false;
     const Handle h = handle_;
@@ -246,7 +265,10 @@ bool nccl_flag_on(const char* value) noexcept;
 /// resources and abort flag, so that one group's abort (a timeout) would abort the other.
 /// `what` starts the message ("nccl world", "nccl split on world for tp#0"). Read with
 /// std::getenv at each creation, before anything is sent.
-void check_nccl_environment(const std::string& what);
+/// With `shrink`, NCCL_COMM_SHRINK_SHARE_RESOURCES on is refused too: a shrunk world would
+/// share the old world's resources and abort flag, and the old world is aborted after the
+/// shrink.
+void check_nccl_environment(const std::string& what, bool shrink = false);
 
 /// The size of a block that holds `bytes`: powers of two from 4 KiB.
 std::size_t size_class(std::size_t bytes) noexcept;
@@ -301,6 +323,96 @@ class BlockCache {
   int users_ = 0;
   std::size_t made_ = 0;
 };
+
+/// The communicators of one epoch: a world and every group made from it (directly or from
+/// its groups), so that recovery can abort them all at once. It holds them weakly (a group
+/// that is gone is skipped). Once abort_all() was called, a member added later (a group whose
+/// creation was under way on another thread) is aborted as it is added: nothing of an
+/// aborted epoch outlives it alive. Thread-safe; `abort` runs outside the lock, one member
+/// after another, so that a member's abort that waits for its call in progress never holds
+/// up add() or another thread's abort_all().
+template <class Member>
+class EpochMembers {
+ public:
+  /// Aborts one member with a reason; returns whether this call aborted it (false when it
+  /// was aborted before).
+  using Abort = std::function<bool(Member&, const std::string&)>;
+  explicit EpochMembers(Abort abort) : abort_(std::move(abort)) {}
+  EpochMembers(const EpochMembers&) = delete;
+  EpochMembers& operator=(const EpochMembers&) = delete;
+
+  /// Adds a member; aborts it at once (with the epoch's reason) when the epoch was aborted.
+  void add(const std::shared_ptr<Member>& m) {
+    std::string late;
+    {
+      std::lock_guard lock(mutex_);
+      if (!aborted_) {
+        // Members that are gone make room, so that an epoch with many short-lived groups
+        // does not grow without end.
+        std::erase_if(members_, [](const std::weak_ptr<Member>& w) { return w.expired(); });
+        members_.push_back(m);
+        return;
+      }
+      late = reason_;
+    }
+    (void)abort_(*m, late);
+  }
+
+  /// Aborts every member still alive but `keep` (nullptr: every one) and marks the epoch
+  /// aborted (when `keep` is nullptr); returns how many this call aborted. Idempotent: the
+  /// members aborted before count 0, and the first reason stays the epoch's.
+  std::size_t abort_all(const std::string& reason, const Member* keep = nullptr) {
+    std::vector<std::shared_ptr<Member>> alive;
+    {
+      std::lock_guard lock(mutex_);
+      if (keep == nullptr && !aborted_) {
+        aborted_ = true;
+        reason_ = reason;
+      }
+      for (const std::weak_ptr<Member>& w : members_)
+        if (auto m = w.lock(); m && m.get() != keep) alive.push_back(std::move(m));
+    }
+    std::size_t n = 0;
+    for (const auto& m : alive)
+      if (abort_(*m, reason)) ++n;
+    return n;
+  }
+
+  /// Whether abort_all() (without `keep`) was called.
+  [[nodiscard]] bool aborted() const {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
+  /// Members still alive.
+  [[nodiscard]] std::size_t alive() const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::size_t>(std::count_if(
+        members_.begin(), members_.end(), [](const std::weak_ptr<Member>& w) { return !w.expired(); }));
+  }
+
+ private:
+  Abort abort_;
+  mutable std::mutex mutex_;
+  std::vector<std::weak_ptr<Member>> members_;
+  bool aborted_ = false;
+  std::string reason_;
+};
+
+/// What a shrink of a world of `size` ranks that leaves out `exclude` makes of this rank.
+struct WorldShrink {
+  std::vector<int> exclude;            ///< ascending, no duplicates (NCCL's excludeRanksList)
+  int rank = 0;                        ///< this rank in the new world
+  int size = 0;                        ///< the new world's size
+  std::vector<std::int64_t> survivors; ///< the old ranks, by new rank (NCCL keeps their order)
+};
+
+/// Checks a shrink's arguments on a surviving rank, before anything is sent: every excluded
+/// rank in [0, size) (RankOutOfRangeError "exclude"), none twice (InvalidValueError
+/// "exclude"), and `rank` not excluded (InvalidValueError "exclude": an excluded rank takes
+/// no part in a shrink, as NCCL requires). `what` starts the messages ("nccl shrink of
+/// world").
+WorldShrink plan_world_shrink(int size, int rank, std::span<const int> exclude,
+                              const std::string& what);
 
 /// "[0,1,2,3]", at most 16 ranks then ",... (N ranks)".
 std::string members_text(std::span<const std::int64_t> members);

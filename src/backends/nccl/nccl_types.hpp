@@ -9,6 +9,15 @@
 
 #include "commgrid/communicator.hpp"
 
+// ncclCommShrink (NCCL 2.27 and later) makes the next world from the survivors; without it,
+// or with COMMGRID_NCCL_NO_SHRINK defined (to build and test the other path), a new world
+// is made over a bootstrap of the survivors. Chosen at compile time (nccl_shrink_method()).
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0) && !defined(COMMGRID_NCCL_NO_SHRINK)
+#define COMMGRID_NCCL_HAS_SHRINK 1
+#else
+#define COMMGRID_NCCL_HAS_SHRINK 0
+#endif
+
 namespace commgrid::nccl_backend {
 
 constexpr ncclDataType_t nccl_type(DataType t) noexcept {
@@ -47,8 +56,8 @@ struct CommConfig {
   std::shared_ptr<const std::string> name;
 };
 
-/// Also splitShare = 0: a split's child has resources (and an abort flag) of its own, so that
-/// aborting one group never aborts another. NCCL's environment variables override both
+/// Also splitShare = 0 (and shrinkShare = 0): a split's (or shrink's) child has resources
+/// (and an abort flag) of its own, so that aborting one communicator never aborts another. NCCL's environment variables override both
 /// (nccl_host::check_nccl_environment refuses them).
 inline CommConfig nonblocking_config(std::string name) {
   CommConfig c;
@@ -57,6 +66,7 @@ inline CommConfig nonblocking_config(std::string name) {
   c.name = std::make_shared<const std::string>(std::move(name));
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   c.config.commName = c.name->c_str();
+  c.config.shrinkShare = 0;  // a shrunk world outlives the old one, which is aborted
 #endif
   return c;
 }

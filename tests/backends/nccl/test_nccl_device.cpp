@@ -24,6 +24,7 @@
 #include "commgrid/process_groups.hpp"
 #include "nccl_host.hpp"
 #include "nccl_memory.hpp"
+#include "nccl_test_support.hpp"
 #include "../comm_suite.hpp"
 
 namespace commgrid {
@@ -38,21 +39,9 @@ constexpr DataType kTypes[] = {DataType::float32, DataType::float64, DataType::b
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::prod,
                              ReduceOp::avg};
 
-int ranks_for_tests() {
-  const int devices = cuda_device_count();
-  if (const char* env = std::getenv("COMMGRID_NCCL_RANKS"); env && *env) return std::atoi(env);
-  return std::min(devices, 8);
-}
-
-class NcclDevice : public ::testing::Test {
+// Every test here needs a CUDA device per rank-thread (nccl_test::DeviceRanks skips without).
+class NcclDevice : public nccl_test::DeviceRanks {
  protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason();
-    n_ = ranks_for_tests();
-    if (n_ < 1 || n_ > cuda_device_count())
-      GTEST_SKIP() << "COMMGRID_NCCL_RANKS=" << n_ << " needs that many CUDA devices; this process sees "
-                   << cuda_device_count();
-  }
   /// Runs fn on n_ rank-threads, each with an NCCL world on its own device. The world's
   /// creation gets `timeout` (a first NCCL init loads its kernels: give it seconds); tests
   /// of timeouts shorten it afterwards with set_timeout.
@@ -67,17 +56,12 @@ class NcclDevice : public ::testing::Test {
       fn(boot, *world);
     }, gloo);
   }
-  int n_ = 1;
 };
 
 // The tests that need 2 ranks on 2 GPUs (NCCL refuses two ranks on one GPU).
 class NcclDeviceMulti : public NcclDevice {
  protected:
-  void SetUp() override {
-    NcclDevice::SetUp();
-    if (IsSkipped()) return;
-    if (n_ < 2) GTEST_SKIP() << "needs 2 ranks (2 GPUs): NCCL refuses two ranks on one GPU";
-  }
+  NcclDeviceMulti() { min_ranks_ = 2; }
 };
 
 // Holds a communicator's stream until release(): a host function on a side stream waits,

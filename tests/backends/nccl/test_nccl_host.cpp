@@ -24,6 +24,7 @@
 #include "commgrid/nccl.hpp"
 #include "nccl_host.hpp"
 #include "nccl_memory.hpp"
+#include "nccl_test_support.hpp"
 #include "nccl_types.hpp"
 
 namespace commgrid {
@@ -54,15 +55,7 @@ UniqueId pattern_id(int seed) {
   return id;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
+using nccl_test::message_of;
 
 TEST(NcclHost, RootsRealUniqueIdReachesEveryRank) {
   constexpr int kRanks = 4;

@@ -5,13 +5,18 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "commgrid/communicator.hpp"
+#include "commgrid/rank_map.hpp"
 
 struct CUstream_st;  // cudaStream_t
 struct ncclComm;     // ncclComm_t
@@ -39,6 +44,8 @@ int cuda_device_count() noexcept;
 std::string cuda_unavailable_reason();
 /// The version of the NCCL library linked at run time, e.g. "2.28.9".
 std::string nccl_version();
+
+struct NcclCommunicatorAccess;
 
 /// A Communicator over an NCCL communicator on one CUDA device.
 ///
@@ -172,6 +179,7 @@ class NcclCommunicator final : public Communicator {
 
   friend std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
                                                            const NcclOptions& options);
+  friend struct NcclCommunicatorAccess;  // the recovery functions below
   NcclCommunicator(std::string name, std::shared_ptr<State> state,
                    std::chrono::milliseconds timeout);
   /// Wraps an initialized NCCL communicator; `members` are the global ranks by group rank.
@@ -196,5 +204,117 @@ class NcclCommunicator final : public Communicator {
 /// initialization does not complete.
 [[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(
     Communicator& bootstrap, const NcclOptions& options = {});
+
+
+/// The same, with a bootstrap that the world keeps alive (it and every group made from it
+/// hold it): for worlds made by a factory (make_nccl_world_factory), whose bootstrap has no
+/// other owner. Throws InvalidValueError ("bootstrap") when it is null.
+[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(
+    std::shared_ptr<Communicator> bootstrap, const NcclOptions& options = {});
+
+// ---- recovery (docs/nccl.md, "Recovery"; docs/resilience.md) -------------------------------
+
+/// Aborts every NCCL communicator of the epoch `comm` belongs to: the world it was made from
+/// and every group made from that world (by split, create_group or per-group creation, also
+/// from its groups) that still exists; `comm` may be the world or any of them. Each is
+/// aborted as abort(reason) does (ncclCommAbort; no peer is waited for, so a dead peer holds
+/// nothing up; a call in progress on another thread ends at its next look), and a group
+/// whose creation completes after this call is aborted as it is made. Idempotent: returns
+/// how many communicators this call aborted (0 the second time). Call it before releasing
+/// the epoch's groups: a communicator destroyed without an abort first finalizes, which
+/// waits (up to its timeout) for peers that may be dead.
+std::size_t abort_nccl_epoch(NcclCommunicator& comm, const std::string& reason) noexcept;
+/// The same for a Communicator (EpochGroups::world): ConfigError ("backend") naming the
+/// backend when it is not an NCCL communicator.
+std::size_t abort_nccl_epoch(Communicator& comm, const std::string& reason);
+
+/// How shrink_nccl_world makes the smaller world, chosen when commgrid was compiled.
+enum class NcclShrinkMethod : std::uint8_t {
+  /// ncclCommShrink of the old world (NCCL 2.27 and later): only the survivors take part,
+  /// no unique id is exchanged, the bootstrap is optional.
+  comm_shrink,
+  /// A new world over NcclShrinkOptions::bootstrap (a fresh unique id, as make_nccl_world):
+  /// NCCL older than 2.27, or commgrid built with COMMGRID_NCCL_NO_SHRINK defined.
+  new_world,
+};
+/// The method this build uses.
+[[nodiscard]] NcclShrinkMethod nccl_shrink_method() noexcept;
+/// "ncclCommShrink" or "new world".
+[[nodiscard]] const char* nccl_shrink_method_name(NcclShrinkMethod method) noexcept;
+
+/// How a world is shrunk.
+struct NcclShrinkOptions {
+  /// A bootstrap over the survivors only, ranked as in the new world (the old ranks in
+  /// their order, without the excluded). Needed by the new_world method (ConfigError
+  /// "bootstrap" without it) and by member-only groups of the new world (create_group
+  /// without it is BackendError "no bootstrap communicator"; split and per-group creation
+  /// do not need one). Kept alive by the new world.
+  std::shared_ptr<Communicator> bootstrap;
+  /// comm_shrink: NCCL_SHRINK_ABORT (the old world's operations in flight are ended before
+  /// the shrink; the only safe choice after a failure). false: NCCL_SHRINK_DEFAULT, for a
+  /// healthy world with nothing pending.
+  bool abort_in_flight = true;
+  /// Bounds the shrink (or the new world's creation); nullopt: the world's timeout. Also
+  /// the new world's timeout.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+/// The next epoch's world from a surviving one: every rank of `world` not in `exclude` calls
+/// it with the same list (its old ranks; NCCL forbids the excluded to take part), and gets
+/// a world of size() - exclude.size() ranks in which the survivors keep their order. First
+/// it aborts every group of the world's epoch (not the world); then comm_shrink calls
+/// ncclCommShrink (nonblocking, polled until the timeout, as split is) and new_world makes a
+/// world over options.bootstrap on the world's device; either way the old world is
+/// aborted when this returns or throws (it has dead peers: finalizing it would wait for
+/// them). The new world is an epoch of its own. A rank that replaces a dead one (a spare)
+/// has no old world and cannot take part: with spares, make the next world afresh
+/// (make_nccl_world, make_nccl_world_factory); a shrink is for survivors only (a
+/// data-parallel shrink).
+/// Throws, before anything is sent or aborted: RankOutOfRangeError ("exclude") for a rank
+/// outside the world, InvalidValueError ("exclude") for a rank given twice or this rank
+/// excluded, InvalidValueError ("timeout") for a timeout <= 0, InvalidValueError
+/// ("bootstrap") for a bootstrap whose size or rank is not this rank's in the new world,
+/// ConfigError ("bootstrap") for the new_world method without one, ConfigError for NCCL's
+/// refused environment variables; BackendError when the world was aborted already (the
+/// comm_shrink method needs it alive) or NCCL fails, TimeoutError when the shrink does not
+/// complete within the timeout.
+[[nodiscard]] std::unique_ptr<NcclCommunicator> shrink_nccl_world(
+    NcclCommunicator& world, std::span<const int> exclude, const NcclShrinkOptions& options = {});
+
+/// The ranks of the previous epoch's world to exclude after a decision that declared the
+/// processes `dead`: the logical ranks they held in `previous` (the map of that epoch),
+/// ascending; a dead process that held none (a spare) adds nothing. Throws
+/// RankOutOfRangeError ("process") for a process that `previous` does not have.
+[[nodiscard]] std::vector<int> nccl_excluded_ranks(const RankMap& previous,
+                                                   std::span<const std::int64_t> dead);
+
+/// Whether the world of the epoch `next` can be made by shrinking the world of `previous`
+/// (shrink_nccl_world), and excluding which of its ranks: yes when every rank of `next` is
+/// held by a process that held a rank in `previous`, in the same order (ncclCommShrink keeps
+/// the survivors' order), as after a data-parallel shrink without spares (RankMap::shrink,
+/// replace_or_shrink). Then the old ranks whose processes hold none in `next` (the dead, and
+/// the survivors of dropped replicas, which become spares) are the ones to exclude,
+/// ascending. nullopt when a spare joins (it has no old communicator: a shrink cannot
+/// include it) or the order changes: make the world afresh. Throws RankOutOfRangeError
+/// ("process") when the maps are not of one job.
+[[nodiscard]] std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous,
+                                                                    const RankMap& next);
+
+/// A factory of an epoch's world, as Recovery takes one (commgrid::WorldFactory, the same
+/// type): `prefix` the epoch's store prefix, `rank` and `size` this rank's in that world.
+using NcclWorldFactory =
+    std::function<std::unique_ptr<Communicator>(const std::string& prefix, int rank, int size)>;
+
+/// A WorldFactory for Recovery on NCCL. Each call: aborts the worlds (and their groups) that
+/// this factory made for other prefixes (earlier epochs; abort_nccl_epoch), makes the
+/// epoch's bootstrap with `bootstrap(prefix, rank, size)` (e.g. make_gloo_world with the
+/// epoch's prefix), then a fresh NCCL world over it (make_nccl_world with `options`), which
+/// keeps the bootstrap alive. Spares join this way (a fresh world via the store, never a
+/// shrink). Throws what the bootstrap factory or make_nccl_world throws (BackendError "nccl
+/// world: rank R (host H): no CUDA device (...)" on every rank without a device),
+/// InvalidValueError ("bootstrap") when the bootstrap factory returns null or a
+/// communicator of another rank or size.
+[[nodiscard]] NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap,
+                                                       NcclOptions options = {});
 
 }  // namespace commgrid
