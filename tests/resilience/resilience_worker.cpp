@@ -3,15 +3,19 @@
 // its "state", replicated across its dp group. Asked to, one process dies (SIGKILL) or
 // stops itself (SIGSTOP) at a chosen step; the others detect it, agree, regroup with a
 // spare, roll back to the earliest unfinished step, the spare fetches its state from a dp
-// replica, and at the end every rank prints its sums:
-//   resilience_worker STEPS [kill P K]... [stop P K] [killrec P E]
+// replica, and at the end every rank prints its sums. "killlaunch P K": process P SIGKILLs
+// its launcher at step K (on node 0, the store dies with it):
+//   resilience_worker STEPS [kill P K]... [stop P K] [killrec P E] [killlaunch P K]
 //   resilience_worker continue PID   (waits for epoch 1's decision, then SIGCONTs PID)
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,7 +33,19 @@ struct Fault {
   int step = -1;
   int signal = SIGKILL;
   bool in_recovery = false;  // "killrec P E": dies right after adopting epoch E's decision
+  bool launcher = false;     // "killlaunch P K": SIGKILLs its launcher, not itself
 };
+
+// This process's parent when it is `commgrid launch` (argv[1] "launch"), else nothing: a
+// parent that died already is not mistaken for the process that adopted this one.
+std::optional<pid_t> launch_parent() {
+  const pid_t parent = ::getppid();
+  std::ifstream in("/proc/" + std::to_string(parent) + "/cmdline", std::ios::binary);
+  std::string exe, sub;
+  if (parent > 1 && std::getline(in, exe, '\0') && std::getline(in, sub, '\0') && sub == "launch")
+    return parent;
+  return std::nullopt;
+}
 
 std::int64_t min_over(Communicator& c, std::int64_t v) {
   c.allreduce(std::span<std::int64_t>(&v, 1), ReduceOp::min)->wait();
@@ -60,11 +76,17 @@ int run(int argc, char** argv) {
     Fault f;
     f.signal = std::string(argv[i]) == "stop" ? SIGSTOP : SIGKILL;
     f.in_recovery = std::string(argv[i]) == "killrec";
+    f.launcher = std::string(argv[i]) == "killlaunch";
     f.process = std::atoll(argv[i + 1]);
     f.step = std::atoi(argv[i + 2]);
     faults.push_back(f);
   }
   auto rec = make_recovery(*launch);
+  // With killlaunch, every process says it is up, and the launcher is killed only once all
+  // are (the test's order of events: no process is still starting when the store dies).
+  const auto up_key = [](std::int64_t p) { return "resilience-test/up/" + std::to_string(p); };
+  const bool kills_launch = std::any_of(faults.begin(), faults.end(), [](const Fault& f) { return f.launcher; });
+  if (kills_launch && launch->incarnation == 0) rec->store()->set(up_key(launch->process), std::span<const char>("1", 1));
   ParallelConfig config;
   config.world_size = launch->world_size();
   config.tp = 2;
@@ -134,6 +156,17 @@ int run(int argc, char** argv) {
                                             "/alive/" + std::to_string(p)));
           if (registered) break;
           std::this_thread::sleep_for(100ms);
+        }
+        if (f.launcher) {
+          // Its launcher's death ends this process too (launch's PR_SET_PDEATHSIG).
+          const auto parent = launch_parent();
+          if (!parent) throw ConfigError("killlaunch", "killlaunch: the parent is not commgrid launch");
+          std::vector<std::string> all;
+          for (std::int64_t p = 0; p < launch->num_processes; ++p) all.push_back(up_key(p));
+          if (!rec->store()->wait_for(all, 4 * rec->options().timeout).empty())
+            throw TimeoutError("killlaunch: not every process came up");
+          ::kill(*parent, SIGKILL);
+          continue;
         }
         if (f.signal == SIGSTOP) {
           // A helper wakes it once the others have declared it dead.

@@ -1,14 +1,24 @@
 // commgrid launch --spares with real processes: one is killed by SIGKILL (rank 0 too: the
 // store is served by launch), two die in a row with a restart, one is stopped and, once
 // declared dead, continued and fenced; each job still ends with every rank's right result.
-// Bad flags exit 2.
+// Bad flags exit 2. The store dying (its launcher killed) ends every process of the job.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "cli_runner.hpp"
+#include "free_port.hpp"
 
 namespace commgrid::test {
 namespace {
@@ -89,6 +99,201 @@ TEST(LaunchSpares, AStoppedRankIsDeclaredDeadAndFencedWhenContinued) {
   expect_right_sums(r, 1);
   EXPECT_NE(r.err.find("process 2 was declared dead in epoch 1 and is fenced: it may not rejoin"),
             std::string::npos) << r.err;
+}
+
+// The test process as the subreaper of whatever it starts: a process whose parent dies is
+// re-parented here, not to init, so none escapes unseen, and none is reaped by anyone else:
+// its pid stays its own until this process reaps it, so a kill by pid hits no stranger.
+class Reaper {
+ public:
+  Reaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+  ~Reaper() {
+    (void)kill_leftovers();
+    ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  }
+  Reaper(const Reaper&) = delete;
+  Reaper& operator=(const Reaper&) = delete;
+
+  // Starts `commgrid launch ARGS` with `env` added, stdout and stderr to files in dir.
+  pid_t launch(const std::vector<std::string>& args, const std::vector<std::string>& env,
+               const std::filesystem::path& out, const std::filesystem::path& err) {
+    std::vector<std::string> argv_s{COMMGRID_CLI, "launch"}, env_s(env);
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    for (char** e = environ; *e != nullptr; ++e) env_s.emplace_back(*e);
+    std::vector<char*> argv, envp;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    for (auto& e : env_s) envp.push_back(e.data());
+    argv.push_back(nullptr);
+    envp.push_back(nullptr);
+    const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(in, STDIN_FILENO);
+      ::dup2(o, STDOUT_FILENO);
+      ::dup2(e, STDERR_FILENO);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+    for (int fd : {in, o, e}) ::close(fd);
+    return pid;
+  }
+
+  // Reaps every child, re-parented ones too, until none is left (true) or `limit` passes.
+  bool reap_all(std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        status_[pid] = status;
+        continue;
+      }
+      if (pid < 0 && errno == ECHILD) return true;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  // The children of this process still running, each "PID (COMMAND)", killed and reaped.
+  std::vector<std::string> kill_leftovers() {
+    std::vector<std::string> seen;
+    std::set<pid_t> killed;
+    for (int round = 0; round < 500 && !reap_all(std::chrono::seconds(0)); ++round) {
+      for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+        const std::string name = d.path().filename().string();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        const std::string stat = slurp(d.path() / "stat");
+        const auto close = stat.rfind(')');
+        if (close == std::string::npos) continue;
+        char state = 0;
+        int ppid = 0;
+        std::istringstream(stat.substr(close + 1)) >> state >> ppid;
+        if (ppid != ::getpid() || state == 'Z') continue;
+        const pid_t pid = std::stoi(name);
+        if (killed.insert(pid).second) seen.push_back(stat.substr(0, close + 1));
+        ::kill(pid, SIGKILL);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return seen;
+  }
+
+  // The reaped processes' wait statuses.
+  [[nodiscard]] const std::map<pid_t, int>& statuses() const { return status_; }
+
+ private:
+  std::map<pid_t, int> status_;
+};
+
+// What a process's wait status says, for messages.
+std::string ended(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+bool killed_by(int status, int sig) { return WIFSIGNALED(status) && WTERMSIG(status) == sig; }
+
+// A failure: killed by a signal, or an exit code other than 0.
+bool failed(int status) { return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0); }
+
+// A job under `commgrid launch --spares` on NODES launches of 2 processes each (loopback
+// "nodes" sharing node 0's store at --master-port), the last node's 2 processes spares;
+// process 0 SIGKILLs node 0's launcher, and with it the store, at step 2, once every
+// process is up.
+struct StoreDeath {
+  Reaper reaper;
+  std::vector<pid_t> launchers;
+  std::vector<std::string> out, err;
+  bool all_ended = false;  // every process ended within the bound
+  std::vector<std::string> leftovers;
+  std::string store;
+
+  explicit StoreDeath(int nodes) {
+    const std::string port = std::to_string(free_port());
+    store = "tcp://127.0.0.1:" + port;
+    const auto dir = std::filesystem::temp_directory_path();
+    const std::string stem = "commgrid-store-death-" + std::to_string(::getpid()) + "-";
+    const std::vector<std::string> env{"COMMGRID_JOB_ID=store-death-" + port, "COMMGRID_TOKEN=sd"};
+    for (int node = 0; node < nodes; ++node) {
+      std::vector<std::string> flags{"-n", nodes > 1 ? "2" : "5", "--spares", nodes > 1 ? "2" : "1",
+                                     "--timeout", "15", "--master-port", port};
+      if (nodes > 1)
+        flags.insert(flags.end(), {"--nnodes", std::to_string(nodes), "--node-rank", std::to_string(node)});
+      flags.insert(flags.end(), {"--", COMMGRID_RESILIENCE_WORKER, std::to_string(kSteps), "killlaunch", "0", "2"});
+      const auto o = dir / (stem + std::to_string(node) + ".out"), e = dir / (stem + std::to_string(node) + ".err");
+      launchers.push_back(reaper.launch(flags, env, o, e));
+      out.push_back(o.string());
+      err.push_back(e.string());
+    }
+    // Far beyond the job's timeout (15 s): only a hang reaches it.
+    all_ended = reaper.reap_all(std::chrono::seconds(150));
+    leftovers = reaper.kill_leftovers();
+    for (auto* files : {&out, &err})
+      for (auto& f : *files) {
+        const std::string path = std::exchange(f, slurp(f));
+        std::filesystem::remove(path);
+      }
+  }
+
+  [[nodiscard]] int status(std::size_t node) const { return reaper.statuses().at(launchers[node]); }
+  // The processes reaped here that this test did not start: the orphans of a dead launcher.
+  [[nodiscard]] std::vector<int> orphans() const {
+    std::vector<int> v;
+    for (auto [pid, st] : reaper.statuses())
+      if (std::find(launchers.begin(), launchers.end(), pid) == launchers.end()) v.push_back(st);
+    return v;
+  }
+  [[nodiscard]] std::string all() const {
+    std::string s;
+    for (std::size_t i = 0; i < err.size(); ++i) s += "--- node " + std::to_string(i) + ":\n" + out[i] + err[i];
+    return s;
+  }
+};
+
+TEST(LaunchSpares, OnOneNodeTheStoresLauncherTakesEveryProcessWithIt) {
+  // One node: the store dies only with launch, and its processes die with it
+  // (PR_SET_PDEATHSIG), or fail on the closed store first (launch's threads close its
+  // sockets before the last one sends the signal): none is left waiting on a dead store.
+  const StoreDeath job(1);
+  EXPECT_TRUE(job.all_ended) << job.all();
+  EXPECT_TRUE(job.leftovers.empty()) << ::testing::PrintToString(job.leftovers) << job.all();
+  EXPECT_TRUE(killed_by(job.status(0), SIGKILL)) << ended(job.status(0)) << job.all();
+  const std::vector<int> orphans = job.orphans();
+  EXPECT_EQ(orphans.size(), 5u) << job.all();
+  for (int st : orphans) EXPECT_TRUE(failed(st)) << ended(st) << job.all();
+}
+
+TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
+  // Three loopback nodes of 2: ranks 0-1, ranks 2-3, spares 4-5. Node 0's launcher, which
+  // serves the store, is SIGKILLed with its ranks; the ranks of node 1 (blocked on them)
+  // and the spares of node 2 (waiting on the store) end with a one-line error naming the
+  // store, and their launchers exit 1.
+  const StoreDeath job(3);
+  EXPECT_TRUE(job.all_ended) << job.all();
+  EXPECT_TRUE(job.leftovers.empty()) << ::testing::PrintToString(job.leftovers) << job.all();
+  EXPECT_TRUE(killed_by(job.status(0), SIGKILL)) << ended(job.status(0)) << job.all();
+  const std::vector<int> orphans = job.orphans();
+  EXPECT_EQ(orphans.size(), 2u) << job.all();
+  for (int st : orphans) EXPECT_TRUE(failed(st)) << ended(st) << job.all();
+  for (std::size_t node : {1u, 2u}) {
+    EXPECT_TRUE(WIFEXITED(job.status(node)) && WEXITSTATUS(job.status(node)) == 1)
+        << "node " << node << ": " << ended(job.status(node)) << job.all();
+    for (int p : {2 * static_cast<int>(node), 2 * static_cast<int>(node) + 1}) {
+      const std::string tag = "[rank " + std::to_string(p) + "] ";
+      std::istringstream lines(job.err[node]);
+      std::vector<std::string> said;
+      for (std::string line; std::getline(lines, line);)
+        if (line.starts_with(tag)) said.push_back(line);
+      ASSERT_EQ(said.size(), 1u) << "process " << p << " wrote one line\n" << job.all();
+      EXPECT_TRUE(said[0].starts_with(tag + "error: ")) << said[0];
+      EXPECT_NE(said[0].find(job.store), std::string::npos) << "names the store\n" << said[0];
+      EXPECT_NE(job.err[node].find("rank " + std::to_string(p) + " exited with code 1"), std::string::npos)
+          << job.all();
+    }
+  }
 }
 
 TEST(LaunchSpares, BadFlagsExitTwo) {
