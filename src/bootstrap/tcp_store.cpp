@@ -1331,7 +1331,11 @@ class TcpStore final : public Store {
   std::optional<Message> request(const Message& m, Ms wait, const std::atomic<bool>* stop) {
     if (!fenced_.empty()) throw FencedError(fenced_);
     if (socket_.get() < 0) {
-      if (!reconnect_) throw BackendError("tcp store " + uri() + ": not connected");
+      // Said with the failure that dropped the connection: the caller that saw it first
+      // may have gone on without it (as Gloo does, naming a peer).
+      if (!reconnect_)
+        throw BackendError("tcp store " + uri() + ": not connected" +
+                           (lost_.empty() ? "" : " since an earlier request failed: " + lost_));
       reconnect_ = false;
       (void)connect();
       if (!options_.process.empty() && m.type != 'I') identify();
@@ -1350,16 +1354,16 @@ class TcpStore final : public Store {
       return r;
     } catch (const IoTimeout&) {
       socket_ = Socket();
-      throw TimeoutError("tcp store " + uri() + ": no reply within " +
-                         std::to_string(options_.timeout.count()) + " ms");
+      lost_ = "no reply within " + std::to_string(options_.timeout.count()) + " ms";
+      throw TimeoutError("tcp store " + uri() + ": " + lost_);
     } catch (const IoError& e) {
       socket_ = Socket();
       if (stop != nullptr && stop->load()) {
         reconnect_ = true;
         return std::nullopt;
       }
-      throw BackendError("tcp store " + uri() + ": " + e.what() +
-                         " (the serving rank 0 ended or failed)");
+      lost_ = std::string(e.what()) + " (the serving rank 0 ended or failed)";
+      throw BackendError("tcp store " + uri() + ": " + lost_);
     }
   }
   Message request(const Message& m) { return *request(m, Ms(0), nullptr); }
@@ -1371,6 +1375,7 @@ class TcpStore final : public Store {
   Socket socket_;
   bool reconnect_ = false;
   std::string fenced_;  // the server's refusal, once it fenced this process
+  std::string lost_;    // why the connection was dropped, said again by each later request
   std::string local_ = "127.0.0.1";
 };
 

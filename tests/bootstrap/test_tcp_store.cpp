@@ -214,5 +214,30 @@ TEST(TcpStore, TheServerEndingIsNamedByItsClients) {
   }
 }
 
+TEST(TcpStore, EveryRequestAfterTheServerEndedSaysWhy) {
+  // The connection is not made again (the store's keys died with the server): every later
+  // request fails at once, and says why, since the caller that saw the first failure may
+  // have gone on without it (Gloo's error path does).
+  const int port = free_port();
+  auto server = open_store(tcp_uri(port), job("end", "t", true));
+  auto client = open_store(tcp_uri(port), job("end", "t", false, 2s));
+  server.reset();
+  for (int request = 0; request < 3; ++request) {
+    try {
+      (void)client->has("k");
+      ADD_FAILURE() << "request " << request << " to a server that ended succeeded";
+    } catch (const BackendError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("tcp store " + tcp_uri(port) + ": "), std::string::npos) << what;
+      EXPECT_NE(what.find("(the serving rank 0 ended or failed)"), std::string::npos)
+          << "request " << request << ": " << what;
+      if (request > 0) {
+        EXPECT_NE(what.find("not connected since an earlier request failed: "), std::string::npos)
+            << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace commgrid::test

@@ -269,8 +269,8 @@ TEST(LaunchSpares, OnOneNodeTheStoresLauncherTakesEveryProcessWithIt) {
 TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
   // Three loopback nodes of 2: ranks 0-1, ranks 2-3, spares 4-5. Node 0's launcher, which
   // serves the store, is SIGKILLed with its ranks; the ranks of node 1 (blocked on them)
-  // and the spares of node 2 (waiting on the store) end with a one-line error naming the
-  // store, and their launchers exit 1.
+  // and the spares of node 2 (waiting on the store) end at once with a one-line error
+  // naming the store and why, and their launchers exit 1.
   const StoreDeath job(3);
   EXPECT_TRUE(job.all_ended) << job.all();
   EXPECT_TRUE(job.leftovers.empty()) << ::testing::PrintToString(job.leftovers) << job.all();
@@ -290,6 +290,8 @@ TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
       ASSERT_EQ(said.size(), 1u) << "process " << p << " wrote one line\n" << job.all();
       EXPECT_TRUE(said[0].starts_with(tag + "error: ")) << said[0];
       EXPECT_NE(said[0].find(job.store), std::string::npos) << "names the store\n" << said[0];
+      // and why, even where a first store error was caught on the way (Gloo's error path)
+      EXPECT_NE(said[0].find("ended or failed"), std::string::npos) << "says why\n" << said[0];
       EXPECT_NE(job.err[node].find("rank " + std::to_string(p) + " exited with code 1"), std::string::npos)
           << job.all();
     }
