@@ -246,6 +246,16 @@ struct StoreDeath {
       if (std::find(launchers.begin(), launchers.end(), pid) == launchers.end()) v.push_back(st);
     return v;
   }
+  // Every process ended within the bound, none was left running, node 0's launcher was
+  // SIGKILLed, and each of its `orphans` processes failed (killed, or an exit code).
+  void expect_ended(std::size_t orphans_of_node_0) const {
+    EXPECT_TRUE(all_ended) << all();
+    EXPECT_TRUE(leftovers.empty()) << ::testing::PrintToString(leftovers) << all();
+    EXPECT_TRUE(killed_by(status(0), SIGKILL)) << ended(status(0)) << all();
+    const std::vector<int> v = orphans();
+    EXPECT_EQ(v.size(), orphans_of_node_0) << all();
+    for (int st : v) EXPECT_TRUE(failed(st)) << ended(st) << all();
+  }
   [[nodiscard]] std::string all() const {
     std::string s;
     for (std::size_t i = 0; i < err.size(); ++i) s += "--- node " + std::to_string(i) + ":\n" + out[i] + err[i];
@@ -258,12 +268,7 @@ TEST(LaunchSpares, OnOneNodeTheStoresLauncherTakesEveryProcessWithIt) {
   // (PR_SET_PDEATHSIG), or fail on the closed store first (launch's threads close its
   // sockets before the last one sends the signal): none is left waiting on a dead store.
   const StoreDeath job(1);
-  EXPECT_TRUE(job.all_ended) << job.all();
-  EXPECT_TRUE(job.leftovers.empty()) << ::testing::PrintToString(job.leftovers) << job.all();
-  EXPECT_TRUE(killed_by(job.status(0), SIGKILL)) << ended(job.status(0)) << job.all();
-  const std::vector<int> orphans = job.orphans();
-  EXPECT_EQ(orphans.size(), 5u) << job.all();
-  for (int st : orphans) EXPECT_TRUE(failed(st)) << ended(st) << job.all();
+  job.expect_ended(5);
 }
 
 TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
@@ -272,12 +277,7 @@ TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
   // and the spares of node 2 (waiting on the store) end at once with a one-line error
   // naming the store and why, and their launchers exit 1.
   const StoreDeath job(3);
-  EXPECT_TRUE(job.all_ended) << job.all();
-  EXPECT_TRUE(job.leftovers.empty()) << ::testing::PrintToString(job.leftovers) << job.all();
-  EXPECT_TRUE(killed_by(job.status(0), SIGKILL)) << ended(job.status(0)) << job.all();
-  const std::vector<int> orphans = job.orphans();
-  EXPECT_EQ(orphans.size(), 2u) << job.all();
-  for (int st : orphans) EXPECT_TRUE(failed(st)) << ended(st) << job.all();
+  job.expect_ended(2);
   for (std::size_t node : {1u, 2u}) {
     EXPECT_TRUE(WIFEXITED(job.status(node)) && WEXITSTATUS(job.status(node)) == 1)
         << "node " << node << ": " << ended(job.status(node)) << job.all();
