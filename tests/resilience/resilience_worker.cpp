@@ -158,7 +158,8 @@ int run(int argc, char** argv) {
           std::this_thread::sleep_for(100ms);
         }
         if (f.launcher) {
-          // Its launcher's death ends this process too (launch's PR_SET_PDEATHSIG).
+          // Its launcher's death ends this process too (launch's PR_SET_PDEATHSIG): a
+          // process left waiting here is one that outlived its launcher.
           const auto parent = launch_parent();
           if (!parent) throw ConfigError("killlaunch", "killlaunch: the parent is not commgrid launch");
           std::vector<std::string> all;
@@ -166,7 +167,9 @@ int run(int argc, char** argv) {
           if (!rec->store()->wait_for(all, 4 * rec->options().timeout).empty())
             throw TimeoutError("killlaunch: not every process came up");
           ::kill(*parent, SIGKILL);
-          continue;
+          // Until that death kills this process: stepping on could finish the job first
+          // (the launcher takes a while to die), its peers wait for it at this step.
+          for (;;) ::pause();
         }
         if (f.signal == SIGSTOP) {
           // A helper wakes it once the others have declared it dead.

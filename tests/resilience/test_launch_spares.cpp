@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -247,14 +248,18 @@ struct StoreDeath {
     return v;
   }
   // Every process ended within the bound, none was left running, node 0's launcher was
-  // SIGKILLed, and each of its `orphans` processes failed (killed, or an exit code).
+  // SIGKILLed, and its processes (orphans_of_node_0 of them) failed (killed, or an exit
+  // code).
   void expect_ended(std::size_t orphans_of_node_0) const {
     EXPECT_TRUE(all_ended) << all();
     EXPECT_TRUE(leftovers.empty()) << ::testing::PrintToString(leftovers) << all();
     EXPECT_TRUE(killed_by(status(0), SIGKILL)) << ended(status(0)) << all();
+    // (At least: a sanitizer's helper process may be orphaned too.)
     const std::vector<int> v = orphans();
-    EXPECT_EQ(v.size(), orphans_of_node_0) << all();
-    for (int st : v) EXPECT_TRUE(failed(st)) << ended(st) << all();
+    std::string statuses;
+    for (int st : v) statuses += " " + ended(st);
+    EXPECT_GE(static_cast<std::size_t>(std::count_if(v.begin(), v.end(), failed)), orphans_of_node_0)
+        << statuses << "\n" << all();
   }
   [[nodiscard]] std::string all() const {
     std::string s;
