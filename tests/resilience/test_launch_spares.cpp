@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -137,7 +138,9 @@ class Reaper {
       ::execve(argv[0], argv.data(), envp.data());
       ::_exit(127);
     }
+    const int fork_errno = errno;
     for (int fd : {in, o, e}) ::close(fd);
+    if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(fork_errno));
     return pid;
   }
 
@@ -200,10 +203,10 @@ bool killed_by(int status, int sig) { return WIFSIGNALED(status) && WTERMSIG(sta
 // A failure: killed by a signal, or an exit code other than 0.
 bool failed(int status) { return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0); }
 
-// A job under `commgrid launch --spares` on NODES launches of 2 processes each (loopback
-// "nodes" sharing node 0's store at --master-port), the last node's 2 processes spares;
-// process 0 SIGKILLs node 0's launcher, and with it the store, at step 2, once every
-// process is up.
+// A job under `commgrid launch --spares`: one launch of 5 processes (1 spare), or NODES
+// launches of 2 (loopback "nodes" sharing node 0's store at --master-port; the last node's
+// 2 are the spares). Process 0 SIGKILLs node 0's launcher, and with it the store, at step
+// 2, once every process is up; then everything is reaped.
 struct StoreDeath {
   Reaper reaper;
   std::vector<pid_t> launchers;
@@ -270,8 +273,8 @@ struct StoreDeath {
 
 TEST(LaunchSpares, OnOneNodeTheStoresLauncherTakesEveryProcessWithIt) {
   // One node: the store dies only with launch, and its processes die with it
-  // (PR_SET_PDEATHSIG), or fail on the closed store first (launch's threads close its
-  // sockets before the last one sends the signal): none is left waiting on a dead store.
+  // (PR_SET_PDEATHSIG), or fail on the store's closed connections a moment before: none
+  // is left waiting on a dead store.
   const StoreDeath job(1);
   job.expect_ended(5);
 }
