@@ -1267,7 +1267,7 @@ class TcpStore final : public Store {
                              refusal + " (this rank retried for " + seconds_text(tried) + ")");
         throw TimeoutError("tcp store " + uri() + ": no server answered within " +
                            std::to_string(options_.timeout.count()) +
-                           " ms (rank 0 serves it: it has not started, has ended, or "
+                           " ms (rank 0 serves it, or commgrid launch with --spares: it has not started, has ended, or "
                            "MASTER_ADDR:MASTER_PORT names another host or port; last error: " +
                            last + ")");
       }
@@ -1362,7 +1362,7 @@ class TcpStore final : public Store {
         reconnect_ = true;
         return std::nullopt;
       }
-      lost_ = std::string(e.what()) + " (the serving rank 0 ended or failed)";
+      lost_ = std::string(e.what()) + " (the process serving it ended or failed: rank 0, or commgrid launch with --spares)";
       throw BackendError("tcp store " + uri() + ": " + lost_);
     }
   }
