@@ -83,6 +83,16 @@ std::vector<Step> with_failure(int processes, int spares, const std::vector<std:
   return steps_of(r);
 }
 
+// A run whose failures it cannot survive: exit 1 and `message` on stderr.
+void expect_ends_saying(int processes, int spares, const std::vector<std::string>& layout,
+                        const std::string& kills, const std::string& message) {
+  int code = 0;
+  std::string err;
+  (void)with_failure(processes, spares, layout, kills, &code, &err);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find(message), std::string::npos) << err;
+}
+
 TEST(TrainGptSpares, TpAndDpAKilledRankIsReplacedAndTheRunIsUnchanged) {
   const std::vector<std::string> layout{"--tp", "2"};  // 4 ranks: tp 2, dp 2
   const auto want = reference(4, layout);
@@ -111,23 +121,15 @@ TEST(TrainGptSpares, ASurvivorKilledDuringTheRecoveryIsReplacedByTheNextSpare) {
 TEST(TrainGptSpares, ABuddyKilledDuringTheRecoveryLosesTheStateItHeld) {
   // tp 2 x pp 2 (dp 1): process 1 dies at step 3; its buddy, logical rank 2, dies in the
   // recovery before sending the copy: nobody else holds rank 1's state.
-  int code = 0;
-  std::string err;
-  (void)with_failure(6, 2, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3,2:recovery", &code, &err);
-  EXPECT_EQ(code, 1) << err;
-  EXPECT_NE(err.find("the state of logical rank 1 is lost: it and its buddy, logical rank 2, died"),
-            std::string::npos) << err;
+  expect_ends_saying(6, 2, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3,2:recovery",
+                     "the state of logical rank 1 is lost: it and its buddy, logical rank 2, died");
 }
 
 TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
   // dp groups {0, 2} and {1, 3}: both of {0, 2} die at step 2; two spares take their
   // places, but nobody holds their state.
-  int code = 0;
-  std::string err;
-  (void)with_failure(6, 2, {"--tp", "2"}, "0:2,2:2", &code, &err);
-  EXPECT_EQ(code, 1) << err;
-  EXPECT_NE(err.find("the state of logical rank 0 is lost: every replica in its data-parallel group died"),
-            std::string::npos) << err;
+  expect_ends_saying(6, 2, {"--tp", "2"}, "0:2,2:2",
+                     "the state of logical rank 0 is lost: every replica in its data-parallel group died");
 }
 
 // A process and a step drawn at random (printed on failure): any rank, at a step after
@@ -179,12 +181,8 @@ TEST(TrainGptSpares, BuddyCopiesTwoFailuresInARowOnAReplicaLayout) {
 
 TEST(TrainGptSpares, LosingARankAndItsBuddyEndsTheJobNamingTheRank) {
   // tp 2 x pp 2 (dp 1): logical rank 1's buddy is logical rank 2; both die at step 3.
-  int code = 0;
-  std::string err;
-  (void)with_failure(6, 2, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3,2:3", &code, &err);
-  EXPECT_EQ(code, 1) << err;
-  EXPECT_NE(err.find("the state of logical rank 1 is lost: it and its buddy, logical rank 2, died"),
-            std::string::npos) << err;
+  expect_ends_saying(6, 2, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3,2:3",
+                     "the state of logical rank 1 is lost: it and its buddy, logical rank 2, died");
 }
 
 // Shrink: a failure that finds no spare goes on with fewer data-parallel replicas (the
@@ -222,13 +220,9 @@ TEST(TrainGptSpares, TheSpareFirstThenShrink) {
 
 TEST(TrainGptSpares, NoSmallerLayoutEndsTheJobSayingWhy) {
   // tp 2 x pp 2 has one replica: losing a rank leaves no layout to shrink to.
-  int code = 0;
-  std::string err;
-  (void)with_failure(4, 0, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3", &code, &err);
-  EXPECT_EQ(code, 1) << err;
-  EXPECT_NE(err.find("cannot go on without a spare: cannot shrink after logical rank [1] failed: every one "
-                     "of the 1 data-parallel replicas lost a rank"),
-            std::string::npos) << err;
+  expect_ends_saying(4, 0, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3",
+                     "cannot go on without a spare: cannot shrink after logical rank [1] failed: every one "
+                     "of the 1 data-parallel replicas lost a rank");
 }
 
 TEST(TrainGptSpares, BadInputExitsTwo) {
