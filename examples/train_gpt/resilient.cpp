@@ -384,8 +384,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   };
   // Recovery's cost, by part, on stderr (docs/benchmarks.md reads it).
   using Clock = std::chrono::steady_clock;
-  auto seconds = [](Clock::time_point a, Clock::time_point b) {
-    return std::to_string(std::chrono::duration<double>(b - a).count()).substr(0, 6);
+  auto seconds = [](Clock::duration d) {
+    return std::to_string(std::chrono::duration<double>(d).count()).substr(0, 6);
   };
   // Recovery::recover, timed by part: agree, then build the epoch's world and groups, the
   // model, and move the state; all of it again from the next decision when a process dies
@@ -399,8 +399,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       collections.reset();
       g = commgrid::EpochGroups{};  // closes this epoch's connections: blocked peers fail now
       std::optional<Resharded> resharded;
+      Clock::time_point agreed;
       try {
         const commgrid::EpochDecision& decision = rec->agree();
+        agreed = Clock::now();
         if (decision.shrink) {
           const commgrid::ParallelConfig next = decision.shrink->config;
           resharded = reshard(*decision.shrink);
@@ -418,7 +420,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         // No smaller layout, or none this run fits: the job cannot go on (every process alike).
         throw BackendError(std::string("recovery: cannot go on without a spare: ") + e.what());
       }
-      const auto agreed = Clock::now();
+      const auto moved = Clock::now();  // after a shrink's transfer (counted as state)
       try {
         g = rec->build(factory, epoch_layout);  // marks the epoch failed when it fails
         const auto t1 = Clock::now();
@@ -452,9 +454,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         }
         std::cerr << ("train_gpt: process " + std::to_string(launch.process) + " is logical rank " +
                       std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(rec->epoch()) +
-                      ", back at step " + std::to_string(step) + ": agreement " + seconds(t0, agreed) +
-                      " s, groups " + seconds(agreed, t1) + " s, model " + seconds(t1, t2) +
-                      " s, state " + seconds(t2, Clock::now()) + " s\n")
+                      ", back at step " + std::to_string(step) + ": agreement " + seconds(agreed - t0) +
+                      " s, groups " + seconds(t1 - moved) + " s, model " + seconds(t2 - t1) + " s, state " +
+                      seconds((moved - agreed) + (Clock::now() - t2)) + " s\n")
                   << std::flush;
         return;
       } catch (const commgrid::FencedError&) {
