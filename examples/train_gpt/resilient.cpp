@@ -91,7 +91,6 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   (void)launch;
   throw commgrid::ConfigError("spares", "--spares: this build has no Gloo backend");
 #else
-  const bool buddy = resolve_state_source(config, layout, resilience) == StateSource::buddy;
   commgrid::RecoveryOptions options;
   if (resilience.shrink)  // dp' must divide dp x micro-batches: the micro-batch size is kept
     options.shrink = commgrid::ShrinkOptions{layout, layout.dp() * config.micro_batches};
@@ -116,12 +115,25 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   int shipped = -1;  // the step whose snapshot this rank last shipped to its buddy
   std::vector<StepResult> results;
   int step = 0;
-  bool fresh = true;  // no state of its own (a spare until it takes a rank)
+  // No state of its own: a spare until it takes a rank. A rank of the first epoch holds
+  // the initial state (a new Trainer's) before its first snapshot.
+  bool fresh = true;
   std::int64_t own_rank = -1;  // the logical rank whose state this rank's snapshots hold
   // The layout and the run of the current epoch: a shrink makes dp smaller and each
   // replica's micro-batches more (the global batch and the micro-batch size are kept).
+  // Taken from Recovery after every decision (a restarted process replays the shrinks
+  // decided before it came), with where a replaced rank's state comes from: a shrink to
+  // dp 1 leaves no replica, so buddy copies start there.
   commgrid::ParallelConfig epoch_layout = layout;
   TrainConfig epoch_config = config;
+  bool buddy = false;
+  auto follow_layout = [&] {
+    epoch_layout = rec->config().value_or(layout);
+    epoch_config.micro_batches = static_cast<int>(config.micro_batches * layout.dp() / epoch_layout.dp());
+    buddy = resolve_state_source(config, epoch_layout, resilience) == StateSource::buddy ||
+            !why_no_replica(config, epoch_layout).empty();
+  };
+  follow_layout();
 
   auto fault_kill = [&](int at) {
     for (const auto& kill : resilience.kills)
@@ -181,6 +193,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   // lowest survivor (replicas), or from its buddy (the rank that received its copies).
   auto resync = [&] {
     Communicator& world = *g.world;
+    // A rank of the first epoch that failed before its first snapshot: the initial state
+    // is its new Trainer's (the same logical rank).
+    if (!fresh && snapshots.empty()) snapshots.push_back({0, trainer->state(), {}});
     std::int64_t latest = kNone;
     if (!fresh) {
       latest = snapshots.back().step;
@@ -277,17 +292,19 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     for (std::int64_t p = 0; p < map.num_processes(); ++p)
       if (map.role(p) != commgrid::ProcessRole::dead) live.push_back(p);
     const auto me = static_cast<int>(std::find(live.begin(), live.end(), launch.process) - live.begin());
+    if (me == static_cast<int>(live.size())) return {};  // declared dead by this decision
     auto transfer = factory(rec->options().prefix + "/epoch/" + std::to_string(rec->epoch()) + "/reshard",
                             me, static_cast<int>(live.size()));
     std::int64_t latest = kNone;
     if (!fresh) {
-      latest = snapshots.back().step;
+      latest = snapshots.empty() ? 0 : snapshots.back().step;
       if (buddy && !copies.empty()) latest = std::min<std::int64_t>(latest, copies.back().step);
     }
     Resharded out;
     const std::int64_t s = min_over(*transfer, latest);
     if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
     out.step = s;
+    if (s == 0) return out;  // the initial state: every new rank's new Trainer has it
     // What this process offers: [owner, length, values...] per state it holds of step s.
     std::vector<double> offer;
     auto add = [&](std::int64_t owner, const std::vector<double>& state) {
@@ -405,14 +422,15 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         agreed = Clock::now();
         if (decision.shrink) {
           const commgrid::ParallelConfig next = decision.shrink->config;
-          resharded = reshard(*decision.shrink);
-          epoch_config.micro_batches = static_cast<int>(config.micro_batches * layout.dp() / next.dp());
-          epoch_layout = next;
+          resharded = reshard(*decision.shrink);  // (over the old layout: before follow_layout)
+          follow_layout();
           check_train_config(epoch_config, epoch_layout);
           std::cerr << ("train_gpt: epoch " + std::to_string(rec->epoch()) + " shrinks the world to " +
                         std::to_string(next.world_size) + " ranks (dp " + std::to_string(next.dp()) + ", " +
                         std::to_string(epoch_config.micro_batches) + " micro-batches per replica)\n")
                     << std::flush;
+        } else {
+          follow_layout();
         }
       } catch (const commgrid::FencedError&) {
         throw;
@@ -439,7 +457,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         if (resharded) {
           const std::vector<std::span<const double>> dense(resharded->dense.begin(), resharded->dense.end());
           const std::vector<std::span<const double>> expert(resharded->expert.begin(), resharded->expert.end());
-          trainer->set_state_resharded(dense, expert);
+          if (resharded->step > 0) trainer->set_state_resharded(dense, expert);
           step = static_cast<int>(resharded->step);
           results = resharded->results;
           snapshots.clear();
@@ -470,11 +488,16 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     }
   };
 
-  g = rec->build(factory, layout);
-  if (g.world) {
-    start_epoch();
-    fresh = false;
-    own_rank = g.world->rank();
+  fresh = !rec->logical_rank().has_value();
+  own_rank = rec->logical_rank().value_or(-1);
+  try {
+    g = rec->build(factory, epoch_layout);
+    if (g.world) start_epoch();
+  } catch (const commgrid::FencedError&) {
+    throw;
+  } catch (const BackendError& e) {  // a process died while the job started
+    rec->mark_failed(e.what());
+    recover();
   }
   while (step < config.steps) {
     if (!g.world) {
@@ -486,9 +509,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     try {
       if (step % resilience.snapshot_every == 0) {
         if (snapshots.empty() || snapshots.back().step != step) {
+          keep_two(snapshots, {step, trainer->state(), results});
           // The per-snapshot check: one store read every K steps.
           if (rec->failed()) throw BackendError("epoch " + std::to_string(rec->epoch()) + " failed: " + rec->failure_reason());
-          keep_two(snapshots, {step, trainer->state(), results});
         }
         if (buddy && shipped != step) ship();
       }

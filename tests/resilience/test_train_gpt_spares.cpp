@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <random>
 #include <utility>
 #include <nlohmann/json.hpp>
@@ -63,16 +65,24 @@ std::vector<Step> reference_local(int world, const std::vector<std::string>& lay
   return steps_of(r);
 }
 
-std::vector<Step> with_failure(int processes, int spares, const std::vector<std::string>& layout,
-                               const std::string& kills, int* code = nullptr, std::string* err = nullptr,
-                               const std::vector<std::string>& extra = {}) {
+// train_gpt under launch --spares S with --fault-kill KILLS (and K = 2): the launch's result.
+CliResult run_with_failure(int processes, int spares, const std::vector<std::string>& layout,
+                           const std::string& kills, const std::vector<std::string>& extra = {},
+                           const std::vector<std::string>& launch_extra = {}) {
   std::vector<std::string> train = layout;
   train.insert(train.end(), {"--steps", "6", "--format", "json", "--spares", std::to_string(spares),
                              "--snapshot-every", "2", "--fault-kill", kills});
   train.insert(train.end(), extra.begin(), extra.end());
-  const CliResult r = launch({"-n", std::to_string(processes), "--spares", std::to_string(spares),
-                              "--output", "raw"},
-                             train);
+  std::vector<std::string> flags{"-n", std::to_string(processes), "--spares", std::to_string(spares),
+                                 "--output", "raw"};
+  flags.insert(flags.end(), launch_extra.begin(), launch_extra.end());
+  return launch(flags, train);
+}
+
+std::vector<Step> with_failure(int processes, int spares, const std::vector<std::string>& layout,
+                               const std::string& kills, int* code = nullptr, std::string* err = nullptr,
+                               const std::vector<std::string>& extra = {}) {
+  const CliResult r = run_with_failure(processes, spares, layout, kills, extra);
   if (code != nullptr) {
     *code = r.code;
     *err = r.err;
@@ -132,12 +142,15 @@ TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
                      "the state of logical rank 0 is lost: every replica in its data-parallel group died");
 }
 
-// A process and a step drawn at random (printed on failure): any rank, at a step after
-// the snapshot of step 2 was shipped (so that the state moves: a kill before it rolls back
-// to step 0, whose state is a new Trainer's).
+// A process and a step drawn at random (printed on failure, with the seed: set
+// COMMGRID_TEST_SEED to draw the same again): any rank, at a step after the snapshot of
+// step 2 was shipped (so that the state moves: a kill before it rolls back to step 0,
+// whose state is a new Trainer's).
 std::pair<int, int> random_kill(int world) {
-  std::random_device device;
-  std::mt19937 gen(device());
+  const char* fixed = std::getenv("COMMGRID_TEST_SEED");
+  const unsigned seed = fixed != nullptr ? static_cast<unsigned>(std::stoul(fixed)) : std::random_device{}();
+  std::cerr << "random kill: COMMGRID_TEST_SEED=" << seed << "\n";
+  std::mt19937 gen(seed);
   return {std::uniform_int_distribution<int>(0, world - 1)(gen), std::uniform_int_distribution<int>(3, 5)(gen)};
 }
 
@@ -216,6 +229,33 @@ TEST(TrainGptSpares, TheSpareFirstThenShrink) {
   // is left, so tp 2 x dp 2 shrinks to dp 1.
   const std::vector<std::string> layout{"--tp", "2"};
   expect_same(with_failure(5, 1, layout, "1:1,4:4"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, AFailureAtTheFirstStepGoesBackToTheInitialState) {
+  // Before any snapshot: process 2 dies at step 0 (tp 2 x pp 2, buddy copies), every rank
+  // starts again from the initial state, the spare from a new Trainer's.
+  const std::vector<std::string> layout{"--tp", "2", "--pp", "2", "--micro-batches", "2"};
+  expect_same(with_failure(5, 1, layout, "2:0"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, AFailureAfterAShrinkToOneReplicaTakesTheStateFromABuddy) {
+  // tp 2 x dp 2 without spares: process 1 dies at step 1 (dp 2 -> 1: processes 2 and 3
+  // hold the ranks, process 0 is a spare); process 2 dies at step 4: process 0 takes its
+  // rank, and with no replica left its state comes from buddy copies, shipped since the
+  // shrink.
+  const std::vector<std::string> layout{"--tp", "2"};
+  expect_same(with_failure(4, 0, layout, "1:1,2:4"), reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, ARestartedProcessTakesARankOfTheShrunkLayout) {
+  // --max-restarts 1 without spares: process 0 dies at step 1 (dp 2 -> 1) and comes back
+  // as a spare, replaying the shrink it missed; process 2 dies at step 4 and the restarted
+  // process 0, the lowest spare, takes its rank in the shrunk layout.
+  const std::vector<std::string> layout{"--tp", "2"};
+  const CliResult r = run_with_failure(4, 0, layout, "0:1,2:4", {}, {"--max-restarts", "1"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("train_gpt: process 0 is logical rank 0 of epoch"), std::string::npos) << r.err;
+  expect_same(steps_of(r), reference_local(4, layout));
 }
 
 TEST(TrainGptSpares, NoSmallerLayoutEndsTheJobSayingWhy) {
