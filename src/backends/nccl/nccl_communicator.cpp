@@ -1467,8 +1467,16 @@ std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
                                        "which needs NcclShrinkOptions::bootstrap over the survivors");
   nccl_host::check_nccl_environment(what, true);
   // The old world has dead peers: whatever happens below, it is aborted on the way out
-  // (finalizing it would wait for them).
-  OnExit abort_old([&] { s.abort(what + ": the world was replaced by its shrink"); });
+  // (finalizing it would wait for them), and with it its whole epoch, so that a group whose
+  // creation another thread finished during the shrink (it joined the epoch after the
+  // groups were aborted) is aborted too, and one that finishes later as it joins.
+  OnExit abort_old([&] {
+    s.abort(what + ": the world was replaced by its shrink");
+    try {
+      if (s.epoch) (void)s.epoch->abort_all(what + ": the world was replaced by its shrink");
+    } catch (...) {  // (a destructor: only an allocation can fail here)
+    }
+  });
 #if COMMGRID_NCCL_HAS_SHRINK
   s.check_usable("shrink");
   if (s.epoch) (void)s.epoch->abort_all(what + ": the epoch's groups are aborted", &s);
