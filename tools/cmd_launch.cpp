@@ -500,11 +500,16 @@ class Launcher {
     try {
       const std::string why = describe_status(c.rank, c.status);
       const std::span<const char> v(why.data(), why.size());
-      (void)store_->set_if_absent(dead_process_key("resilience", c.rank, c.incarnation), v);
       // The current epoch: the last one decided.
       while (store_->has(epoch_decision_key("resilience", epoch_ + 1))) ++epoch_;
-      (void)store_->set_if_absent(epoch_failed_key("resilience", epoch_), v);
-      note += "; posted it to the job's store (epoch " + std::to_string(epoch_) + ")";
+      if (store_->set_if_absent(dead_process_key("resilience", c.rank, c.incarnation), v)) {
+        (void)store_->set_if_absent(epoch_failed_key("resilience", epoch_), v);
+        note += "; posted it to the job's store (epoch " + std::to_string(epoch_) + ")";
+      } else {
+        // A decision had declared it dead already (a stopped process, fenced when it went
+        // on): the epoch that replaced it is not failed by its exit.
+        note += "; it had been declared dead already (epoch " + std::to_string(epoch_) + ")";
+      }
     } catch (const Error& e) {
       note += std::string("; could not post it: ") + e.what();
     }

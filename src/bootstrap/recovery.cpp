@@ -298,10 +298,17 @@ const EpochDecision& Recovery::agree() {
           revived.push_back(p);
       }
       if (store_->set_if_absent(decision_key, bytes(decide(dead, revived))))
-        for (std::int64_t p : dead)
-          (void)store_->fence(identity(p, incarnation_[static_cast<std::size_t>(p)]),
+        for (std::int64_t p : dead) {
+          const int incarnation = incarnation_[static_cast<std::size_t>(p)];
+          // Its death is posted too (unless launch did first): when the declared-dead
+          // process exits later (a stopped one continued and fenced), launch finds the death
+          // known and does not fail the epoch that already replaced it.
+          (void)store_->set_if_absent(dead_process_key(options_.prefix, p, incarnation),
+                                      bytes("declared dead in epoch " + std::to_string(next)));
+          (void)store_->fence(identity(p, incarnation),
                               "process " + std::to_string(p) + " was declared dead in epoch " +
                                   std::to_string(next) + " and is fenced: it may not rejoin; exiting");
+        }
       continue;  // adopt the winner, whoever it is
     }
     if (store_->wait_for(std::vector<std::string>{decision_key}, window).empty()) continue;
@@ -320,6 +327,9 @@ EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& c
   const std::optional<Rank> rank = logical_rank();
   if (!rank) return out;
   try {
+    // A process that dies before the world exists (launch posts the epoch failed, or a peer
+    // marks it) ends every wait for it at once instead of at the timeout.
+    const WaitWatch watch(epoch_failed_key(options_.prefix, epoch_));
     out.world = factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
     out.groups = std::make_shared<ProcessGroups>();
     out.groups->initialize(*out.world, shrunk_ ? *config_ : config, init);

@@ -113,6 +113,14 @@ std::vector<std::string> Store::do_wait(std::vector<std::string> keys,
   return keys;
 }
 
+namespace {
+thread_local const WaitWatch* tls_watch = nullptr;
+}  // namespace
+
+WaitWatch::WaitWatch(std::string key) : key_(std::move(key)), outer_(tls_watch) { tls_watch = this; }
+WaitWatch::~WaitWatch() { tls_watch = outer_; }
+const std::string* WaitWatch::current() noexcept { return tls_watch != nullptr ? &tls_watch->key_ : nullptr; }
+
 std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
                                          std::chrono::milliseconds timeout) {
   using Clock = std::chrono::steady_clock;
@@ -124,6 +132,7 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
   // are still missing. A slice is short so that a thread sharing this store object is
   // not kept waiting for the engine for long.
   auto pause = Ms(1);
+  const std::string* watch = WaitWatch::current();
   for (;;) {
     if (state_->aborted.load()) {
       std::lock_guard lock(state_->abort_mutex);
@@ -132,8 +141,20 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
     const Ms left = std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
     {
       std::lock_guard lock(state_->mutex);
+      if (watch != nullptr) {
+        bool present = false;
+        std::vector<char> value;
+        store_call("check", uri(), [&] {
+          present = do_has(*watch);
+          if (present) value = do_get(*watch);
+        });
+        if (present)
+          throw AbortedError("store " + uri() + ": the wait ended: " + *watch + " is set (" +
+                             std::string(value.begin(), value.end()) + ")");
+      }
       store_call("wait", uri(), [&] {
-        missing = do_wait(std::move(missing), waits_in_slices() ? std::min(left, Ms(2000)) : Ms(0));
+        missing = do_wait(std::move(missing),
+                          waits_in_slices() ? std::min(left, watch != nullptr ? Ms(250) : Ms(2000)) : Ms(0));
       });
     }
     if (missing.empty() || Clock::now() >= deadline) return missing;

@@ -103,6 +103,33 @@ TEST(TcpStore, AbortEndsAWaitInProgressAtTheServer) {
   EXPECT_EQ(text(server->get("after")), "1");
 }
 
+TEST(TcpStore, AWaitWatchEndsAWaitOfThisThreadWhenItsKeyIsSet) {
+  const int port = free_port();
+  auto server = open_store(tcp_uri(port), job("ww", "t", true));
+  auto client = open_store(tcp_uri(port), job("ww", "t", false));
+  std::jthread poster([&] {
+    std::this_thread::sleep_for(300ms);
+    server->set("epoch/0/failed", bytes("process 2 died"));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const WaitWatch watch("epoch/0/failed");
+    try {
+      client->wait_for(std::vector<std::string>{"never"}, 60s);
+      ADD_FAILURE() << "the wait did not end when the watched key was set";
+    } catch (const AbortedError& e) {
+      EXPECT_NE(std::string(e.what()).find("epoch/0/failed is set (process 2 died)"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s);  // not the 60 s timeout
+  // Outside the watch's scope waits are as before.
+  EXPECT_EQ(client->wait_for(std::vector<std::string>{"never"}, 50ms),
+            std::vector<std::string>{"never"});
+  client->set("now", bytes("1"));
+  EXPECT_TRUE(client->wait_for(std::vector<std::string>{"now"}, 10s).empty());
+}
+
 TEST(TcpStore, HasDoesNotCopyTheValueAndLargeValuesFit) {
   const int port = free_port();
   auto server = open_store(tcp_uri(port), job("big", "t", true));

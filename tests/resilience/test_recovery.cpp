@@ -216,6 +216,28 @@ WorldFactory gloo_worlds(const std::shared_ptr<Store>& store) {
 // closes every connection, as a killed process's kernel does); the others fail at their
 // next collective, agree, regroup with process 4 as logical rank 3, and every later step's
 // allreduce is right.
+TEST(GlooRegroup, AWorldWhoseEpochIsMarkedFailedEndsAtOnceNotAtTheTimeout) {
+  // Rank 1 of a world of 2 died before arriving: rank 0's world creation waits for it
+  // under a 60 s timeout; once the epoch is marked failed (as launch does when it sees the
+  // death) the build ends at once, naming the failure.
+  auto store = make_memory_store();
+  Recovery rec(store, RankMap(2, spares(0)), 0, fast(60s));
+  std::jthread poster([&] {
+    std::this_thread::sleep_for(300ms);
+    (void)store->set_if_absent(epoch_failed_key("resilience", 0), bytes("process 1: killed by signal 9"));
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    (void)rec.build(gloo_worlds(store), tp_config(2, 1));
+    ADD_FAILURE() << "the world was built without rank 1";
+  } catch (const AbortedError& e) {
+    EXPECT_NE(std::string(e.what()).find("resilience/epoch/0/failed is set (process 1: killed by signal 9)"),
+              std::string::npos) << e.what();
+  }
+  // Ended by the key at 300 ms, not by the world's 30 s timeout; room for a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+}
+
 TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
   auto store = make_memory_store();
   const ParallelConfig config = tp_config(4, 2);

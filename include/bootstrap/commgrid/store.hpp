@@ -41,7 +41,8 @@ class Store {
   /// Whether `key` is present; never blocks.
   [[nodiscard]] bool has(const std::string& key);
   /// Waits until every key is present or `timeout` passes; returns the keys still missing
-  /// (empty: all present). Throws AbortedError once abort() was called.
+  /// (empty: all present). Throws AbortedError once abort() was called, or as soon as the
+  /// key of this thread's WaitWatch is present (checked at least every 250 ms).
   std::vector<std::string> wait_for(std::span<const std::string> keys,
                                     std::chrono::milliseconds timeout);
   /// Fences `process` (StoreOptions::process of the fenced one): the store refuses its every
@@ -136,6 +137,26 @@ struct StoreOptions {
   /// with its key and value (0: COMMGRID_STORE_MAX_BYTES when set, else a quarter of this
   /// machine's memory, at most 16 GiB). A set beyond it is refused, naming the limit.
   std::size_t max_bytes = 0;
+};
+
+/// While it lives, every Store::wait_for made by this thread also ends, with AbortedError
+/// naming `key` and its value, as soon as `key` is present in the store waited on: a wait
+/// for peers that a failure elsewhere made pointless. Recovery::build watches its epoch's
+/// failure key while the epoch's world is created, so that a process that died before
+/// arriving fails the others at once instead of at the timeout. Scopes nest (the inner one
+/// wins); thread-local, so ranks that are threads of one process do not see each other's.
+class WaitWatch {
+ public:
+  explicit WaitWatch(std::string key);
+  ~WaitWatch();
+  WaitWatch(const WaitWatch&) = delete;
+  WaitWatch& operator=(const WaitWatch&) = delete;
+  /// This thread's innermost watched key; nullptr when none.
+  [[nodiscard]] static const std::string* current() noexcept;
+
+ private:
+  std::string key_;
+  const WaitWatch* outer_;
 };
 
 /// An in-memory store for ranks that are threads of one process.

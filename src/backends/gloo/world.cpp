@@ -72,7 +72,9 @@ void check_world_size(commgrid::Store& store, const std::string& prefix, int ran
     int next = 1;
     auto pause = Ms(1);
     while (next < size) {
-      if (store.aborted()) (void)store.wait_for({}, Ms(0));  // throws AbortedError
+      // Throws AbortedError once the store is aborted or this thread's WaitWatch key is set
+      // (a failure elsewhere: Recovery::build).
+      if (store.aborted() || WaitWatch::current() != nullptr) (void)store.wait_for({}, Ms(0));
       if (store.has(key(next))) {
         if (const std::string theirs = read(key(next)); theirs != mine) {
           const IncompatibleError e = mismatch(next, theirs, mine);
