@@ -92,7 +92,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   throw commgrid::ConfigError("spares", "--spares: this build has no Gloo backend");
 #else
   commgrid::RecoveryOptions options;
-  if (resilience.shrink)  // dp' must divide dp x micro-batches: the micro-batch size is kept
+  // dp' must divide dp x micro-batches: the micro-batch size is kept. (plan_shrink lays out
+  // the seed edition only: a HEAD layout ends the job when no spare is left.)
+  if (resilience.shrink && layout.compat == commgrid::Compat::seed)
     options.shrink = commgrid::ShrinkOptions{layout, layout.dp() * config.micro_batches};
   std::unique_ptr<commgrid::Recovery> rec = commgrid::make_recovery(launch, options);
   const std::string token = launch.token;
