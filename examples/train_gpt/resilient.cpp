@@ -35,6 +35,27 @@ struct Snapshot {
   std::vector<StepResult> results;
 };
 
+// The results of steps 1..s as 3 values each (loss, grad norm, aux loss) for a broadcast:
+// `snap`'s, or zeros on a rank that has none (it receives them).
+std::vector<double> pack_results(const Snapshot* snap, std::int64_t s) {
+  std::vector<double> past(3 * static_cast<std::size_t>(s));
+  if (snap != nullptr)
+    for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k) {
+      const StepResult& r = snap->results[k];
+      past[3 * k] = r.loss;
+      past[3 * k + 1] = r.grad_norm;
+      past[3 * k + 2] = r.aux_loss;
+    }
+  return past;
+}
+
+std::vector<StepResult> unpack_results(std::span<const double> past) {
+  std::vector<StepResult> out;
+  for (std::size_t k = 0; 3 * k < past.size(); ++k)
+    out.push_back({static_cast<int>(k) + 1, past[3 * k], past[3 * k + 1], past[3 * k + 2]});
+  return out;
+}
+
 }  // namespace
 
 StateSource parse_state_source(const std::string& text) {
@@ -189,6 +210,28 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     keep_two(copies, {own.step, std::move(in), {}});
     shipped = own.step;
   };
+  // The step this rank can go back to: its latest snapshot's (a rank of the first epoch
+  // without one: step 0, the initial state) and, with buddy copies, no later than its latest
+  // copy's; kNone without state.
+  auto offer_step = [&]() -> std::int64_t {
+    if (fresh) return kNone;
+    std::int64_t latest = snapshots.empty() ? 0 : snapshots.back().step;
+    if (buddy && !copies.empty()) latest = std::min<std::int64_t>(latest, copies.back().step);
+    return latest;
+  };
+  // Training resumes at step s of this epoch with `state` (already loaded) and the results
+  // before it: the only snapshot, shipped again to the buddy (a spare's buddy, and a dead
+  // rank's, hold no copy).
+  auto resume_at = [&](std::int64_t s, std::vector<double> state, std::vector<StepResult> past) {
+    step = static_cast<int>(s);
+    results = std::move(past);
+    snapshots.clear();
+    snapshots.push_back({step, std::move(state), results});
+    shipped = -1;
+    source_size = -1;
+    fresh = false;
+    own_rank = g.world->rank();
+  };
   // After a regroup: back to the latest step whose snapshot every survivor holds (with
   // buddy copies: and whose copies too), and every rank without state (a spare that took
   // a rank) gets that step's state of its logical rank: from its data-parallel group's
@@ -198,26 +241,14 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     // A rank of the first epoch that failed before its first snapshot: the initial state
     // is its new Trainer's (the same logical rank).
     if (!fresh && snapshots.empty()) snapshots.push_back({0, trainer->state(), {}});
-    std::int64_t latest = kNone;
-    if (!fresh) {
-      latest = snapshots.back().step;
-      if (buddy && !copies.empty()) latest = std::min<std::int64_t>(latest, copies.back().step);
-    }
-    const std::int64_t s = min_over(world, latest);
+    const std::int64_t s = min_over(world, offer_step());
     if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
     const Snapshot* mine = fresh ? nullptr : find(snapshots, s);
     if (!fresh && mine == nullptr)
       throw commgrid::InternalError("recovery: this rank kept no snapshot of step " + std::to_string(s));
     std::vector<double> state = fresh ? trainer->state() : mine->state;
     const std::size_t state_size = state.size();
-    std::vector<double> past(3 * static_cast<std::size_t>(s));  // the results of steps 1..s
-    if (!fresh)
-      for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k) {
-        const StepResult& r = mine->results[k];
-        past[3 * k] = r.loss;
-        past[3 * k + 1] = r.grad_norm;
-        past[3 * k + 2] = r.aux_loss;
-      }
+    std::vector<double> past = pack_results(mine, s);
     if (!buddy) {
       // Replicas: each data-parallel group broadcasts the state and the results from its
       // lowest surviving member (the survivors' are equal).
@@ -261,16 +292,7 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       while (!copies.empty() && copies.back().step > s) copies.pop_back();
     }
     trainer->set_state(state);
-    results.clear();
-    for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k)
-      results.push_back({static_cast<int>(k) + 1, past[3 * k], past[3 * k + 1], past[3 * k + 2]});
-    step = static_cast<int>(s);
-    snapshots.clear();
-    snapshots.push_back({step, std::move(state), results});
-    shipped = -1;  // ship again at step s: a spare's buddy, and a dead rank's, hold no copy
-    source_size = -1;
-    fresh = false;
-    own_rank = world.rank();
+    resume_at(s, std::move(state), unpack_results(past));
   };
   // A shrink (no spare left): every live process, the new world's ranks and the spares
   // (the survivors of dropped replicas among them), meets in a transfer world of the
@@ -297,13 +319,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     if (me == static_cast<int>(live.size())) return {};  // declared dead by this decision
     auto transfer = factory(rec->options().prefix + "/epoch/" + std::to_string(rec->epoch()) + "/reshard",
                             me, static_cast<int>(live.size()));
-    std::int64_t latest = kNone;
-    if (!fresh) {
-      latest = snapshots.empty() ? 0 : snapshots.back().step;
-      if (buddy && !copies.empty()) latest = std::min<std::int64_t>(latest, copies.back().step);
-    }
     Resharded out;
-    const std::int64_t s = min_over(*transfer, latest);
+    const std::int64_t s = min_over(*transfer, offer_step());
     if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
     out.step = s;
     if (s == 0) return out;  // the initial state: every new rank's new Trainer has it
@@ -388,17 +405,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       throw StateLostError("the state of logical rank " + std::to_string(lost) + " is lost: no live process "
                            "holds it to reshard to the shrunk layout of epoch " + std::to_string(rec->epoch()));
     // The results so far, from the lowest process that has them.
-    std::vector<double> past(3 * static_cast<std::size_t>(s));
-    if (mine != nullptr)
-      for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k) {
-        past[3 * k] = mine->results[k].loss;
-        past[3 * k + 1] = mine->results[k].grad_norm;
-        past[3 * k + 2] = mine->results[k].aux_loss;
-      }
+    std::vector<double> past = pack_results(mine, s);
     const std::int64_t root = min_over(*transfer, mine != nullptr ? transfer->rank() : kNone);
-    if (s > 0) transfer->broadcast(std::span<double>(past), static_cast<int>(root))->wait();
-    for (std::size_t k = 0; k < static_cast<std::size_t>(s); ++k)
-      out.results.push_back({static_cast<int>(k) + 1, past[3 * k], past[3 * k + 1], past[3 * k + 2]});
+    transfer->broadcast(std::span<double>(past), static_cast<int>(root))->wait();
+    out.results = unpack_results(past);
     return out;
   };
   // Recovery's cost, by part, on stderr (docs/benchmarks.md reads it).
@@ -460,15 +470,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
           const std::vector<std::span<const double>> dense(resharded->dense.begin(), resharded->dense.end());
           const std::vector<std::span<const double>> expert(resharded->expert.begin(), resharded->expert.end());
           if (resharded->step > 0) trainer->set_state_resharded(dense, expert);
-          step = static_cast<int>(resharded->step);
-          results = resharded->results;
-          snapshots.clear();
-          snapshots.push_back({step, trainer->state(), results});
-          copies.clear();
-          shipped = -1;
-          source_size = -1;
-          fresh = false;
-          own_rank = g.world->rank();
+          copies.clear();  // of the old layout's ranks
+          resume_at(resharded->step, trainer->state(), std::move(resharded->results));
         } else {
           resync();
         }
