@@ -67,7 +67,8 @@ class CountingStore final : public commgrid::Store {
     return inner_->has(key);
   }
   // One request per wait (a tcp:// store waits at its server), whatever the number of keys.
-  std::vector<std::string> do_wait(std::vector<std::string> keys, std::chrono::milliseconds slice) override {
+  std::vector<std::string> do_wait(std::vector<std::string> keys,
+                                   std::chrono::milliseconds slice) override {
     ++waits_;
     return inner_->wait_for(keys, slice);
   }
@@ -116,7 +117,8 @@ std::string bytes_text(double v) { return scaled(v, "B"); }
 
 std::int64_t requests(const Traffic& t) { return t.sets + t.gets + t.waits + t.has; }
 
-ParallelConfig config(std::int64_t w, std::int64_t tp, std::int64_t pp, std::int64_t cp, std::int64_t ep) {
+ParallelConfig config(std::int64_t w, std::int64_t tp, std::int64_t pp, std::int64_t cp,
+                      std::int64_t ep) {
   ParallelConfig c;
   c.world_size = w;
   c.tp = tp;
@@ -170,7 +172,8 @@ bool measure(std::int64_t w, CreationStrategy strategy) {
     const int fds = open_fds() - fds0;
     sync.arrive_and_wait();
     if (!error.empty()) {
-      std::cerr << "error: W " << w << " " << commgrid::strategy_name(strategy) << ": " << error << "\n";
+      std::cerr << "error: W " << w << " " << commgrid::strategy_name(strategy) << ": " << error
+                << "\n";
       return false;
     }
     Traffic per_rank_max, total, model_total;
@@ -191,10 +194,11 @@ bool measure(std::int64_t w, CreationStrategy strategy) {
           m.get_bytes != model.get_bytes || m.waits < model.waits || m.has < model.has) {
         if (same)
           std::cerr << "error: W " << w << " " << commgrid::strategy_name(strategy) << " rank " << r
-                    << ": measured sets/gets/waits/has/set bytes/get bytes " << m.sets << "/" << m.gets
-                    << "/" << m.waits << "/" << m.has << "/" << m.set_bytes << "/" << m.get_bytes
-                    << ", the model says " << model.sets << "/" << model.gets << "/" << model.waits
-                    << "/" << model.has << "/" << model.set_bytes << "/" << model.get_bytes << "\n";
+                    << ": measured sets/gets/waits/has/set bytes/get bytes " << m.sets << "/"
+                    << m.gets << "/" << m.waits << "/" << m.has << "/" << m.set_bytes << "/"
+                    << m.get_bytes << ", the model says " << model.sets << "/" << model.gets << "/"
+                    << model.waits << "/" << model.has << "/" << model.set_bytes << "/"
+                    << model.get_bytes << "\n";
         same = false;
       }
     }
@@ -223,36 +227,37 @@ Totals totals(const Layout& layout) {
   Traffic world = gloo_world(w, 0);
   Traffic others = gloo_world(w, 1);
   for (std::int64_t r = 1; r < w; ++r) world += others;
-  commgrid::for_each_creation(layout, {}, [&](commgrid::GroupKind k, int, std::int64_t,
-                                              std::span<const commgrid::Rank> members) {
-    const auto n = static_cast<std::int64_t>(members.size());
-    Traffic g = gloo_group(n);
-    for (std::int64_t i = 0; i < n; ++i) t.commgrid_member += g;
-    if (k != commgrid::GroupKind::intra_dist_opt)
-      for (std::int64_t i = 0; i < n; ++i) t.commgrid_member_no_w += g;
-    ++t.groups;
-    ++t.megatron_calls;
-    if (n > 1) {  // the NCCL group's unique id: set by its rank 0, read by the others
-      t.megatron.sets += 1;
-      t.megatron.set_bytes += 128;
-      t.megatron.waits += n - 1;
-      t.megatron.gets += n - 1;
-      t.megatron.get_bytes += 128 * (n - 1);
-    }
-    if (k == commgrid::GroupKind::dp || k == commgrid::GroupKind::dp_cp ||
-        k == commgrid::GroupKind::expt_dp) {
-      ++t.megatron_calls;
-      if (n > 1) {
-        const std::int64_t rec = 136;
-        t.megatron.sets += n;
-        t.megatron.set_bytes += n * (n - 1) * rec;
-        t.megatron.waits += n * (n - 1);
-        t.megatron.gets += n * (n - 1);
-        t.megatron.get_bytes += n * (n - 1) * (n - 1) * rec;
-        t.megatron.pairs += n * (n - 1);
-      }
-    }
-  });
+  commgrid::for_each_creation(
+      layout, {},
+      [&](commgrid::GroupKind k, int, std::int64_t, std::span<const commgrid::Rank> members) {
+        const auto n = static_cast<std::int64_t>(members.size());
+        Traffic g = gloo_group(n);
+        for (std::int64_t i = 0; i < n; ++i) t.commgrid_member += g;
+        if (k != commgrid::GroupKind::intra_dist_opt)
+          for (std::int64_t i = 0; i < n; ++i) t.commgrid_member_no_w += g;
+        ++t.groups;
+        ++t.megatron_calls;
+        if (n > 1) {  // the NCCL group's unique id: set by its rank 0, read by the others
+          t.megatron.sets += 1;
+          t.megatron.set_bytes += 128;
+          t.megatron.waits += n - 1;
+          t.megatron.gets += n - 1;
+          t.megatron.get_bytes += 128 * (n - 1);
+        }
+        if (k == commgrid::GroupKind::dp || k == commgrid::GroupKind::dp_cp ||
+            k == commgrid::GroupKind::expt_dp) {
+          ++t.megatron_calls;
+          if (n > 1) {
+            const std::int64_t rec = 136;
+            t.megatron.sets += n;
+            t.megatron.set_bytes += n * (n - 1) * rec;
+            t.megatron.waits += n * (n - 1);
+            t.megatron.gets += n * (n - 1);
+            t.megatron.get_bytes += n * (n - 1) * (n - 1) * rec;
+            t.megatron.pairs += n * (n - 1);
+          }
+        }
+      });
   for (commgrid::GroupKind k : layout.kinds()) t.kind_levels += layout.levels(k);
   t.commgrid_member += world;
   t.commgrid_member_no_w += world;
@@ -324,21 +329,23 @@ int main(int argc, char** argv) {
   bool ok = true;
   try {
     if (!measured.empty()) {
-      std::cout << "Measured: rank-threads, Gloo, counting store; tp 2, pp 2, cp 2, ep 2, every kind\n\n"
-                << "| W | strategy | per rank (max): sets / gets / waits | per rank (max): bytes set / read "
-                   "| all ranks: store requests | all ranks: store bytes | Gloo pairs (model) "
-                   "| sockets open (measured) | model = measured |\n"
-                << "|---:|---|---|---|---:|---:|---:|---:|---|\n";
+      std::cout
+          << "Measured: rank-threads, Gloo, counting store; tp 2, pp 2, cp 2, ep 2, every kind\n\n"
+          << "| W | strategy | per rank (max): sets / gets / waits | per rank (max): bytes set / read "
+             "| all ranks: store requests | all ranks: store bytes | Gloo pairs (model) "
+             "| sockets open (measured) | model = measured |\n"
+          << "|---:|---|---|---|---:|---:|---:|---:|---|\n";
       for (std::int64_t w : measured)
         for (CreationStrategy s : kStrategies) ok = measure(w, s) && ok;
       std::cout << "\n";
     }
     if (!counted.empty()) {
-      std::cout << "Counted from the model: tp 8, pp 8, cp 2, ep 8, every kind; per rank: rank 1\n\n"
-                << "| W | engine / strategy | per rank: store requests | per rank: store bytes "
-                   "| per rank: connections | per rank: world collectives / bytes in "
-                   "| all ranks: store requests | all ranks: store bytes | all ranks: connections |\n"
-                << "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
+      std::cout
+          << "Counted from the model: tp 8, pp 8, cp 2, ep 8, every kind; per rank: rank 1\n\n"
+          << "| W | engine / strategy | per rank: store requests | per rank: store bytes "
+             "| per rank: connections | per rank: world collectives / bytes in "
+             "| all ranks: store requests | all ranks: store bytes | all ranks: connections |\n"
+          << "|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
       for (std::int64_t w : counted) count_row(w);
     }
   } catch (const commgrid::Error& e) {

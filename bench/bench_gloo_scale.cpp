@@ -16,8 +16,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -103,7 +103,8 @@ int run_child(const Args& a) {
           o.token = a.token;
           o.hostname = "127.0." + std::to_string(1 + r / 250) + "." + std::to_string(1 + r % 250);
           const auto t0 = Clock::now();
-          auto world = commgrid::make_gloo_world(store, static_cast<int>(r), static_cast<int>(a.world), o);
+          auto world =
+              commgrid::make_gloo_world(store, static_cast<int>(r), static_cast<int>(a.world), o);
           const auto t1 = Clock::now();
           commgrid::ProcessGroups pg;
           commgrid::InitOptions io;
@@ -127,7 +128,8 @@ int run_child(const Args& a) {
             auto s = [](auto d) { return std::chrono::duration<double>(d).count(); };
             std::lock_guard lock(m);
             std::cout << "rank 0: world " << s(t1 - t0) << " s, every group " << s(t2 - t1)
-                      << " s\n" << std::flush;
+                      << " s\n"
+                      << std::flush;
           }
           pg.destroy();
         } catch (const std::exception& e) {
@@ -143,9 +145,12 @@ int run_child(const Args& a) {
     return e.find("Connection closed by peer") != std::string::npos ||
            e.find("Connection refused") != std::string::npos;
   };
-  std::stable_partition(errors.begin(), errors.end(), [&](const std::string& e) { return !consequence(e); });
-  for (size_t i = 0; i < std::min<size_t>(errors.size(), 3); ++i) std::cerr << "error: " << errors[i] << "\n";
-  if (errors.size() > 3) std::cerr << "error: ... and " << errors.size() - 3 << " more ranks of this process\n";
+  std::stable_partition(errors.begin(), errors.end(),
+                        [&](const std::string& e) { return !consequence(e); });
+  for (size_t i = 0; i < std::min<size_t>(errors.size(), 3); ++i)
+    std::cerr << "error: " << errors[i] << "\n";
+  if (errors.size() > 3)
+    std::cerr << "error: ... and " << errors.size() - 3 << " more ranks of this process\n";
   return 1;
 }
 
@@ -181,11 +186,24 @@ int run_parent(const Args& a) {
   std::vector<pid_t> children;
   for (std::int64_t p = 0; p < a.procs; ++p) {
     const std::int64_t first = a.world * p / a.procs, last = a.world * (p + 1) / a.procs;
-    std::vector<std::string> argv_s{"/proc/self/exe", "--child", std::to_string(port),
-                                    std::to_string(first), std::to_string(last - first), token,
-                                    "--world", std::to_string(a.world), "--tp", std::to_string(a.tp),
-                                    "--pp", std::to_string(a.pp), "--cp", std::to_string(a.cp),
-                                    "--ep", std::to_string(a.ep), "--timeout", std::to_string(a.timeout_s)};
+    std::vector<std::string> argv_s{"/proc/self/exe",
+                                    "--child",
+                                    std::to_string(port),
+                                    std::to_string(first),
+                                    std::to_string(last - first),
+                                    token,
+                                    "--world",
+                                    std::to_string(a.world),
+                                    "--tp",
+                                    std::to_string(a.tp),
+                                    "--pp",
+                                    std::to_string(a.pp),
+                                    "--cp",
+                                    std::to_string(a.cp),
+                                    "--ep",
+                                    std::to_string(a.ep),
+                                    "--timeout",
+                                    std::to_string(a.timeout_s)};
     std::vector<char*> argv;
     for (auto& s : argv_s) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -214,9 +232,9 @@ int run_parent(const Args& a) {
   done = true;
   std::cout << "| " << a.world << " | " << a.procs << " x " << (a.world + a.procs - 1) / a.procs
             << " | tp " << a.tp << " pp " << a.pp << " cp " << a.cp << " ep " << a.ep << " | "
-            << (failed == 0 ? "yes" : "NO (" + std::to_string(failed) + " processes failed)") << " | "
-            << wall << " s | " << status_kib("VmHWM:") / 1024 << " MiB | " << rss_kib / 1024
-            << " MiB | " << peak_sockets.load() << " |\n";
+            << (failed == 0 ? "yes" : "NO (" + std::to_string(failed) + " processes failed)")
+            << " | " << wall << " s | " << status_kib("VmHWM:") / 1024 << " MiB | "
+            << rss_kib / 1024 << " MiB | " << peak_sockets.load() << " |\n";
   return failed == 0 ? 0 : 1;
 }
 
@@ -248,8 +266,9 @@ int main(int argc, char** argv) {
       else throw std::invalid_argument("unknown argument '" + s + "'");
     }
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what()
-              << " (usage: bench_gloo_scale --world W --procs P [--tp --pp --cp --ep N] [--timeout S])\n";
+    std::cerr
+        << "error: " << e.what()
+        << " (usage: bench_gloo_scale --world W --procs P [--tp --pp --cp --ep N] [--timeout S])\n";
     return 2;
   }
   try {

@@ -34,8 +34,7 @@ void note_alloc(void* p) noexcept {
   const auto n = static_cast<std::int64_t>(malloc_usable_size(p));
   const std::int64_t now = g_heap_now.fetch_add(n, std::memory_order_relaxed) + n;
   std::int64_t peak = g_heap_peak.load(std::memory_order_relaxed);
-  while (now > peak && !g_heap_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
+  while (now > peak && !g_heap_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {}
 }
 
 void note_free(void* p) noexcept {
@@ -78,7 +77,8 @@ std::int64_t members_of(std::int64_t world, std::int64_t kind) {
   const Layout& layout = layout_of(world);
   std::int64_t n = 0;
   for (GroupKind k : layout.kinds())
-    if (kind < 0 || k == static_cast<GroupKind>(kind)) n += static_cast<std::int64_t>(layout.groups(k).members().size());
+    if (kind < 0 || k == static_cast<GroupKind>(kind))
+      n += static_cast<std::int64_t>(layout.groups(k).members().size());
   return cache[key] = n;
 }
 
@@ -93,9 +93,9 @@ std::vector<std::int64_t>& warm_buffer(std::size_t n) {
 void set_counters(benchmark::State& state, std::int64_t members, std::int64_t list_bytes,
                   std::int64_t peak_bytes) {
   state.counters["members"] = static_cast<double>(members);
-  state.counters["ints/s"] = benchmark::Counter(static_cast<double>(members) *
-                                                    static_cast<double>(state.iterations()),
-                                                benchmark::Counter::kIsRate);
+  state.counters["ints/s"] =
+      benchmark::Counter(static_cast<double>(members) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
   if (list_bytes >= 0) state.counters["list_MiB"] = static_cast<double>(list_bytes) / (1 << 20);
   if (peak_bytes >= 0) state.counters["peak_MiB"] = static_cast<double>(peak_bytes) / (1 << 20);
 }
@@ -201,7 +201,10 @@ void query_args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_EnumerateAll)->Apply(enumeration_args)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_WriteIntegers)->Apply(enumeration_args)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EnumerateKind)->Apply(kind_args)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_WriteIntegers)->Name("BM_WriteIntegersKind")->Apply(kind_args)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_WriteIntegers)
+    ->Name("BM_WriteIntegersKind")
+    ->Apply(kind_args)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GroupOf)->Apply(query_args)->Unit(benchmark::kNanosecond);
 
 }  // namespace

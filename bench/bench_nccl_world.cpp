@@ -40,18 +40,30 @@ void run(benchmark::State& state) {
   state.SetComplexityN(state.range(0));
 }
 
-void BM_WorldProblemSorted(benchmark::State& state) { run<&commgrid::nccl_host::world_problem>(state); }
+void BM_WorldProblemSorted(benchmark::State& state) {
+  run<&commgrid::nccl_host::world_problem>(state);
+}
 void BM_WorldProblemPairwise(benchmark::State& state) {
   run<&commgrid::nccl_host::world_problem_pairwise>(state);
 }
 
 BENCHMARK(BM_WorldProblemSorted)
-    ->Arg(1000)->Arg(3000)->Arg(10000)->Arg(30000)->Arg(100000)->Arg(1000000)
-    ->Unit(benchmark::kMillisecond)->Complexity(benchmark::oNLogN);
+    ->Arg(1000)
+    ->Arg(3000)
+    ->Arg(10000)
+    ->Arg(30000)
+    ->Arg(100000)
+    ->Arg(1000000)
+    ->Unit(benchmark::kMillisecond)
+    ->Complexity(benchmark::oNLogN);
 // 10^5 ranks take about 20 s per call here: pass --benchmark_filter to include it.
 BENCHMARK(BM_WorldProblemPairwise)
-    ->Arg(1000)->Arg(3000)->Arg(10000)->Arg(30000)
-    ->Unit(benchmark::kMillisecond)->Complexity(benchmark::oNSquared);
+    ->Arg(1000)
+    ->Arg(3000)
+    ->Arg(10000)
+    ->Arg(30000)
+    ->Unit(benchmark::kMillisecond)
+    ->Complexity(benchmark::oNSquared);
 
 }  // namespace
 

@@ -27,7 +27,8 @@ std::vector<GroupKind> created_kinds(const Layout& layout) {
   const std::vector<CreationAlias> aliases = creation_aliases(layout, kinds);
   std::vector<GroupKind> out;
   for (GroupKind k : kinds)
-    if (std::none_of(aliases.begin(), aliases.end(), [&](const CreationAlias& a) { return a.kind == k; }))
+    if (std::none_of(aliases.begin(), aliases.end(),
+                     [&](const CreationAlias& a) { return a.kind == k; }))
       out.push_back(k);
   return out;
 }
@@ -95,13 +96,14 @@ Traffic commgrid_rank(const Layout& layout, std::int64_t rank, CreationStrategy 
   if (strategy == CreationStrategy::per_group) {
     // One create_group_collective per group of the layout on every rank: a world allgather
     // of an 8-byte fingerprint, then the members connect.
-    for_each_creation(layout, {}, [&](GroupKind k, int, std::int64_t, std::span<const Rank> members) {
-      if (skipped(k)) return;
-      t.world_collectives += 1;
-      t.world_collective_bytes += (w - 1) * 8;
-      if (std::find(members.begin(), members.end(), rank) != members.end())
-        t += gloo_group(static_cast<std::int64_t>(members.size()));
-    });
+    for_each_creation(layout, {},
+                      [&](GroupKind k, int, std::int64_t, std::span<const Rank> members) {
+                        if (skipped(k)) return;
+                        t.world_collectives += 1;
+                        t.world_collective_bytes += (w - 1) * 8;
+                        if (std::find(members.begin(), members.end(), rank) != members.end())
+                          t += gloo_group(static_cast<std::int64_t>(members.size()));
+                      });
     return t;
   }
   for (GroupKind k : created_kinds(layout)) {
@@ -151,7 +153,8 @@ MegatronCount megatron_rank(const Layout& layout, std::int64_t rank) {
     out.new_group_calls += 1;
     barrier();
     const auto it = std::find(members.begin(), members.end(), rank);
-    if (it != members.end()) nccl_group(static_cast<std::int64_t>(members.size()), it == members.begin());
+    if (it != members.end())
+      nccl_group(static_cast<std::int64_t>(members.size()), it == members.begin());
     // create_gloo_process_groups=True: a Gloo twin of each dp, dp_cp and expt_dp group.
     if (k == GroupKind::dp || k == GroupKind::dp_cp || k == GroupKind::expt_dp) {
       out.new_group_calls += 1;

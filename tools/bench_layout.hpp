@@ -21,8 +21,8 @@ namespace commgrid::bench {
 inline constexpr std::array<std::int64_t, 4> kEnumerationWorlds = {1 << 10, 1 << 14, 1 << 17,
                                                                    1 << 20};
 /// The worlds of the one-rank queries by default: 2^10 ... 2^30.
-inline constexpr std::array<std::int64_t, 7> kQueryWorlds = {
-    1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 24, 1 << 27, 1 << 30};
+inline constexpr std::array<std::int64_t, 7> kQueryWorlds = {1 << 10, 1 << 14, 1 << 17, 1 << 20,
+                                                             1 << 24, 1 << 27, 1 << 30};
 /// The small kinds whose one-rank query is timed.
 inline constexpr std::array<GroupKind, 7> kQueryKinds = {
     GroupKind::tp, GroupKind::pp,    GroupKind::cp,     GroupKind::ep,
@@ -89,11 +89,11 @@ struct KindResult {
 struct EnumerationResult {
   std::int64_t world_size = 0;
   std::int64_t groups = 0, members = 0;
-  std::size_t bytes = 0;           ///< of all lists held at once
-  std::size_t largest_bytes = 0;   ///< of the largest single list
-  std::int64_t rss_growth = 0;     ///< growth of the peak resident set (getrusage) in bytes
-  double seconds = 0;              ///< fastest repetition: every kind, one after another
-  double baseline_seconds = 0;     ///< fastest: `members` int64 written (same memory mode)
+  std::size_t bytes = 0;          ///< of all lists held at once
+  std::size_t largest_bytes = 0;  ///< of the largest single list
+  std::int64_t rss_growth = 0;    ///< growth of the peak resident set (getrusage) in bytes
+  double seconds = 0;             ///< fastest repetition: every kind, one after another
+  double baseline_seconds = 0;    ///< fastest: `members` int64 written (same memory mode)
   std::vector<KindResult> kinds;
 };
 

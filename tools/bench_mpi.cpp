@@ -41,8 +41,7 @@ class MpiDirect final : public DirectCollectives {
       MPI_Request req = MPI_REQUEST_NULL;
       if ((leg == 0) == initiator)
         check(MPI_Isend(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Isend");
-      else
-        check(MPI_Irecv(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Irecv");
+      else check(MPI_Irecv(buf, n, MPI_FLOAT, peer, 0, comm_, &req), "MPI_Irecv");
       check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
     }
   }
@@ -71,8 +70,9 @@ class MpiDirect final : public DirectCollectives {
     check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
   }
   [[nodiscard]] std::string description() const override {
-    return nonblocking_ ? "MPI_Iallreduce / MPI_Iallgather + MPI_Wait; MPI_Isend/Irecv; MPI_Ialltoallv"
-                        : "MPI_Allreduce / MPI_Allgather; MPI_Isend/Irecv; MPI_Ialltoallv";
+    return nonblocking_
+               ? "MPI_Iallreduce / MPI_Iallgather + MPI_Wait; MPI_Isend/Irecv; MPI_Ialltoallv"
+               : "MPI_Allreduce / MPI_Allgather; MPI_Isend/Irecv; MPI_Ialltoallv";
   }
 
  private:

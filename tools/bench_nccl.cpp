@@ -34,8 +34,7 @@ class NcclDirect final : public DirectCollectives {
     for (int leg = 0; leg < 2; ++leg) {  // each leg blocking, as commgrid's send and recv
       if ((leg == 0) == initiator)
         nccl("ncclSend", ncclSend(buf, count, ncclFloat32, peer, comm(), stream()));
-      else
-        nccl("ncclRecv", ncclRecv(buf, count, ncclFloat32, peer, comm(), stream()));
+      else nccl("ncclRecv", ncclRecv(buf, count, ncclFloat32, peer, comm(), stream()));
       finish("pingpong");
     }
   }
@@ -80,7 +79,8 @@ class NcclDirect final : public DirectCollectives {
  private:
   ncclComm_t comm() {
     ncclComm_t c = world_.native();
-    if (c == nullptr) throw BackendError("bench: direct nccl: the world was aborted: " + world_.abort_reason());
+    if (c == nullptr)
+      throw BackendError("bench: direct nccl: the world was aborted: " + world_.abort_reason());
     return c;
   }
   cudaStream_t stream() const { return world_.stream(); }
@@ -102,8 +102,9 @@ class NcclDirect final : public DirectCollectives {
       if (rc == ncclInProgress) std::this_thread::yield();
     }
     if (rc == ncclSuccess) return;
-    const std::string msg = std::string("bench: direct nccl: ") + call + ": " +
-                            (rc == ncclInProgress ? "not enqueued in time" : ncclGetErrorString(rc));
+    const std::string msg =
+        std::string("bench: direct nccl: ") + call + ": " +
+        (rc == ncclInProgress ? "not enqueued in time" : ncclGetErrorString(rc));
     world_.abort(msg);
     throw BackendError(msg);
   }
@@ -115,7 +116,8 @@ class NcclDirect final : public DirectCollectives {
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) cuda("cudaEventQuery", e);
       if (std::chrono::steady_clock::now() >= deadline) {
-        const std::string msg = std::string("bench: direct nccl ") + op + ": did not complete in time";
+        const std::string msg =
+            std::string("bench: direct nccl ") + op + ": did not complete in time";
         world_.abort(msg);
         throw TimeoutError(msg);
       }

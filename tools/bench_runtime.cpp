@@ -69,7 +69,8 @@ InitResult run_init_bench(Communicator& world, const ParallelConfig& config,
     const Layout layout(config);
     for (GroupKind k : layout.kinds()) {
       res.kinds += layout.levels(k);
-      for (int level = 0; level < layout.levels(k); ++level) res.groups += layout.num_groups(k, level);
+      for (int level = 0; level < layout.levels(k); ++level)
+        res.groups += layout.num_groups(k, level);
     }
   }
   res.strategies.resize(strategies.size());
@@ -130,8 +131,8 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
     float* const recv = recv_buffer.get();
     // Large sizes take long per call; 1 GiB per rank and kind keeps a run to seconds.
     constexpr std::size_t kBudget = std::size_t{1} << 30;
-    const int iters = static_cast<int>(
-        std::clamp<std::size_t>(kBudget / bytes, 5, static_cast<std::size_t>(std::max(5, iterations))));
+    const int iters = static_cast<int>(std::clamp<std::size_t>(
+        kBudget / bytes, 5, static_cast<std::size_t>(std::max(5, iterations))));
     const int me = world.rank(), partner = world.rank() ^ 1;
     const bool paired = partner < world.size();
     const std::vector<std::size_t> counts(n_ranks, count);
@@ -157,21 +158,18 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
                                P2POp::recv(std::span<float>(recv, count), partner, 0)};
           world.batch_isend_irecv(ops)->wait();
         } else {
-          world.alltoallv(std::span<const float>(send, count * n_ranks), counts,
-                          std::span<float>(recv, count * n_ranks), counts)->wait();
+          world
+              .alltoallv(std::span<const float>(send, count * n_ranks), counts,
+                         std::span<float>(recv, count * n_ranks), counts)
+              ->wait();
         }
       };
       auto via_direct = [&] {
-        if (op == "allreduce")
-          direct.allreduce(send, recv, count);
-        else if (op == "allgather")
-          direct.allgather(send, recv, count);
-        else if (op == "pingpong" && paired)
-          direct.pingpong(recv, count, partner, me < partner);
-        else if (op == "exchange" && paired)
-          direct.exchange(send, recv, count, partner);
-        else if (op == "alltoallv")
-          direct.alltoallv(send, counts, recv, counts);
+        if (op == "allreduce") direct.allreduce(send, recv, count);
+        else if (op == "allgather") direct.allgather(send, recv, count);
+        else if (op == "pingpong" && paired) direct.pingpong(recv, count, partner, me < partner);
+        else if (op == "exchange" && paired) direct.exchange(send, recv, count, partner);
+        else if (op == "alltoallv") direct.alltoallv(send, counts, recv, counts);
       };
       // One untimed call each: connections, buffers and caches are set up before timing.
       via_commgrid();
@@ -186,10 +184,8 @@ CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& 
           const bool commgrid_turn = (j == 0) == (i % 2 == 0);
           barrier(world);
           const auto t0 = Clock::now();
-          if (commgrid_turn)
-            via_commgrid();
-          else
-            via_direct();
+          if (commgrid_turn) via_commgrid();
+          else via_direct();
           (commgrid_turn ? t_commgrid : t_direct).push_back(seconds(Clock::now() - t0));
         }
       }
@@ -237,8 +233,10 @@ Json init_json(const InitResult& r, const ParallelConfig& c) {
 std::string init_table(const InitResult& r, const ParallelConfig& c) {
   std::string out = "init benchmark: " + r.backend + ", " + std::to_string(r.world_size) +
                     " ranks, " + c.canonical() + "\n" + std::to_string(r.kinds) + " kinds, " +
-                    std::to_string(r.groups) + " groups; wall time of initialize on the "
-                    "slowest rank, fastest of " + std::to_string(r.repeats) + " repetitions\n";
+                    std::to_string(r.groups) +
+                    " groups; wall time of initialize on the "
+                    "slowest rank, fastest of " +
+                    std::to_string(r.repeats) + " repetitions\n";
   out += printf_string("%-10s %12s %14s %12s %12s\n", "strategy", "init_ms", "creation_ms",
                        "calls/rank", "calls_max");
   for (const auto& s : r.strategies)
@@ -277,10 +275,11 @@ Json collectives_json(const CollectivesResult& r) {
 
 std::string collectives_table(const CollectivesResult& r) {
   std::string out = "collectives benchmark: " + r.backend + ", " + std::to_string(r.world_size) +
-                    " ranks; commgrid vs " + r.direct + "; float32; median per call on the "
+                    " ranks; commgrid vs " + r.direct +
+                    "; float32; median per call on the "
                     "slowest rank\n";
-  out += printf_string("%-10s %9s %6s %14s %14s %13s %7s\n", "op", "size", "iters",
-                       "commgrid_us", "direct_us", "overhead_us", "ratio");
+  out += printf_string("%-10s %9s %6s %14s %14s %13s %7s\n", "op", "size", "iters", "commgrid_us",
+                       "direct_us", "overhead_us", "ratio");
   for (const auto& x : r.results)
     out += printf_string("%-10s %9s %6d %14.2f %14.2f %13.2f %7.3f\n", x.op.c_str(),
                          size_text(x.bytes).c_str(), x.iterations, x.commgrid_seconds * 1e6,
@@ -294,13 +293,14 @@ std::vector<std::size_t> parse_sizes(const std::string& param, const std::string
   std::size_t start = 0;
   for (int i = 0;; ++i) {
     const std::size_t comma = text.find(',', start);
-    std::string item = text.substr(start, comma == std::string::npos ? std::string::npos
-                                                                     : comma - start);
+    std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const std::string name = param + "[" + std::to_string(i) + "]";
     std::int64_t unit = 1;
-    for (const auto& [suffix, mult] :
-         {std::pair<const char*, std::int64_t>{"GiB", 1 << 30}, {"MiB", 1 << 20},
-          {"KiB", 1 << 10}, {"B", 1}}) {
+    for (const auto& [suffix, mult] : {std::pair<const char*, std::int64_t>{"GiB", 1 << 30},
+                                       {"MiB", 1 << 20},
+                                       {"KiB", 1 << 10},
+                                       {"B", 1}}) {
       const std::string s = suffix;
       if (item.size() > s.size() && item.compare(item.size() - s.size(), s.size(), s) == 0) {
         item.resize(item.size() - s.size());

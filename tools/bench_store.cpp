@@ -144,9 +144,7 @@ class ServerProcess {
         o.serve = true;
         o.timeout = std::chrono::seconds(60);
         store = open_store("tcp://127.0.0.1:" + std::to_string(port), o);
-      } catch (const std::exception& e) {
-        answer = std::string("error: ") + e.what();
-      }
+      } catch (const std::exception& e) { answer = std::string("error: ") + e.what(); }
       (void)!::write(ready[1], answer.data(), answer.size());
       ::close(ready[1]);
       ::pause();  // until SIGTERM
@@ -159,7 +157,8 @@ class ServerProcess {
     }
     std::string answer;
     char buf[512];
-    for (ssize_t n; (n = ::read(ready[0], buf, sizeof buf)) > 0;) answer.append(buf, static_cast<size_t>(n));
+    for (ssize_t n; (n = ::read(ready[0], buf, sizeof buf)) > 0;)
+      answer.append(buf, static_cast<size_t>(n));
     ::close(ready[0]);
     if (answer != "ready") throw BackendError("bench store: the server: " + answer);
   }
@@ -206,9 +205,9 @@ Result run_one(const std::string& engine, std::int64_t n, const BenchStoreFlags&
   const int port = free_loopback_port();
   const std::string token = "bench-token-" + std::to_string(::getpid());
   ServerProcess server(engine, port, token, static_cast<long>(r.at_once), f);
-  const std::string uri = engine == "tcp"
-                              ? "tcp://127.0.0.1:" + std::to_string(port)
-                              : "redis://:" + token + "@127.0.0.1:" + std::to_string(port) + "/bench";
+  const std::string uri =
+      engine == "tcp" ? "tcp://127.0.0.1:" + std::to_string(port)
+                      : "redis://:" + token + "@127.0.0.1:" + std::to_string(port) + "/bench";
   StoreOptions o;
   o.job_id = "bench";
   o.token = engine == "tcp" ? token : "";  // Redis: the password is the proof
@@ -223,9 +222,7 @@ Result run_one(const std::string& engine, std::int64_t n, const BenchStoreFlags&
         probe.timeout = std::chrono::seconds(2);
         (void)open_store(uri, probe);
         up = true;
-      } catch (const Error&) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(25));
-      }
+      } catch (const Error&) { std::this_thread::sleep_for(std::chrono::milliseconds(25)); }
     }
     if (!up) throw BackendError("bench store: redis-server (" + f.redis_server + ") did not start");
   }
@@ -256,30 +253,47 @@ Result run_one(const std::string& engine, std::int64_t n, const BenchStoreFlags&
   const auto t0 = Clock::now();
   if (r.at_once >= n) {
     // Every rank holds its connection through the whole rendezvous, as ranks do.
-    r.connect_s = phase(0, n, f.threads, [&](std::int64_t i) { stores[static_cast<size_t>(i)] = open(); }, r, m);
-    r.set_s = phase(0, n, f.threads, [&](std::int64_t i) {
-      if (auto& s = stores[static_cast<size_t>(i)]) s->set(key(i), value);
-    }, r, m);
-    r.read_s = phase(0, n, f.threads, [&](std::int64_t i) {
-      if (auto& s = stores[static_cast<size_t>(i)]) read_peers(*s, i);
-    }, r, m);
+    r.connect_s = phase(
+        0, n, f.threads, [&](std::int64_t i) { stores[static_cast<size_t>(i)] = open(); }, r, m);
+    r.set_s = phase(
+        0, n, f.threads,
+        [&](std::int64_t i) {
+          if (auto& s = stores[static_cast<size_t>(i)]) s->set(key(i), value);
+        },
+        r, m);
+    r.read_s = phase(
+        0, n, f.threads,
+        [&](std::int64_t i) {
+          if (auto& s = stores[static_cast<size_t>(i)]) read_peers(*s, i);
+        },
+        r, m);
   } else {
     // More ranks than descriptors: waves of at_once connections, each rank connecting
     // twice (to set, then to read once every address is there).
     for (std::int64_t b = 0; b < n; b += r.at_once) {
       const std::int64_t e = std::min(n, b + r.at_once);
-      r.connect_s += phase(b, e, f.threads, [&](std::int64_t i) { stores[static_cast<size_t>(i - b)] = open(); }, r, m);
-      r.set_s += phase(b, e, f.threads, [&](std::int64_t i) {
-        if (auto& s = stores[static_cast<size_t>(i - b)]) s->set(key(i), value);
-      }, r, m);
+      r.connect_s += phase(
+          b, e, f.threads, [&](std::int64_t i) { stores[static_cast<size_t>(i - b)] = open(); }, r,
+          m);
+      r.set_s += phase(
+          b, e, f.threads,
+          [&](std::int64_t i) {
+            if (auto& s = stores[static_cast<size_t>(i - b)]) s->set(key(i), value);
+          },
+          r, m);
       for (auto& s : stores) s.reset();
     }
     for (std::int64_t b = 0; b < n; b += r.at_once) {
       const std::int64_t e = std::min(n, b + r.at_once);
-      r.connect_s += phase(b, e, f.threads, [&](std::int64_t i) { stores[static_cast<size_t>(i - b)] = open(); }, r, m);
-      r.read_s += phase(b, e, f.threads, [&](std::int64_t i) {
-        if (auto& s = stores[static_cast<size_t>(i - b)]) read_peers(*s, i);
-      }, r, m);
+      r.connect_s += phase(
+          b, e, f.threads, [&](std::int64_t i) { stores[static_cast<size_t>(i - b)] = open(); }, r,
+          m);
+      r.read_s += phase(
+          b, e, f.threads,
+          [&](std::int64_t i) {
+            if (auto& s = stores[static_cast<size_t>(i - b)]) read_peers(*s, i);
+          },
+          r, m);
       for (auto& s : stores) s.reset();
     }
   }
@@ -302,12 +316,14 @@ std::string fixed(double v, int digits) {
 int run_bench_store(const BenchStoreFlags& f) {
   if (f.format != "table" && f.format != "json")
     throw ConfigError("format", "format: unknown format \"" + f.format + "\" (valid: table, json)");
-  if (f.peers < 1) throw ConfigError("peers", "--peers must be >= 1, got " + std::to_string(f.peers));
+  if (f.peers < 1)
+    throw ConfigError("peers", "--peers must be >= 1, got " + std::to_string(f.peers));
   if (f.value_bytes < 1 || f.value_bytes > (1 << 20))
     throw ConfigError("value-bytes", "--value-bytes must be in [1, 1048576], got " +
                                          std::to_string(f.value_bytes));
   if (f.threads < 1 || f.threads > 1024)
-    throw ConfigError("threads", "--threads must be in [1, 1024], got " + std::to_string(f.threads));
+    throw ConfigError("threads",
+                      "--threads must be in [1, 1024], got " + std::to_string(f.threads));
   if (!(f.timeout > 0) || f.timeout > 1e6)
     throw ConfigError("timeout", "--timeout must be a positive number of seconds");
   const std::vector<std::int64_t> sizes = parse_integer_list("clients", f.clients, 2);
@@ -326,8 +342,8 @@ int run_bench_store(const BenchStoreFlags& f) {
     for (const auto& e : engines) {
       results.push_back(run_one(e, n, f, fds));
       if (f.format == "table")
-        std::cerr << "bench store: " << e << " with " << n << " clients: " << fixed(results.back().total_s, 2)
-                  << " s\n";
+        std::cerr << "bench store: " << e << " with " << n
+                  << " clients: " << fixed(results.back().total_s, 2) << " s\n";
     }
   if (f.format == "json") {
     Json j;
@@ -337,27 +353,35 @@ int run_bench_store(const BenchStoreFlags& f) {
     j["client_threads"] = f.threads;
     j["descriptor_limit"] = fds;
     for (const auto& r : results)
-      j["results"].push_back({{"engine", r.engine}, {"clients", r.clients}, {"at_once", r.at_once},
-                              {"connect_s", r.connect_s}, {"set_s", r.set_s}, {"read_s", r.read_s},
-                              {"total_s", r.total_s}, {"server_cpu_s", r.server_cpu_s},
+      j["results"].push_back({{"engine", r.engine},
+                              {"clients", r.clients},
+                              {"at_once", r.at_once},
+                              {"connect_s", r.connect_s},
+                              {"set_s", r.set_s},
+                              {"read_s", r.read_s},
+                              {"total_s", r.total_s},
+                              {"server_cpu_s", r.server_cpu_s},
                               {"server_peak_rss_mib", r.server_peak_mib},
-                              {"server_threads", r.server_threads}, {"errors", r.errors},
+                              {"server_threads", r.server_threads},
+                              {"errors", r.errors},
                               {"first_error", r.first_error}});
     std::cout << j.dump(2) << "\n";
   } else {
     std::cout << "store rendezvous: each client connects and proves the token, sets a "
-              << f.value_bytes << "-byte address, waits for and reads " << f.peers
-              << " peers'; " << f.threads << " client threads; descriptor limit " << fds << "\n";
-    std::cout << "| engine | clients | at once | connect s | set s | read s | total s | server CPU s | server peak RSS MiB | server threads | errors |\n"
-              << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+              << f.value_bytes << "-byte address, waits for and reads " << f.peers << " peers'; "
+              << f.threads << " client threads; descriptor limit " << fds << "\n";
+    std::cout
+        << "| engine | clients | at once | connect s | set s | read s | total s | server CPU s | server peak RSS MiB | server threads | errors |\n"
+        << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const auto& r : results)
-      std::cout << "| " << (r.engine == "tcp" ? "commgrid tcp://" : "redis-server") << " | " << r.clients
-                << " | " << r.at_once << " | " << fixed(r.connect_s, 2) << " | " << fixed(r.set_s, 2)
-                << " | " << fixed(r.read_s, 2) << " | " << fixed(r.total_s, 2) << " | "
-                << fixed(r.server_cpu_s, 2) << " | " << fixed(r.server_peak_mib, 1) << " | "
-                << r.server_threads << " | " << r.errors << " |\n";
+      std::cout << "| " << (r.engine == "tcp" ? "commgrid tcp://" : "redis-server") << " | "
+                << r.clients << " | " << r.at_once << " | " << fixed(r.connect_s, 2) << " | "
+                << fixed(r.set_s, 2) << " | " << fixed(r.read_s, 2) << " | " << fixed(r.total_s, 2)
+                << " | " << fixed(r.server_cpu_s, 2) << " | " << fixed(r.server_peak_mib, 1)
+                << " | " << r.server_threads << " | " << r.errors << " |\n";
     for (const auto& r : results)
-      if (r.errors > 0) std::cout << r.engine << " " << r.clients << ": first error: " << r.first_error << "\n";
+      if (r.errors > 0)
+        std::cout << r.engine << " " << r.clients << ": first error: " << r.first_error << "\n";
   }
   for (const auto& r : results)
     if (r.errors > 0) return 1;
@@ -369,20 +393,25 @@ int run_bench_store(const BenchStoreFlags& f) {
 Command add_bench_store_command(CLI::App& bench) {
   auto f = std::make_shared<BenchStoreFlags>();
   CLI::App* app = bench.add_subcommand(
-      "store", "a rendezvous of N simulated ranks through the tcp:// store, side by side with redis-server");
-  app->add_option("--clients", f->clients, "simulated ranks, e.g. 1000,10000,100000 (default 1000,10000)");
+      "store",
+      "a rendezvous of N simulated ranks through the tcp:// store, side by side with redis-server");
+  app->add_option("--clients", f->clients,
+                  "simulated ranks, e.g. 1000,10000,100000 (default 1000,10000)");
   app->add_option("--peers", f->peers, "peers' addresses each rank reads (16)")->type_name("INT");
   app->add_option("--value-bytes", f->value_bytes, "bytes of each address (256)")->type_name("INT");
   app->add_option("--engines", f->engines, "tcp,redis (default both)");
   app->add_option("--at-once", f->at_once,
                   "most connections held at once (default: the descriptor limit less 1000; "
-                  "fewer than the clients: in waves)")->type_name("INT");
+                  "fewer than the clients: in waves)")
+      ->type_name("INT");
   app->add_option("--threads", f->threads, "client threads (16)")->type_name("INT");
   app->add_option("--timeout", f->timeout, "seconds each store operation may take (300)");
-  app->add_option("--redis-server", f->redis_server, "the redis-server program (default: from PATH)");
+  app->add_option("--redis-server", f->redis_server,
+                  "the redis-server program (default: from PATH)");
   app->add_option("--format", f->format, "table (default) or json");
-  app->footer("Example: commgrid bench store --clients 1000,10000\n"
-              "         commgrid bench store --clients 100000 --engines tcp");
+  app->footer(
+      "Example: commgrid bench store --clients 1000,10000\n"
+      "         commgrid bench store --clients 100000 --engines tcp");
   return {app, [f] { return run_bench_store(*f); }};
 }
 

@@ -115,10 +115,8 @@ Finding scan(const CLI::App& root, int argc, const char* const* argv, std::strin
           break;
         }
       if (near.empty() && elsewhere.empty()) near = closest_name(name, names, true);
-      if (!near.empty())
-        s += " (did you mean " + near + "?)";
-      else if (!elsewhere.empty())
-        s += " (a flag of " + elsewhere + ")";
+      if (!near.empty()) s += " (did you mean " + near + "?)";
+      else if (!elsewhere.empty()) s += " (a flag of " + elsewhere + ")";
       f.problem = std::move(s);
       return f;
     }
@@ -187,9 +185,7 @@ void print_error(std::string_view text) {
 int exit_code_of(const std::exception_ptr& error) noexcept {
   try {
     std::rethrow_exception(error);
-  } catch (const ConfigError&) {
-    return 2;
-  } catch (...) {
+  } catch (const ConfigError&) { return 2; } catch (...) {
     return 1;
   }
 }
@@ -197,13 +193,9 @@ int exit_code_of(const std::exception_ptr& error) noexcept {
 int report_error(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
-  } catch (const Error& e) {
-    print_error(e.what());
-  } catch (const std::exception& e) {
+  } catch (const Error& e) { print_error(e.what()); } catch (const std::exception& e) {
     print_error(std::string("internal: ") + e.what());
-  } catch (...) {
-    print_error("internal: an unknown exception");
-  }
+  } catch (...) { print_error("internal: an unknown exception"); }
   return exit_code_of(error);
 }
 

@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli_errors.hpp"
 #include "bench_layout.hpp"
 #include "bench_runtime.hpp"
+#include "cli_errors.hpp"
 #if COMMGRID_HAS_BOOTSTRAP
 #include "bench_store.hpp"
 #endif
@@ -47,7 +47,7 @@ using bench::DirectCollectives;
 
 struct BenchLayoutOptions {
   std::string worlds, query_worlds, repeats = "5", queries = "100000", memory = "warm",
-      format = "table", compat = "seed", gtp_remat = "1";
+                                    format = "table", compat = "seed", gtp_remat = "1";
 };
 
 void check_format(const std::string& format) {
@@ -68,7 +68,8 @@ std::vector<std::int64_t> parse_worlds(const char* param, const std::string& tex
       (void)bench::bench_config(w, edition);
     } catch (const ConfigError& e) {
       throw ConfigError(param, std::string(param) + ": world " + std::to_string(w) +
-                                   " does not fit " + bench_config_text(edition) + " (" + e.what() + ")");
+                                   " does not fit " + bench_config_text(edition) + " (" + e.what() +
+                                   ")");
     }
   }
   return worlds;
@@ -90,16 +91,22 @@ std::string bench_config_text(const bench::BenchEdition& e) {
 }
 
 Json layout_json(const std::vector<bench::EnumerationResult>& en,
-                 const std::vector<bench::QueryResult>& qs, int repeats,
-                 const std::string& memory, const bench::BenchEdition& edition) {
+                 const std::vector<bench::QueryResult>& qs, int repeats, const std::string& memory,
+                 const bench::BenchEdition& edition) {
   Json j;
   j["benchmark"] = "layout";
   j["memory"] = memory;
-  j["config"] = {{"tp", 8}, {"pp", 8}, {"cp", 2}, {"ep", 8}, {"etp", 1},
-                 {"compat", compat_name(edition.compat)}, {"gtp_remat", edition.gtp_remat},
+  j["config"] = {{"tp", 8},
+                 {"pp", 8},
+                 {"cp", 2},
+                 {"ep", 8},
+                 {"etp", 1},
+                 {"compat", compat_name(edition.compat)},
+                 {"gtp_remat", edition.gtp_remat},
                  {"dp", "W/" + std::to_string(128 * edition.gtp_remat)}};
   j["repeats"] = repeats;
-  j["timing"] = "process CPU time, fastest repetition; ratio = enumeration seconds / baseline seconds";
+  j["timing"] =
+      "process CPU time, fastest repetition; ratio = enumeration seconds / baseline seconds";
   Json ea = Json::array();
   for (const auto& e : en) {
     Json w;
@@ -137,20 +144,18 @@ Json layout_json(const std::vector<bench::EnumerationResult>& en,
 }
 
 void layout_table(std::ostream& out, const std::vector<bench::EnumerationResult>& en,
-                  const std::vector<bench::QueryResult>& qs, int repeats,
-                  const std::string& memory, const bench::BenchEdition& edition) {
+                  const std::vector<bench::QueryResult>& qs, int repeats, const std::string& memory,
+                  const bench::BenchEdition& edition) {
   out << "layout benchmark: " << bench_config_text(edition) << "; CPU time, fastest of " << repeats
       << " repetitions; " << memory << " memory\n\n";
   if (!en.empty()) {
     out << "enumeration of every kind (lists held together) vs writing as many int64:\n";
     char line[256];
-    std::snprintf(line, sizeof line, "%10s %5s %10s %11s %9s %9s %10s %10s %7s\n",
-                  "world", "kinds", "groups", "members", "MiB", "rss_MiB", "enum_ms",
-                  "write_ms", "ratio");
+    std::snprintf(line, sizeof line, "%10s %5s %10s %11s %9s %9s %10s %10s %7s\n", "world", "kinds",
+                  "groups", "members", "MiB", "rss_MiB", "enum_ms", "write_ms", "ratio");
     out << line;
     for (const auto& e : en) {
-      std::snprintf(line, sizeof line,
-                    "%10lld %5zu %10lld %11lld %9s %9s %10.3f %10.3f %7.2f\n",
+      std::snprintf(line, sizeof line, "%10lld %5zu %10lld %11lld %9s %9s %10.3f %10.3f %7.2f\n",
                     static_cast<long long>(e.world_size), e.kinds.size(),
                     static_cast<long long>(e.groups), static_cast<long long>(e.members),
                     mib(static_cast<double>(e.bytes)).c_str(),
@@ -194,12 +199,10 @@ void layout_table(std::ostream& out, const std::vector<bench::EnumerationResult>
 int run_bench_layout(const BenchLayoutOptions& o) {
   check_format(o.format);
   bench::LayoutBenchOptions opts;
-  if (o.memory == "cold")
-    opts.memory = bench::MemoryMode::cold;
+  if (o.memory == "cold") opts.memory = bench::MemoryMode::cold;
   else if (o.memory != "warm")
     throw ConfigError("memory", "memory: unknown mode \"" + o.memory + "\" (valid: warm, cold)");
-  if (o.compat == "head")
-    opts.edition.compat = Compat::head;
+  if (o.compat == "head") opts.edition.compat = Compat::head;
   else if (o.compat != "seed")
     throw ConfigError("compat", "compat: expected seed or head, got \"" + o.compat + "\"");
   opts.edition.gtp_remat = parse_integer("gtp_remat", o.gtp_remat, 1, 1024);
@@ -207,20 +210,19 @@ int run_bench_layout(const BenchLayoutOptions& o) {
     throw ConfigError("gtp_remat", "gtp_remat = " + std::to_string(opts.edition.gtp_remat) +
                                        " requires compat head");
   opts.worlds = parse_worlds("worlds", o.worlds, bench::kEnumerationWorlds, opts.edition);
-  opts.query_worlds = parse_worlds("query_worlds", o.query_worlds, bench::kQueryWorlds, opts.edition);
+  opts.query_worlds =
+      parse_worlds("query_worlds", o.query_worlds, bench::kQueryWorlds, opts.edition);
   opts.repeats = static_cast<int>(parse_integer("repeats", o.repeats, 1, 1000));
   opts.queries = static_cast<std::size_t>(parse_integer("queries", o.queries, 1, 100000000));
   const auto en = bench::run_enumeration(opts);
   const auto qs = bench::run_queries(opts);
   if (o.format == "json")
     std::cout << layout_json(en, qs, opts.repeats, o.memory, opts.edition).dump(2) << "\n";
-  else
-    layout_table(std::cout, en, qs, opts.repeats, o.memory, opts.edition);
+  else layout_table(std::cout, en, qs, opts.repeats, o.memory, opts.edition);
   std::cout.flush();
   if (!std::cout) throw Error("bench: writing the output failed");
   return 0;
 }
-
 
 // ---- init and collectives: real ranks ----------------------------------------------
 
@@ -242,7 +244,6 @@ struct BenchCollectivesFlags {
 
 /// What a runtime benchmark does once its world exists; returns the text rank 0 prints.
 using BenchJob = std::function<std::string(Communicator& world, DirectCollectives* direct)>;
-
 
 /// The backend called directly, beside commgrid, on the world the runner started: MPI on the
 /// world's own communicator, Gloo on a plain context of the same rank-threads, NCCL on the
@@ -278,8 +279,8 @@ int run_bench_world(const RuntimeFlags& rt, const std::function<void(int world_s
                     const BenchJob& job, bool needs_direct) {
   check_format(rt.format);
   if (rt.direct != "blocking" && rt.direct != "nonblocking")
-    throw ConfigError("direct", "direct: unknown reference \"" + rt.direct +
-                                    "\" (valid: blocking, nonblocking)");
+    throw ConfigError(
+        "direct", "direct: unknown reference \"" + rt.direct + "\" (valid: blocking, nonblocking)");
   RunnerOptions runner;
   runner.backend = rt.backend;
   runner.local = rt.local;
@@ -295,8 +296,9 @@ int run_bench_world(const RuntimeFlags& rt, const std::function<void(int world_s
   cli::WorldJob world_job;
   world_job.prepare = [&](const WorldPlan& plan) {
     if (needs_direct && plan.backend == "gloo" && plan.engine != WorldEngine::rank_threads)
-      throw ConfigError("local", "local: bench's direct Gloo reference runs on rank-threads; use "
-                                 "--backend gloo --local N");
+      throw ConfigError("local",
+                        "local: bench's direct Gloo reference runs on rank-threads; use "
+                        "--backend gloo --local N");
     prepare(plan.size);
   };
   world_job.run = [&](Communicator& world, const WorldPlan& plan) {
@@ -314,11 +316,11 @@ std::vector<CreationStrategy> parse_strategies(const std::string& text) {
   std::size_t start = 0;
   for (;;) {
     const std::size_t comma = text.find(',', start);
-    const CreationStrategy s = parse_strategy(
-        std::string_view(text).substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    const CreationStrategy s = parse_strategy(std::string_view(text).substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start));
     if (std::find(out.begin(), out.end(), s) != out.end())
-      throw InvalidValueError("strategies", "strategies: \"" + std::string(strategy_name(s)) +
-                                                "\" is given twice");
+      throw InvalidValueError(
+          "strategies", "strategies: \"" + std::string(strategy_name(s)) + "\" is given twice");
     out.push_back(s);
     if (comma == std::string::npos) break;
     start = comma + 1;
@@ -360,15 +362,18 @@ void add_runtime_flags(CLI::App& app, RuntimeFlags& rt) {
                  "(one GPU per rank); default: gloo with --local or under commgrid launch or "
                  "torchrun, else mpi");
   app.add_option("--local", rt.local,
-                 "N ranks as threads in this process (Gloo, or NCCL over a Gloo bootstrap)")->type_name("INT");
-  app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)")->type_name("SECONDS");
+                 "N ranks as threads in this process (Gloo, or NCCL over a Gloo bootstrap)")
+      ->type_name("INT");
+  app.add_option("--timeout", rt.timeout, "seconds any rank waits for the others (600)")
+      ->type_name("SECONDS");
   app.add_option("--format", rt.format, "table (default) or json");
 }
 
 }  // namespace
 
 Command add_bench_command(CLI::App& root) {
-  CLI::App* app = root.add_subcommand("bench", "measure the layout, group creation and collectives");
+  CLI::App* app =
+      root.add_subcommand("bench", "measure the layout, group creation and collectives");
   app->require_subcommand(1);
 
   auto lo = std::make_shared<BenchLayoutOptions>();
@@ -379,8 +384,10 @@ Command add_bench_command(CLI::App& root) {
                      "multiples of 128; \"none\" skips)");
   layout->add_option("--query-worlds", lo->query_worlds,
                      "worlds of the one-rank queries (default 2^10 ... 2^30; \"none\" skips)");
-  layout->add_option("--repeats", lo->repeats, "timed repetitions; the fastest counts (5)")->type_name("INT");
-  layout->add_option("--queries", lo->queries, "queries per kind and world (100000)")->type_name("INT");
+  layout->add_option("--repeats", lo->repeats, "timed repetitions; the fastest counts (5)")
+      ->type_name("INT");
+  layout->add_option("--queries", lo->queries, "queries per kind and world (100000)")
+      ->type_name("INT");
   layout->add_option("--memory", lo->memory,
                      "warm (default: pages reused, measures the code) or cold (fresh pages "
                      "for lists and baselines alike)");
@@ -394,25 +401,30 @@ Command add_bench_command(CLI::App& root) {
       "init", "time ProcessGroups::initialize with each creation strategy on real ranks");
   add_layout_flags(*init, fi->layout, /*with_world_size=*/true);
   init->add_option("--strategies", fi->strategies, "split,member,per-group (default: all three)");
-  init->add_option("--repeats", fi->repeats, "repetitions; the fastest counts (5)")->type_name("INT");
+  init->add_option("--repeats", fi->repeats, "repetitions; the fastest counts (5)")
+      ->type_name("INT");
   add_runtime_flags(*init, fi->rt);
-  init->footer("Example: mpirun --oversubscribe -np 16 commgrid bench init --tp 2 --pp 2\n"
-               "         commgrid bench init --backend gloo --local 16 --tp 2 --pp 2\n"
-               "         commgrid bench init --backend nccl --local 8 --tp 2 --pp 2 (8 GPUs)");
+  init->footer(
+      "Example: mpirun --oversubscribe -np 16 commgrid bench init --tp 2 --pp 2\n"
+      "         commgrid bench init --backend gloo --local 16 --tp 2 --pp 2\n"
+      "         commgrid bench init --backend nccl --local 8 --tp 2 --pp 2 (8 GPUs)");
 
   auto fc = std::make_shared<BenchCollectivesFlags>();
   CLI::App* coll = app->add_subcommand(
-      "collectives", "allreduce, allgather, pingpong, batched exchange and alltoallv through commgrid vs the backend called directly");
+      "collectives",
+      "allreduce, allgather, pingpong, batched exchange and alltoallv through commgrid vs the backend called directly");
   coll->add_option("--sizes", fc->sizes, "bytes per rank, e.g. 1KiB,64MiB (default)");
   coll->add_option("--iterations", fc->iterations,
-                   "calls of each kind per size (1000; fewer for large sizes, at least 5)")->type_name("INT");
+                   "calls of each kind per size (1000; fewer for large sizes, at least 5)")
+      ->type_name("INT");
   add_runtime_flags(*coll, fc->rt);
   coll->add_option("--direct", fc->rt.direct,
                    "MPI reference: blocking (MPI_Allreduce, default) or nonblocking "
                    "(MPI_Iallreduce + MPI_Wait, the algorithm commgrid's MPI backend uses)");
-  coll->footer("Example: mpirun --oversubscribe -np 4 commgrid bench collectives\n"
-               "         commgrid bench collectives --backend nccl --local 2 (2 GPUs; device "
-               "buffers, raw NCCL as the reference)");
+  coll->footer(
+      "Example: mpirun --oversubscribe -np 4 commgrid bench collectives\n"
+      "         commgrid bench collectives --backend nccl --local 2 (2 GPUs; device "
+      "buffers, raw NCCL as the reference)");
 
 #if COMMGRID_HAS_BOOTSTRAP
   const Command store = add_bench_store_command(*app);  // bench_store.cpp

@@ -109,7 +109,8 @@ int g_signal_write_fd = -1;
 extern "C" void on_signal(int signo) {
   const int saved = errno;
   const unsigned char b = static_cast<unsigned char>(signo);
-  if (g_signal_write_fd >= 0) [[maybe_unused]] auto n = ::write(g_signal_write_fd, &b, 1);
+  if (g_signal_write_fd >= 0) [[maybe_unused]]
+    auto n = ::write(g_signal_write_fd, &b, 1);
   errno = saved;
 }
 
@@ -146,7 +147,7 @@ class SignalGuard {
       if (kHandled[i] == s) return i;
     return 0;
   }
-  struct sigaction old_[std::size(kHandled)] {};
+  struct sigaction old_[std::size(kHandled)]{};
   struct sigaction old_pipe_ {};
 };
 
@@ -321,8 +322,8 @@ double parse_seconds(const char* param, const std::string& text, bool allow_zero
   char* end = nullptr;
   errno = 0;
   double v = std::strtod(begin, &end);
-  if (text.empty() || end != begin + text.size() || errno != 0 || !std::isfinite(v) ||
-      v < 0 || (!allow_zero && v == 0) || v > 1e9)
+  if (text.empty() || end != begin + text.size() || errno != 0 || !std::isfinite(v) || v < 0 ||
+      (!allow_zero && v == 0) || v > 1e9)
     throw InvalidValueError(param, std::string(param) + " must be a " +
                                        (allow_zero ? "non-negative" : "positive") +
                                        " number of seconds, got '" + text + "'");
@@ -333,7 +334,8 @@ OutputMode parse_output(const std::string& text) {
   if (text == "prefixed") return OutputMode::prefixed;
   if (text == "raw") return OutputMode::raw;
   if (text == "rank0") return OutputMode::rank0;
-  throw InvalidValueError("--output", "--output: expected prefixed, raw or rank0, got '" + text + "'");
+  throw InvalidValueError("--output",
+                          "--output: expected prefixed, raw or rank0, got '" + text + "'");
 }
 
 struct LaunchArgs {
@@ -384,7 +386,9 @@ class Launcher {
       so.job_id = job_.job_id;
       so.token = job_.token;
       so.serve = job_.node_rank == 0;
-      if (timeout_) so.timeout = std::chrono::milliseconds(std::llround(std::strtod(timeout_->c_str(), nullptr) * 1000.0));
+      if (timeout_)
+        so.timeout = std::chrono::milliseconds(
+            std::llround(std::strtod(timeout_->c_str(), nullptr) * 1000.0));
       store_ = open_store(store, so);
     }
 #endif
@@ -408,9 +412,8 @@ class Launcher {
         failure = start(i, store, sig.read.get());
       } catch (const Error& e) {
         // Out of processes or descriptors (ulimit): nothing of this job may outlive launch.
-        failure = std::string(e.what()) + " (starting rank " +
-                  std::to_string(global_rank(i)) + "; stopped the " + std::to_string(i) +
-                  " ranks already started)";
+        failure = std::string(e.what()) + " (starting rank " + std::to_string(global_rank(i)) +
+                  "; stopped the " + std::to_string(i) + " ranks already started)";
         stop_all(SIGKILL);
         while (any_running()) reap(true);
         print_error(*failure);
@@ -437,8 +440,12 @@ class Launcher {
     if (job_.resilient && job_done() && some_exited_ok_) {
       // Failures the job recovered from were said above, as they happened.
       if (failure_)
-        write_all(STDERR_FILENO, "launch: the job finished after recovering from: " + *failure_ +
-                                     (also_failed_.empty() ? "" : " and " + std::to_string(also_failed_.size()) + " more") + "\n");
+        write_all(
+            STDERR_FILENO,
+            "launch: the job finished after recovering from: " + *failure_ +
+                (also_failed_.empty() ? ""
+                                      : " and " + std::to_string(also_failed_.size()) + " more") +
+                "\n");
       return 0;
     }
     if (failure_) {
@@ -470,9 +477,7 @@ class Launcher {
 #if COMMGRID_HAS_BOOTSTRAP
     try {
       return store_ && store_->has("resilience/done");
-    } catch (const Error&) {
-      return false;
-    }
+    } catch (const Error&) { return false; }
 #else
     return false;
 #endif
@@ -510,9 +515,7 @@ class Launcher {
         // on): the epoch that replaced it is not failed by its exit.
         note += "; it had been declared dead already (epoch " + std::to_string(epoch_) + ")";
       }
-    } catch (const Error& e) {
-      note += std::string("; could not post it: ") + e.what();
-    }
+    } catch (const Error& e) { note += std::string("; could not post it: ") + e.what(); }
 #endif
     if (restarts_ < job_.max_restarts && !stopping_ && !job_done()) {
       ++restarts_;
@@ -526,9 +529,7 @@ class Launcher {
       std::optional<std::string> failure;
       try {
         failure = start(local, store_uri_, signal_fd_);
-      } catch (const Error& e) {
-        failure = e.what();
-      }
+      } catch (const Error& e) { failure = e.what(); }
       if (failure) {
         write_all(STDERR_FILENO, "launch: note: restarting process " + std::to_string(c.rank) +
                                      " failed: " + *failure + "\n");
@@ -545,7 +546,8 @@ class Launcher {
     return true;
   }
 
-  [[nodiscard]] std::vector<std::string> rank_environment(int local, const std::string& store) const {
+  [[nodiscard]] std::vector<std::string> rank_environment(int local,
+                                                          const std::string& store) const {
     const int r = global_rank(local);
     const std::string world = std::to_string(world_size());
     const int incarnation = children_[static_cast<size_t>(local)].incarnation;
@@ -582,8 +584,8 @@ class Launcher {
       // it one, so it gets no COMMGRID_RANK or RANK.
       if (r >= world_size())
         std::erase_if(vars, [](const auto& v) {
-          return std::string_view(v.first) == "COMMGRID_RANK" || std::string_view(v.first) == "RANK" ||
-                 std::string_view(v.first) == "ROLE_RANK";
+          return std::string_view(v.first) == "COMMGRID_RANK" ||
+                 std::string_view(v.first) == "RANK" || std::string_view(v.first) == "ROLE_RANK";
         });
       vars.insert(vars.end(), {{"COMMGRID_PROCESS", std::to_string(r)},
                                {"COMMGRID_NUM_PROCESSES", std::to_string(num_processes())},
@@ -664,7 +666,8 @@ class Launcher {
     c.out.show = output_ != OutputMode::rank0 || first;
     c.err.fd = std::move(err.read);
     c.err.target = STDERR_FILENO;
-    c.err.prefix = output_ == OutputMode::prefixed || (output_ == OutputMode::rank0 && !first) ? prefix : "";
+    c.err.prefix =
+        output_ == OutputMode::prefixed || (output_ == OutputMode::rank0 && !first) ? prefix : "";
     return await_exec(c, exec_status.read.get(), signal_fd);
   }
 
@@ -787,10 +790,8 @@ class Launcher {
     });
     for (const Child* c : failed_now) {
       const std::string what = describe_status(c->rank, c->status);
-      if (!failure_)
-        failure_ = what;
-      else
-        also_failed_.push_back(what);
+      if (!failure_) failure_ = what;
+      else also_failed_.push_back(what);
     }
     // Bad input (exit 2) is found by every rank alike, before any communication: let the
     // others reach their own exit 2 and write their error line whole, for up to --grace
@@ -800,7 +801,8 @@ class Launcher {
     });
     if (bad_input) {  // (an earlier failure of another kind has begun the stop already)
       if (!settle_until_)
-        settle_until_ = Clock::now() + std::chrono::milliseconds(static_cast<long long>(grace_ * 1000));
+        settle_until_ =
+            Clock::now() + std::chrono::milliseconds(static_cast<long long>(grace_ * 1000));
       return;
     }
     begin_stop();
@@ -810,7 +812,7 @@ class Launcher {
     std::optional<Clock::time_point> drain_until;
     for (;;) {
       signal_fd_ = signal_fd;
-    std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+      std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
       std::vector<Stream*> owners{nullptr};
       for (auto& c : children_)
         for (Stream* s : {&c.out, &c.err})
@@ -929,11 +931,15 @@ Command add_launch_command(CLI::App& root) {
       "rank 0 serves); prefix their output with [rank i]; stop all if one fails");
   // torchrun's flag names, with its underscore spellings too (--nproc_per_node).
   app->add_option("-n,--nproc,--nproc-per-node,--nproc_per_node", args->nproc,
-                  "Number of processes (ranks) on this node, 1-1024")->required()->type_name("INT");
-  app->add_option("--nnodes", args->nnodes, "Number of nodes (launches) of the job (default 1)")->type_name("INT");
+                  "Number of processes (ranks) on this node, 1-1024")
+      ->required()
+      ->type_name("INT");
+  app->add_option("--nnodes", args->nnodes, "Number of nodes (launches) of the job (default 1)")
+      ->type_name("INT");
   app->add_option("--node-rank,--node_rank", args->node_rank,
                   "This node's index, 0 ... nnodes-1: its ranks are node_rank*n ... "
-                  "node_rank*n+n-1 (required with --nnodes > 1)")->type_name("INT");
+                  "node_rank*n+n-1 (required with --nnodes > 1)")
+      ->type_name("INT");
   app->add_option("--master-addr,--master_addr", args->master_addr,
                   "Address of node 0 (default 127.0.0.1): rank 0 serves the TCP store there "
                   "and torch's MASTER_ADDR is it");
@@ -943,7 +949,8 @@ Command add_launch_command(CLI::App& root) {
       ->type_name("INT");
   app->add_option("--rdzv-id,--rdzv_id", args->rdzv_id,
                   "The job's id (COMMGRID_JOB_ID, TORCHELASTIC_RUN_ID); the same on every node "
-                  "(default: COMMGRID_JOB_ID, else a fresh one on one node)")->type_name("ID");
+                  "(default: COMMGRID_JOB_ID, else a fresh one on one node)")
+      ->type_name("ID");
   app->add_flag("--standalone", args->standalone,
                 "torchrun's one-node mode: the default without --nnodes (accepted for torchrun "
                 "command lines)");
@@ -954,17 +961,20 @@ Command add_launch_command(CLI::App& root) {
       ->type_name("MODE");
   app->add_option("--timeout", args->timeout,
                   "Seconds: bound of every rendezvous and collective of the ranks (exported as "
-                  "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)")->type_name("SECONDS");
+                  "COMMGRID_TIMEOUT) and, one second later, of the whole job (exit 124)")
+      ->type_name("SECONDS");
   app->add_option("--grace", args->grace,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks (default 5)");
   app->add_option("--spares", args->spares,
                   "Hot spares: the last S of the job's processes hold no rank; when a process "
                   "dies the job goes on (the program recovers: docs/resilience.md) and launch "
                   "serves the TCP store itself; --spares 0: the job goes on without spares "
-                  "(a program that shrinks)")->type_name("S");
+                  "(a program that shrinks)")
+      ->type_name("S");
   app->add_option("--max-restarts,--max_restarts", args->max_restarts,
                   "With --spares: restart up to R dead processes, which rejoin as spares "
-                  "(torchrun's name for the budget; default 0)")->type_name("R");
+                  "(torchrun's name for the budget; default 0)")
+      ->type_name("R");
   // Hidden (empty group): a rank stops itself between fork and exec, to test launch's bound.
   app->add_option("--stop-before-exec", args->stop_before_exec)->group("");
   app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();
@@ -974,115 +984,125 @@ Command add_launch_command(CLI::App& root) {
       "          commgrid launch --output rank0 -n 4 -- commgrid-train-gpt --pp 2 --format json\n"
       "Exit codes: 0 every rank exited 0, 1 a rank failed, 2 bad usage or every rank exited 2, "
       "124 --timeout, 128+N interrupted by signal N.");
-  return {app, [args]() -> int {
-            const auto n = parse_integer("-n", args->nproc, 1, kMaxRanks);
-            JobSetup job;
-            job.nnodes = static_cast<int>(parse_integer("--nnodes", args->nnodes, 1, kMaxRanks));
-            if (n * job.nnodes > kMaxRanks)
-              throw InvalidValueError("--nnodes", "launch: -n " + std::to_string(n) +
-                                                      " times --nnodes " +
-                                                      std::to_string(job.nnodes) +
-                                                      " exceeds " + std::to_string(kMaxRanks) +
-                                                      " ranks");
-            if (args->standalone && job.nnodes > 1)
-              throw IncompatibleError("--standalone", "launch: --standalone is one node; it does "
-                                                      "not go with --nnodes " +
-                                                          std::to_string(job.nnodes));
-            if (!args->node_rank.empty())
-              job.node_rank = static_cast<int>(
-                  parse_integer("--node-rank", args->node_rank, 0, job.nnodes - 1));
-            else if (job.nnodes > 1)
-              throw ConfigError("--node-rank", "launch: --nnodes " + std::to_string(job.nnodes) +
-                                                   " needs --node-rank (0 ... " +
-                                                   std::to_string(job.nnodes - 1) + ")");
-            if (!args->master_addr.empty()) job.master_addr = args->master_addr;
-            if (!args->master_port.empty()) {
-              // torch's store takes the next port: both must be ports.
-              job.master_port = static_cast<int>(parse_integer("--master-port", args->master_port, 1, 65534));
-              job.torch_port = job.master_port + 1;
-            } else if (job.nnodes > 1) {
-              throw ConfigError("--master-port", "launch: --nnodes " + std::to_string(job.nnodes) +
-                                                     " needs --master-port (the TCP store of node 0)");
-            }
-            const OutputMode output = parse_output(args->output);
-            // The job's identity: --rdzv-id, the user's or scheduler's, else (one node) a
-            // fresh one. Several nodes must share it, so they cannot each make one up.
-            const char* id = std::getenv("COMMGRID_JOB_ID");
-            const char* token = std::getenv("COMMGRID_TOKEN");
-            if (id != nullptr && *id == '\0')
-              throw InvalidValueError("COMMGRID_JOB_ID", "COMMGRID_JOB_ID is set but empty");
-            if (token != nullptr && *token == '\0')
-              throw InvalidValueError("COMMGRID_TOKEN", "COMMGRID_TOKEN is set but empty");
-            if (!args->rdzv_id.empty()) {
-              if (args->rdzv_id.find_first_of("/ \n\t") != std::string::npos || args->rdzv_id.size() > 200)
-                throw InvalidValueError("--rdzv-id", "--rdzv-id: a job id has at most 200 "
-                                                     "characters and no '/', spaces or newlines");
-              id = args->rdzv_id.c_str();
-            }
-            if (job.nnodes > 1) {
-              job.job_id = id ? id : "launch-" + job.master_addr + "-" + std::to_string(job.master_port);
-              job.token = token ? token : "";
-              if (!token)
-                write_all(STDERR_FILENO,
-                          "launch: note: COMMGRID_TOKEN is not set: the ranks of this multi-node "
-                          "job do not authenticate each other (set the same COMMGRID_JOB_ID and "
-                          "COMMGRID_TOKEN on every node; see docs/security.md)\n");
-            } else {
-              job.job_id = id ? id : "launch-" + random_hex(8);
-              job.token = token ? token : random_hex(32);
-            }
-            std::optional<std::string> timeout;
-            if (!args->timeout.empty()) {
-              parse_seconds("--timeout", args->timeout, false);
-              timeout = args->timeout;
-            }
-            const double grace = parse_seconds("--grace", args->grace, true);
-            const int stop_before_exec =
-                args->stop_before_exec.empty()
-                    ? -1
-                    : static_cast<int>(parse_integer("--stop-before-exec", args->stop_before_exec, 0, n - 1));
-            if (args->command.empty() || args->command.front().empty())
-              throw ConfigError("command", "launch: no program given (usage: commgrid launch "
-                                           "-n N -- PROGRAM ARGS...)");
-            if (!args->spares.empty()) {
-              job.spares = static_cast<int>(parse_integer("--spares", args->spares, 0, kMaxRanks));
-              job.resilient = true;
-              const std::int64_t procs = n * job.nnodes;
-              if (job.spares >= procs)
-                throw InvalidValueError("--spares", "launch: --spares " + std::to_string(job.spares) +
-                                                        " leaves no process for the world (" +
-                                                        std::to_string(procs) + " processes)");
-              // The placement RankMap checks: on several nodes, spares are whole nodes.
-              SparePlacement placement;
-              placement.spares = job.spares;
-              if (job.nnodes > 1) placement.gpus_per_node = n;
-              if (job.spares > 0) (void)RankMap(procs - job.spares, placement);
-            }
-            if (!args->max_restarts.empty()) {
-              job.max_restarts = static_cast<int>(parse_integer("--max-restarts", args->max_restarts, 0, kMaxRanks));
-              if (job.max_restarts > 0 && !job.resilient)
-                throw IncompatibleError("--max-restarts", "launch: --max-restarts " + args->max_restarts +
-                                                              " needs --spares (a restarted process "
-                                                              "rejoins as a spare)");
-            }
-            if (job.resilient) {
+  return {
+      app, [args]() -> int {
+        const auto n = parse_integer("-n", args->nproc, 1, kMaxRanks);
+        JobSetup job;
+        job.nnodes = static_cast<int>(parse_integer("--nnodes", args->nnodes, 1, kMaxRanks));
+        if (n * job.nnodes > kMaxRanks)
+          throw InvalidValueError("--nnodes", "launch: -n " + std::to_string(n) +
+                                                  " times --nnodes " + std::to_string(job.nnodes) +
+                                                  " exceeds " + std::to_string(kMaxRanks) +
+                                                  " ranks");
+        if (args->standalone && job.nnodes > 1)
+          throw IncompatibleError("--standalone",
+                                  "launch: --standalone is one node; it does "
+                                  "not go with --nnodes " +
+                                      std::to_string(job.nnodes));
+        if (!args->node_rank.empty())
+          job.node_rank =
+              static_cast<int>(parse_integer("--node-rank", args->node_rank, 0, job.nnodes - 1));
+        else if (job.nnodes > 1)
+          throw ConfigError("--node-rank", "launch: --nnodes " + std::to_string(job.nnodes) +
+                                               " needs --node-rank (0 ... " +
+                                               std::to_string(job.nnodes - 1) + ")");
+        if (!args->master_addr.empty()) job.master_addr = args->master_addr;
+        if (!args->master_port.empty()) {
+          // torch's store takes the next port: both must be ports.
+          job.master_port =
+              static_cast<int>(parse_integer("--master-port", args->master_port, 1, 65534));
+          job.torch_port = job.master_port + 1;
+        } else if (job.nnodes > 1) {
+          throw ConfigError("--master-port", "launch: --nnodes " + std::to_string(job.nnodes) +
+                                                 " needs --master-port (the TCP store of node 0)");
+        }
+        const OutputMode output = parse_output(args->output);
+        // The job's identity: --rdzv-id, the user's or scheduler's, else (one node) a
+        // fresh one. Several nodes must share it, so they cannot each make one up.
+        const char* id = std::getenv("COMMGRID_JOB_ID");
+        const char* token = std::getenv("COMMGRID_TOKEN");
+        if (id != nullptr && *id == '\0')
+          throw InvalidValueError("COMMGRID_JOB_ID", "COMMGRID_JOB_ID is set but empty");
+        if (token != nullptr && *token == '\0')
+          throw InvalidValueError("COMMGRID_TOKEN", "COMMGRID_TOKEN is set but empty");
+        if (!args->rdzv_id.empty()) {
+          if (args->rdzv_id.find_first_of("/ \n\t") != std::string::npos ||
+              args->rdzv_id.size() > 200)
+            throw InvalidValueError("--rdzv-id",
+                                    "--rdzv-id: a job id has at most 200 "
+                                    "characters and no '/', spaces or newlines");
+          id = args->rdzv_id.c_str();
+        }
+        if (job.nnodes > 1) {
+          job.job_id =
+              id ? id : "launch-" + job.master_addr + "-" + std::to_string(job.master_port);
+          job.token = token ? token : "";
+          if (!token)
+            write_all(STDERR_FILENO,
+                      "launch: note: COMMGRID_TOKEN is not set: the ranks of this multi-node "
+                      "job do not authenticate each other (set the same COMMGRID_JOB_ID and "
+                      "COMMGRID_TOKEN on every node; see docs/security.md)\n");
+        } else {
+          job.job_id = id ? id : "launch-" + random_hex(8);
+          job.token = token ? token : random_hex(32);
+        }
+        std::optional<std::string> timeout;
+        if (!args->timeout.empty()) {
+          parse_seconds("--timeout", args->timeout, false);
+          timeout = args->timeout;
+        }
+        const double grace = parse_seconds("--grace", args->grace, true);
+        const int stop_before_exec =
+            args->stop_before_exec.empty()
+                ? -1
+                : static_cast<int>(
+                      parse_integer("--stop-before-exec", args->stop_before_exec, 0, n - 1));
+        if (args->command.empty() || args->command.front().empty())
+          throw ConfigError("command",
+                            "launch: no program given (usage: commgrid launch "
+                            "-n N -- PROGRAM ARGS...)");
+        if (!args->spares.empty()) {
+          job.spares = static_cast<int>(parse_integer("--spares", args->spares, 0, kMaxRanks));
+          job.resilient = true;
+          const std::int64_t procs = n * job.nnodes;
+          if (job.spares >= procs)
+            throw InvalidValueError("--spares", "launch: --spares " + std::to_string(job.spares) +
+                                                    " leaves no process for the world (" +
+                                                    std::to_string(procs) + " processes)");
+          // The placement RankMap checks: on several nodes, spares are whole nodes.
+          SparePlacement placement;
+          placement.spares = job.spares;
+          if (job.nnodes > 1) placement.gpus_per_node = n;
+          if (job.spares > 0) (void)RankMap(procs - job.spares, placement);
+        }
+        if (!args->max_restarts.empty()) {
+          job.max_restarts =
+              static_cast<int>(parse_integer("--max-restarts", args->max_restarts, 0, kMaxRanks));
+          if (job.max_restarts > 0 && !job.resilient)
+            throw IncompatibleError("--max-restarts", "launch: --max-restarts " +
+                                                          args->max_restarts +
+                                                          " needs --spares (a restarted process "
+                                                          "rejoins as a spare)");
+        }
+        if (job.resilient) {
 #if !COMMGRID_HAS_BOOTSTRAP
-              throw IncompatibleError("--spares", "launch: --spares needs the bootstrap library "
-                                                  "(OpenSSL), which this build lacks");
+          throw IncompatibleError("--spares",
+                                  "launch: --spares needs the bootstrap library "
+                                  "(OpenSSL), which this build lacks");
 #endif
-              if (job.master_port == 0) {
-                // The TCP store launch serves: on a free port of this machine.
-                job.master_port = free_tcp_port();
-                if (job.master_port == 0)
-                  throw Error("launch: --spares: no free TCP port for the store");
-              }
-            }
-            if (job.torch_port == 0) job.torch_port = free_tcp_port();
-            std::cout.flush();
-            return Launcher(static_cast<int>(n), timeout, grace, job, args->command, output,
-                            stop_before_exec)
-                .run();
-          }};
+          if (job.master_port == 0) {
+            // The TCP store launch serves: on a free port of this machine.
+            job.master_port = free_tcp_port();
+            if (job.master_port == 0)
+              throw Error("launch: --spares: no free TCP port for the store");
+          }
+        }
+        if (job.torch_port == 0) job.torch_port = free_tcp_port();
+        std::cout.flush();
+        return Launcher(static_cast<int>(n), timeout, grace, job, args->command, output,
+                        stop_before_exec)
+            .run();
+      }};
 }
 
 }  // namespace commgrid::cli

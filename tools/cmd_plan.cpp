@@ -34,17 +34,17 @@ struct PlanOptions {
 std::string size_text(std::int64_t bytes) {
   char buf[64];
   const double mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
-  if (mib >= 1024)
-    std::snprintf(buf, sizeof buf, "%.1f GiB", mib / 1024.0);
-  else
-    std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
+  if (mib >= 1024) std::snprintf(buf, sizeof buf, "%.1f GiB", mib / 1024.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", mib);
   return buf;
 }
 
 // "A-B" (or "A"): an inclusive range of nodes.
-std::pair<std::int64_t, std::int64_t> parse_node_range(const std::string& text, std::int64_t nodes) {
+std::pair<std::int64_t, std::int64_t> parse_node_range(const std::string& text,
+                                                       std::int64_t nodes) {
   const std::size_t dash = text.find('-');
-  const std::string a = text.substr(0, dash), b = dash == std::string::npos ? a : text.substr(dash + 1);
+  const std::string a = text.substr(0, dash),
+                    b = dash == std::string::npos ? a : text.substr(dash + 1);
   const std::int64_t first = parse_integer("nodes", a, 0, kMaxWorldSize);
   const std::int64_t last = parse_integer("nodes", b, 0, kMaxWorldSize);
   if (first > last)
@@ -61,7 +61,8 @@ std::pair<std::int64_t, std::int64_t> parse_node_range(const std::string& text, 
 // The two kinds list the same groups: same sizes, same members in order, streamed in
 // pieces (no list of the world is held).
 bool same_groups(const Layout& layout, GroupKind a, GroupKind b) {
-  if (layout.group_size(a) != layout.group_size(b) || layout.num_members(a) != layout.num_members(b))
+  if (layout.group_size(a) != layout.group_size(b) ||
+      layout.num_members(a) != layout.num_members(b))
     return false;
   const std::int64_t total = layout.num_members(a);
   constexpr std::int64_t kPiece = 1 << 16;
@@ -90,13 +91,14 @@ int run_plan(const PlanOptions& o) {
   // never leaves a partial document behind.
   const bool picture = o.format == "svg" || o.format == "html";
   if (o.format != "table" && o.format != "json" && !picture)
-    throw ConfigError("format", "format: unknown format \"" + o.format +
-                                    "\" (valid: table, json, svg, html)");
+    throw ConfigError(
+        "format", "format: unknown format \"" + o.format + "\" (valid: table, json, svg, html)");
   if (!o.job.empty()) {
     // A multi-module job: the modules' grids come from the file, not the layout flags.
     for (const auto& [field, opt] : o.layout.options)
       if (opt->count() > 0)
-        throw ConfigError("job", "job: --" + field + " does not apply with --job (the job file gives the layout)");
+        throw ConfigError("job", "job: --" + field +
+                                     " does not apply with --job (the job file gives the layout)");
     if (o.format != "table" && o.format != "json")
       throw ConfigError("format", "format: --job supports table and json, not " + o.format);
     const Job job = read_job(o.job);
@@ -132,8 +134,9 @@ int run_plan(const PlanOptions& o) {
   const NodeMap nodes(sel.gpus_per_node.value_or(kDefaultGpusPerNode));
   if (!o.spares.empty()) {
     if (picture || o.check_topology)
-      throw ConfigError("spares", "spares: --spares is shown by --format table and json, not " +
-                                      (o.check_topology ? std::string("--check-topology") : o.format));
+      throw ConfigError("spares",
+                        "spares: --spares is shown by --format table and json, not " +
+                            (o.check_topology ? std::string("--check-topology") : o.format));
     SparePlacement placement;
     placement.spares = parse_integer("spares", o.spares, 0, kMaxWorldSize);
     placement.gpus_per_node = sel.gpus_per_node;  // whole spare nodes when nodes are given
@@ -146,25 +149,30 @@ int run_plan(const PlanOptions& o) {
   if (o.strict && !o.check_topology)
     throw ConfigError("strict", "strict: --strict needs --check-topology");
   if (o.check_topology && picture && o.output.empty())
-    throw ConfigError("output", "output: --check-topology prints its report on stdout, so "
-                                "--format " + o.format + " needs --output FILE");
+    throw ConfigError("output",
+                      "output: --check-topology prints its report on stdout, so "
+                      "--format " +
+                          o.format + " needs --output FILE");
   std::optional<std::pair<std::int64_t, std::int64_t>> window;
   if (!o.nodes.empty()) {
     if (!picture)
-      throw ConfigError("nodes", "nodes: --nodes applies to --format svg and html, not " + o.format);
+      throw ConfigError("nodes",
+                        "nodes: --nodes applies to --format svg and html, not " + o.format);
     window = parse_node_range(o.nodes, nodes.nodes(layout.world_size()));
   }
   const std::int64_t limit_mib =
-      o.max_output_mib.empty() ? kDefaultMaxOutputMiB
-                               : parse_integer("max_output_mib", o.max_output_mib, 0, INT64_MAX / (1 << 20));
+      o.max_output_mib.empty()
+          ? kDefaultMaxOutputMiB
+          : parse_integer("max_output_mib", o.max_output_mib, 0, INT64_MAX / (1 << 20));
   if (!picture && !o.check_topology && limit_mib > 0) {
-    const std::int64_t bytes = estimate_plan_bytes(
-        layout, sel, o.format == "json" ? PlanFormat::json : PlanFormat::table);
+    const std::int64_t bytes =
+        estimate_plan_bytes(layout, sel, o.format == "json" ? PlanFormat::json : PlanFormat::table);
     if (bytes > limit_mib * 1024 * 1024)
-      throw ConfigError("output", "output: --format " + o.format + " of this layout would be up to " +
-                                      size_text(bytes) + ", over the " + size_text(limit_mib << 20) +
-                                      " limit; show one rank with --rank R or fewer kinds with "
-                                      "--kinds, or raise the limit with --max-output-mib N (0: none)");
+      throw ConfigError("output",
+                        "output: --format " + o.format + " of this layout would be up to " +
+                            size_text(bytes) + ", over the " + size_text(limit_mib << 20) +
+                            " limit; show one rank with --rank R or fewer kinds with "
+                            "--kinds, or raise the limit with --max-output-mib N (0: none)");
   }
   std::optional<PictureOptions> pic;
   if (picture) {
@@ -186,19 +194,16 @@ int run_plan(const PlanOptions& o) {
   if (!o.output.empty()) {
     file.open(o.output, std::ios::binary | std::ios::trunc);
     if (!file)
-      throw ConfigError("output", "output: cannot write \"" + o.output + "\": " + std::strerror(errno));
+      throw ConfigError("output",
+                        "output: cannot write \"" + o.output + "\": " + std::strerror(errno));
   }
   std::ostream& out = o.output.empty() ? std::cout : file;
   if (pic) {
-    if (o.format == "svg")
-      write_plan_svg(out, layout, *pic);
-    else
-      write_plan_html(out, layout, *pic);
+    if (o.format == "svg") write_plan_svg(out, layout, *pic);
+    else write_plan_html(out, layout, *pic);
   } else if (report) {
-    if (o.format == "json")
-      out << topology_json(*report).dump() << "\n";
-    else
-      write_topology_table(out, *report);
+    if (o.format == "json") out << topology_json(*report).dump() << "\n";
+    else write_topology_table(out, *report);
   } else if (o.format == "json") {
     write_plan_json(out, layout, sel);
   } else {
@@ -229,7 +234,8 @@ Command add_plan_command(CLI::App& root) {
   app->add_option("--kinds", opts->kinds,
                   "only these kinds, e.g. tp,dp,pp (svg and html default: tp,cp,ep,dp,pp)")
       ->type_name("LIST");
-  app->add_option("--format", opts->format, "table (default), json, svg or html")->type_name("FORMAT");
+  app->add_option("--format", opts->format, "table (default), json, svg or html")
+      ->type_name("FORMAT");
   app->add_option("--output", opts->output, "write the document to FILE instead of stdout")
       ->type_name("FILE");
   app->add_option("--gpus-per-node", opts->gpus_per_node,
@@ -260,8 +266,9 @@ Command add_plan_command(CLI::App& root) {
   app->add_flag("--strict", opts->strict,
                 "with --check-topology: exit 3 when another order would have kept a warned "
                 "kind inside nodes");
-  app->footer("Exit codes: 0 success, 1 runtime failure, 2 bad input, 3 --strict topology "
-              "warning.");
+  app->footer(
+      "Exit codes: 0 success, 1 runtime failure, 2 bad input, 3 --strict topology "
+      "warning.");
   return {app, [opts] { return run_plan(*opts); }};
 }
 

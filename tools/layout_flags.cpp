@@ -13,12 +13,14 @@ void add_layout_flags(CLI::App& app, LayoutFlags& f, bool with_world_size) {
                  const char* type = "INT") {
     f.options[field] = app.add_option(names, value, help)->type_name(type);
   };
-  if (with_world_size) add("world_size", "--world-size", f.world_size, "number of ranks W (required)");
+  if (with_world_size)
+    add("world_size", "--world-size", f.world_size, "number of ranks W (required)");
   add("tp", "--tp,--tensor-model-parallel-size", f.tp, "tensor parallel size (1)");
   add("pp", "--pp,--pipeline-model-parallel-size", f.pp, "pipeline parallel size (1)");
   add("cp", "--cp,--context-parallel-size", f.cp, "context parallel size (1)");
   add("ep", "--ep,--expert-model-parallel-size", f.ep, "expert parallel size (1)");
-  add("etp", "--etp,--expert-tensor-parallel-size", f.etp, "expert tensor parallel size (default: tp)");
+  add("etp", "--etp,--expert-tensor-parallel-size", f.etp,
+      "expert tensor parallel size (default: tp)");
   add("hcp", "--hcp,--hierarchical-context-parallel-sizes", f.hcp,
       "hierarchical cp sizes, e.g. 2,4 (product = cp)", "INT,...");
   add("dist_opt_instances", "--dist-opt-instances,--num-distributed-optimizer-instances",
@@ -33,10 +35,11 @@ void add_layout_flags(CLI::App& app, LayoutFlags& f, bool with_world_size) {
   add("rank_offset", "--rank-offset", f.rank_offset, "HEAD: added to every rank (0)");
   add("local_world_size", "--local-world-size", f.local_world_size,
       "HEAD: ranks laid out (default: the world size)");
-  f.options["hybrid_context_parallel"] = app.add_flag(
-      "--hybrid-context-parallel", f.hybrid_context_parallel, "HEAD: build hybrid_dp_cp_<n> groups");
-  f.options["all_gather_groups"] = app.add_flag(
-      "--all-gather-groups", f.all_gather_groups, "HEAD: build dp_cp_ag / expt_dp_ag groups");
+  f.options["hybrid_context_parallel"] =
+      app.add_flag("--hybrid-context-parallel", f.hybrid_context_parallel,
+                   "HEAD: build hybrid_dp_cp_<n> groups");
+  f.options["all_gather_groups"] = app.add_flag("--all-gather-groups", f.all_gather_groups,
+                                                "HEAD: build dp_cp_ag / expt_dp_ag groups");
 }
 
 std::int64_t parse_integer(std::string_view param, std::string_view text, std::int64_t min,
@@ -46,17 +49,17 @@ std::int64_t parse_integer(std::string_view param, std::string_view text, std::i
   const char* last = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(first, last, value);
   if (text.empty() || ec == std::errc::invalid_argument || ptr != last)
-    throw InvalidValueError(std::string(param), std::string(param) +
-                                                    ": expected an integer, got \"" +
-                                                    std::string(text) + "\"");
+    throw InvalidValueError(
+        std::string(param),
+        std::string(param) + ": expected an integer, got \"" + std::string(text) + "\"");
   if (ec == std::errc::result_out_of_range || value > max)
-    throw InvalidValueError(std::string(param), std::string(param) + " = " +
-                                                    std::string(text) + " is too large (max " +
-                                                    std::to_string(max) + ")");
+    throw InvalidValueError(std::string(param), std::string(param) + " = " + std::string(text) +
+                                                    " is too large (max " + std::to_string(max) +
+                                                    ")");
   if (value < min)
-    throw InvalidValueError(std::string(param), std::string(param) + " must be >= " +
-                                                    std::to_string(min) + ", got " +
-                                                    std::string(text));
+    throw InvalidValueError(
+        std::string(param),
+        std::string(param) + " must be >= " + std::to_string(min) + ", got " + std::string(text));
   return value;
 }
 
@@ -66,9 +69,8 @@ std::vector<std::int64_t> parse_integer_list(std::string_view param, std::string
   std::size_t start = 0;
   for (int i = 0;; ++i) {
     std::size_t comma = text.find(',', start);
-    std::string_view item = text.substr(start, comma == std::string_view::npos
-                                                   ? std::string_view::npos
-                                                   : comma - start);
+    std::string_view item = text.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     out.push_back(parse_integer(std::string(param) + "[" + std::to_string(i) + "]", item, min));
     if (comma == std::string_view::npos) break;
     start = comma + 1;
@@ -105,8 +107,7 @@ ParallelConfig to_config(const LayoutFlags& f, std::optional<std::int64_t> world
   if (f.given("vpp")) c.vpp = parse_integer("vpp", f.vpp, lo);
   if (f.given("order")) c.order = f.order;
   if (f.given("compat")) {
-    if (f.compat == "head")
-      c.compat = Compat::head;
+    if (f.compat == "head") c.compat = Compat::head;
     else if (f.compat != "seed")
       throw InvalidValueError("compat", "compat: expected seed or head, got \"" + f.compat + "\"");
   }

@@ -51,16 +51,17 @@ std::string version_text() {
   add(COMMGRID_HAS_GLOO, "gloo");
   add(COMMGRID_HAS_MPI, "mpi");
   add(COMMGRID_HAS_NCCL, "nccl");
-  return std::string("commgrid ") + COMMGRID_VERSION + " (backends: " +
-         (backends.empty() ? "none" : backends) + ")";
+  return std::string("commgrid ") + COMMGRID_VERSION +
+         " (backends: " + (backends.empty() ? "none" : backends) + ")";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace commgrid;
-  CLI::App app{"commgrid: lay out, create and verify the communication groups of "
-               "N-dimensional parallel training"};
+  CLI::App app{
+      "commgrid: lay out, create and verify the communication groups of "
+      "N-dimensional parallel training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_text(), "print the version and the backends built in");
   std::vector<cli::Command> commands;
@@ -82,8 +83,8 @@ int main(int argc, char** argv) {
     if (argc > 1 && argv[1][0] != '-' && !known) {
       const std::string near = cli::closest_name(argv[1], names);
       cli::print_error("unknown command \"" + std::string(argv[1]) + "\"" +
-                       (near.empty() ? "" : " (did you mean " + near + "?)") + " (valid: " +
-                       valid + "); see commgrid --help");
+                       (near.empty() ? "" : " (did you mean " + near + "?)") + " (valid: " + valid +
+                       "); see commgrid --help");
       return 2;
     }
     app.parse(argc, argv);

@@ -201,10 +201,8 @@ void write_plan_json(std::ostream& stream, const Layout& layout, const PlanSelec
         out.put('"');
         out.put(layout.level_name(k, l));
         out.put("\":");
-        if (sel.rank)
-          write_rank_group(out, layout, k, *sel.rank, l, buf);
-        else
-          write_groups(out, layout, k, l, buf);
+        if (sel.rank) write_rank_group(out, layout, k, *sel.rank, l, buf);
+        else write_groups(out, layout, k, l, buf);
       }
       continue;
     }
@@ -217,10 +215,8 @@ void write_plan_json(std::ostream& stream, const Layout& layout, const PlanSelec
     if (k == GroupKind::hcp) out.put('[');
     for (int l = 0; l < levels; ++l) {
       if (l) out.put(',');
-      if (sel.rank)
-        write_rank_group(out, layout, k, *sel.rank, l, buf);
-      else
-        write_groups(out, layout, k, l, buf);
+      if (sel.rank) write_rank_group(out, layout, k, *sel.rank, l, buf);
+      else write_groups(out, layout, k, l, buf);
     }
     if (k == GroupKind::hcp) out.put(']');
   }
@@ -291,10 +287,9 @@ std::int64_t estimate_plan_bytes(const Layout& layout, const PlanSelection& sel,
       ++columns;
       const std::int64_t g = layout.group_size(k, l).value_or(layout.world_size());
       if (format == PlanFormat::json)
-        bytes += 64 + (sel.rank ? g * (D + 1) : layout.num_members(k, l) * (D + 1) +
-                                                    2 * layout.num_groups(k, l));
-      else
-        bytes += 1024;  // one summary or rank-view line: compressed lists, bounded
+        bytes += 64 + (sel.rank ? g * (D + 1)
+                                : layout.num_members(k, l) * (D + 1) + 2 * layout.num_groups(k, l));
+      else bytes += 1024;  // one summary or rank-view line: compressed lists, bounded
     }
   if (format == PlanFormat::table && !sel.rank) {
     // One row per rank: rank, 7 coordinates and one group index per column, each at

@@ -52,8 +52,8 @@ class OutputBuffer {
   /// A decimal integer.
   void put_int(std::int64_t v) {
     if (buf_.size() - n_ < 24) drain();
-    n_ = static_cast<std::size_t>(std::to_chars(buf_.data() + n_, buf_.data() + buf_.size(), v).ptr -
-                                  buf_.data());
+    n_ = static_cast<std::size_t>(
+        std::to_chars(buf_.data() + n_, buf_.data() + buf_.size(), v).ptr - buf_.data());
   }
   /// s right-aligned (or left-aligned) in `width` columns; never truncated.
   void pad(std::string_view s, std::size_t width, bool left = false);
@@ -165,26 +165,26 @@ inline constexpr std::size_t kDistinctColours = 12;
 struct PicturePanel {
   GroupKind kind = GroupKind::tp;
   int level = 0;
-  std::string title;                    ///< "tp", "hcp0", ...
-  std::int64_t num_groups = 0;          ///< groups of the kind in the whole layout
-  std::string group_size;               ///< "8", or "1-2" for a custom policy's groups
-  std::vector<std::int64_t> group_of;   ///< per drawn rank: its group's index, -1 when none
-  std::vector<std::int64_t> shown;      ///< the groups with a drawn member, ascending
-  std::vector<std::string> colours;     ///< per shown group: "#rrggbb", all distinct
-  std::vector<std::string> members;     ///< per shown group: its members as ranges
-  bool labels = false;                  ///< cells print "g<index>" (shown > kDistinctColours)
-  std::int64_t highlighted = -1;        ///< the highlighted rank's group, -1 when none
+  std::string title;                   ///< "tp", "hcp0", ...
+  std::int64_t num_groups = 0;         ///< groups of the kind in the whole layout
+  std::string group_size;              ///< "8", or "1-2" for a custom policy's groups
+  std::vector<std::int64_t> group_of;  ///< per drawn rank: its group's index, -1 when none
+  std::vector<std::int64_t> shown;     ///< the groups with a drawn member, ascending
+  std::vector<std::string> colours;    ///< per shown group: "#rrggbb", all distinct
+  std::vector<std::string> members;    ///< per shown group: its members as ranges
+  bool labels = false;                 ///< cells print "g<index>" (shown > kDistinctColours)
+  std::int64_t highlighted = -1;       ///< the highlighted rank's group, -1 when none
   /// Position of group q in `shown` (q must be shown).
   [[nodiscard]] std::size_t slot(std::int64_t q) const;
 };
 
 /// Sizes, in pixels, shared by every panel of a picture.
 struct PictureGeometry {
-  bool coordinates = false;  ///< whether cells print coordinates
-  bool labels = false;       ///< whether some panel's cells print group labels
+  bool coordinates = false;           ///< whether cells print coordinates
+  bool labels = false;                ///< whether some panel's cells print group labels
   Rank first_rank = 0, end_rank = 0;  ///< the drawn ranks, [first, end)
   std::int64_t first_node = 0;
-  Rank highlight = -1;       ///< the highlighted rank, -1 when none
+  Rank highlight = -1;  ///< the highlighted rank, -1 when none
   int columns = 0, rows = 0, cell_w = 0, cell_h = 0, label_w = 0;
   int legend_w = 0, legend_h = 0;  ///< the widest and tallest legend (right of the grids)
   int panel_w = 0, panel_h = 0;

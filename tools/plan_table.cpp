@@ -63,10 +63,8 @@ void RangeText::add(std::span<const std::int64_t> values) {
 }
 
 void RangeText::close_run() {
-  if (runs_.size() <= kShownRuns)
-    runs_.push_back(cur_);
-  else
-    more_runs_ = true;
+  if (runs_.size() <= kShownRuns) runs_.push_back(cur_);
+  else more_runs_ = true;
 }
 
 std::string RangeText::str() const {
@@ -79,8 +77,8 @@ std::string RangeText::str() const {
   }
   if (count_ <= static_cast<std::int64_t>(kShortList)) {
     // A short list reads best in full, unless it is made of plain ranges ("0-7").
-    const bool ranges = std::all_of(runs.begin(), runs.end(),
-                                    [](const Run& r) { return r.step == 1 && r.n >= 3; });
+    const bool ranges =
+        std::all_of(runs.begin(), runs.end(), [](const Run& r) { return r.step == 1 && r.n >= 3; });
     if (!ranges || more) {
       std::string s = "[";
       for (std::size_t i = 0; i < head_.size(); ++i) s += (i ? "," : "") + num(head_[i]);
@@ -95,14 +93,10 @@ std::string RangeText::str() const {
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     s += i ? "," : "";
-    if (r.n == 1)
-      s += num(r.first);
-    else if (r.n == 2)
-      s += num(r.first) + "," + num(r.first + r.step);
-    else if (r.step == 1)
-      s += num(r.first) + "-" + num(r.first + r.n - 1);
-    else
-      s += num(r.first) + ":" + num(r.first + r.n * r.step) + ":" + num(r.step);
+    if (r.n == 1) s += num(r.first);
+    else if (r.n == 2) s += num(r.first) + "," + num(r.first + r.step);
+    else if (r.step == 1) s += num(r.first) + "-" + num(r.first + r.n - 1);
+    else s += num(r.first) + ":" + num(r.first + r.n * r.step) + ":" + num(r.step);
   }
   s += more ? ",...]" : "]";
   if (count_ > static_cast<std::int64_t>(kShortList)) s += " (" + num(count_) + " " + noun_ + ")";
@@ -116,13 +110,13 @@ LayerAssignment::LayerAssignment(std::int64_t layers, const ParallelConfig& c)
   const std::string L = std::to_string(layers);
   if (layers < 1) throw InvalidValueError("num_layers", "num_layers must be >= 1, got " + L);
   if (layers % pp != 0)
-    throw DivisibilityError("num_layers", "num_layers = " + L + " is not divisible by pp = " +
-                                              std::to_string(pp));
+    throw DivisibilityError(
+        "num_layers", "num_layers = " + L + " is not divisible by pp = " + std::to_string(pp));
   if ((layers / pp) % vpp != 0)
-    throw DivisibilityError("num_layers", "num_layers = " + L + " gives " +
-                                              std::to_string(layers / pp) +
-                                              " layers per pipeline rank, not divisible by vpp = " +
-                                              std::to_string(vpp));
+    throw DivisibilityError(
+        "num_layers",
+        "num_layers = " + L + " gives " + std::to_string(layers / pp) +
+            " layers per pipeline rank, not divisible by vpp = " + std::to_string(vpp));
 }
 
 namespace {
@@ -154,7 +148,9 @@ std::vector<Column> columns(const Layout& layout, const std::vector<GroupKind>& 
   for (GroupKind k : kinds) {
     const int levels = layout.levels(k);
     for (int l = 0; l < levels; ++l)
-      cols.push_back({k, l, k == GroupKind::hcp ? std::string(kind_name(k)) + std::to_string(l) : layout.level_name(k, l)});
+      cols.push_back({k, l,
+                      k == GroupKind::hcp ? std::string(kind_name(k)) + std::to_string(l)
+                                          : layout.level_name(k, l)});
   }
   return cols;
 }
@@ -219,16 +215,17 @@ void write_header(OutputBuffer& out, const Layout& layout, const PlanSelection& 
     hcp += "]";
   }
   out.put("world " + std::to_string(c.world_size) + ", order " + c.order + " (innermost first)\n" +
-          "  dense grid:  tp " + std::to_string(c.tp) + " x cp " + std::to_string(c.cp) +
-          " x dp " + std::to_string(layout.dp()) + " x pp " + std::to_string(c.pp) + "\n" +
+          "  dense grid:  tp " + std::to_string(c.tp) + " x cp " + std::to_string(c.cp) + " x dp " +
+          std::to_string(layout.dp()) + " x pp " + std::to_string(c.pp) + "\n" +
           "  expert grid: etp " + std::to_string(c.expert_tp()) + " x ep " + std::to_string(c.ep) +
           " x expert_dp " + std::to_string(layout.expert_dp()) + " x pp " + std::to_string(c.pp) +
           "\n" + "  dist_opt_instances " + std::to_string(c.dist_opt_instances) + ", hcp " + hcp +
           ", vpp " + opt_text(c.vpp) + "\n");
   if (sel.spares) {
     out.put("  " + spares_text(*sel.spares) + "\n");
-    if (sel.rank) out.put("  logical rank " + std::to_string(*sel.rank) + " on process " +
-                          std::to_string(sel.spares->process_of(*sel.rank)) + "\n");
+    if (sel.rank)
+      out.put("  logical rank " + std::to_string(*sel.rank) + " on process " +
+              std::to_string(sel.spares->process_of(*sel.rank)) + "\n");
   }
   out.put("\n");
   if (!sel.num_layers || sel.rank) return;
@@ -236,15 +233,17 @@ void write_header(OutputBuffer& out, const Layout& layout, const PlanSelection& 
   const LayerAssignment la(*sel.num_layers, c);
   out.put("layers: " + std::to_string(la.num_layers) + " over pp " + std::to_string(la.pp) +
           (c.vpp ? " x vpp " + std::to_string(la.vpp) + " (interleaved)" : std::string()) + ", " +
-          std::to_string(la.per_stage()) + (la.per_stage() == 1 ? " layer" : " layers") +
-          " per " + (c.vpp ? "virtual stage" : "pipeline rank") + "\n");
+          std::to_string(la.per_stage()) + (la.per_stage() == 1 ? " layer" : " layers") + " per " +
+          (c.vpp ? "virtual stage" : "pipeline rank") + "\n");
   const std::size_t w = static_cast<std::size_t>(2 * digits(la.num_layers) + 3);
   out.pad("pp rank", 9);
-  for (std::int64_t v = 0; v < la.vpp; ++v) out.pad(c.vpp ? "stage " + std::to_string(v) : "layers", std::max<std::size_t>(w, 9));
+  for (std::int64_t v = 0; v < la.vpp; ++v)
+    out.pad(c.vpp ? "stage " + std::to_string(v) : "layers", std::max<std::size_t>(w, 9));
   out.put('\n');
   for (std::int64_t p = 0; p < la.pp; ++p) {
     out.pad_int(p, 9);
-    for (std::int64_t v = 0; v < la.vpp; ++v) out.pad(layer_range(la, p, v), std::max<std::size_t>(w, 9));
+    for (std::int64_t v = 0; v < la.vpp; ++v)
+      out.pad(layer_range(la, p, v), std::max<std::size_t>(w, 9));
     out.put('\n');
   }
   out.put('\n');
@@ -308,8 +307,7 @@ void write_rank_view(OutputBuffer& out, const Layout& layout, const PlanSelectio
     auto visit = [&](std::span<const Rank> piece) {
       members.add(piece);
       size += static_cast<std::int64_t>(piece.size());
-      if (ascending)
-        below += std::lower_bound(piece.begin(), piece.end(), r) - piece.begin();
+      if (ascending) below += std::lower_bound(piece.begin(), piece.end(), r) - piece.begin();
       else
         for (Rank m : piece) below += m < r ? 1 : 0;
       if (!sel.gpus_per_node) return;
@@ -414,8 +412,9 @@ void write_plan_table(std::ostream& stream, const Layout& layout, const PlanSele
 
   // Per rank: coordinates and the index of the rank's group of each kind, computed in
   // closed form row by row (no per-kind array of W entries).
-  out.put("\nper rank: coordinates, then the index of the rank's group of each kind "
-          "(- = in no group)\n");
+  out.put(
+      "\nper rank: coordinates, then the index of the rank's group of each kind "
+      "(- = in no group)\n");
   const std::size_t wr = std::max<std::size_t>(6, D + 1);
   const std::size_t w4 = std::max<std::size_t>(4, D + 1), w5 = std::max<std::size_t>(5, D + 1);
   std::vector<std::size_t> width(cols.size());
@@ -446,10 +445,8 @@ void write_plan_table(std::ostream& stream, const Layout& layout, const PlanSele
     out.put(" |");
     for (std::size_t ci = 0; ci < cols.size(); ++ci) {
       const std::optional<std::int64_t> i = layout.group_index(cols[ci].kind, r, cols[ci].level);
-      if (i)
-        out.pad_int(*i, width[ci]);
-      else
-        out.pad("-", width[ci]);
+      if (i) out.pad_int(*i, width[ci]);
+      else out.pad("-", width[ci]);
     }
     out.put('\n');
   }

@@ -54,11 +54,11 @@ nlohmann::ordered_json topology_json(const TopologyReport& r) {
   j["best_order"] = r.best_order;
   j["warnings"] = nlohmann::ordered_json::array();
   for (const TopologyWarning& w : r.warnings)
-    j["warnings"].push_back({{"kind", std::string(kind_name(w.kind))},
-                             {"message", w.message()},
-                             {"order", w.order ? nlohmann::ordered_json(*w.order)
-                                               : nlohmann::ordered_json(nullptr)},
-                             {"avoidable", w.avoidable}});
+    j["warnings"].push_back(
+        {{"kind", std::string(kind_name(w.kind))},
+         {"message", w.message()},
+         {"order", w.order ? nlohmann::ordered_json(*w.order) : nlohmann::ordered_json(nullptr)},
+         {"avoidable", w.avoidable}});
   return j;
 }
 

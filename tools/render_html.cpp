@@ -198,14 +198,20 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
   data["gpus_per_node"] = opt.gpus_per_node;
   data["first_rank"] = geo.first_rank;
   data["count"] = geo.end_rank - geo.first_rank;
-  data["highlight"] = opt.highlight ? nlohmann::ordered_json(*opt.highlight) : nlohmann::ordered_json(nullptr);
+  data["highlight"] =
+      opt.highlight ? nlohmann::ordered_json(*opt.highlight) : nlohmann::ordered_json(nullptr);
   data["config"] = config_json(layout);
   data["panels"] = nlohmann::ordered_json::array();
   for (const PicturePanel& p : panels) {
     nlohmann::ordered_json text = nlohmann::ordered_json::object();
-    for (std::size_t i = 0; i < p.shown.size(); ++i) text[std::to_string(p.shown[i])] = p.members[i];
-    data["panels"].push_back({{"title", p.title}, {"kind", std::string(kind_name(p.kind))}, {"level", p.level},
-                              {"groups", p.num_groups}, {"of", p.group_of}, {"text", std::move(text)}});
+    for (std::size_t i = 0; i < p.shown.size(); ++i)
+      text[std::to_string(p.shown[i])] = p.members[i];
+    data["panels"].push_back({{"title", p.title},
+                              {"kind", std::string(kind_name(p.kind))},
+                              {"level", p.level},
+                              {"groups", p.num_groups},
+                              {"of", p.group_of},
+                              {"text", std::move(text)}});
   }
   // Coordinates flat, 7 per drawn rank (tp cp dp pp etp ep edp): compact for large windows.
   std::vector<std::int64_t> coords;
@@ -217,17 +223,20 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
   data["coords"] = coords;
   std::string json = data.dump();
   // "</" inside a script element would end it; JSON allows "<\/" for the same text.
-  for (std::size_t i = 0; (i = json.find("</", i)) != std::string::npos; i += 3) json.replace(i, 2, "<\\/");
+  for (std::size_t i = 0; (i = json.find("</", i)) != std::string::npos; i += 3)
+    json.replace(i, 2, "<\\/");
 
   const std::int64_t last_node = geo.first_node + geo.rows - 1;
   const std::int64_t total_nodes = NodeMap(opt.gpus_per_node).nodes(c.world_size);
-  const std::string title = "commgrid layout: world " + std::to_string(c.world_size) + ", order " + c.order;
+  const std::string title =
+      "commgrid layout: world " + std::to_string(c.world_size) + ", order " + c.order;
   out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
       // A data: icon, so that no browser asks a server for favicon.ico.
       << "<link rel=\"icon\" href=\"data:,\">\n"
       << "<title>" << xml_escape(title) << "</title>\n"
-      << "<style>" << kCss << svg_panel_css() << "</style>\n"
+      << "<style>" << kCss << svg_panel_css()
+      << "</style>\n"
       // Installed first, so that an error anywhere later is still recorded for tests.
       << "<script>addEventListener(\"error\",function(e){var d=document.documentElement;"
          "d.dataset.errors=(d.dataset.errors||\"\")+e.message+\";\"});</script>\n"
@@ -235,12 +244,14 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
       << "<p>dense tp " << c.tp << " &times; cp " << c.cp << " &times; dp " << layout.dp()
       << " &times; pp " << c.pp << " &nbsp;|&nbsp; expert etp " << c.expert_tp() << " &times; ep "
       << c.ep << " &times; edp " << layout.expert_dp() << " &times; pp " << c.pp << "</p>\n"
-      << "<p>" << total_nodes << (total_nodes == 1 ? " node" : " nodes") << " of " << opt.gpus_per_node
-      << " GPUs; drawn: nodes " << geo.first_node << "-" << last_node
+      << "<p>" << total_nodes << (total_nodes == 1 ? " node" : " nodes") << " of "
+      << opt.gpus_per_node << " GPUs; drawn: nodes " << geo.first_node << "-" << last_node
       << ". Rows are nodes, columns local devices; each colour is one group"
-      << " (g12 = group 12" << (geo.labels ? ", printed in the cells where colours run out" : "") << "). "
-      << (geo.coordinates ? "Cells show the rank and its coordinates (t c d p; expert panels t e d p)."
-                          : "Cells show the rank.")
+      << " (g12 = group 12" << (geo.labels ? ", printed in the cells where colours run out" : "")
+      << "). "
+      << (geo.coordinates
+              ? "Cells show the rank and its coordinates (t c d p; expert panels t e d p)."
+              : "Cells show the rank.")
       << " Hover a cell for its coordinates and groups; click to pin it.</p>\n"
       << "<p><label for=\"kind\">kind</label><select id=\"kind\">";
   for (std::size_t i = 0; i < panels.size(); ++i)

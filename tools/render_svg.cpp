@@ -20,8 +20,8 @@ constexpr std::size_t kLegendGroups = 8;   // groups listed in a legend; the res
 constexpr std::size_t kLegendMembers = 8;  // members printed per legend line
 constexpr int kColumnHeaderH = 14;
 constexpr int kHeaderLineH = 18;
-constexpr int kLegendGap = 16;             // between the grid and its legend
-constexpr double kLegendCharW = 6.4;       // 11px sans-serif, generously
+constexpr int kLegendGap = 16;        // between the grid and its legend
+constexpr double kLegendCharW = 6.4;  // 11px sans-serif, generously
 
 std::string hex_colour(double h, double s, double l) {
   // HSL to RGB (CSS Color 4 formula), so the palette is computed here and every SVG
@@ -43,7 +43,6 @@ bool is_dark(const std::string& hex) {
   const double r = ((v >> 16) & 255) / 255.0, g = ((v >> 8) & 255) / 255.0, b = (v & 255) / 255.0;
   return 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45;
 }
-
 
 // Kinds built on the expert grid: their cells show expert coordinates.
 bool expert_kind(GroupKind k) {
@@ -76,9 +75,10 @@ std::string legend_text(const PicturePanel& p, std::size_t i) {
 
 std::string group_summary(const PicturePanel& p) {
   return std::to_string(p.num_groups) + (p.num_groups == 1 ? " group of " : " groups of ") +
-         p.group_size + " ranks" + (p.shown.size() < static_cast<std::size_t>(p.num_groups)
-                                        ? ", " + std::to_string(p.shown.size()) + " drawn"
-                                        : std::string());
+         p.group_size + " ranks" +
+         (p.shown.size() < static_cast<std::size_t>(p.num_groups)
+              ? ", " + std::to_string(p.shown.size()) + " drawn"
+              : std::string());
 }
 
 // The drawn ranks: the whole world, or the nodes of the window.
@@ -139,9 +139,11 @@ void check_picture(const Layout& layout, const PictureOptions& opt) {
     const std::int64_t fit = std::max<std::int64_t>(1, kMaxPictureRanks / G);
     throw ConfigError(opt.first_node ? "nodes" : "world_size",
                       "format: a picture draws at most " + std::to_string(kMaxPictureRanks) +
-                          " ranks, here " + std::to_string(end - first) + "; draw a window of "
-                          "nodes with --nodes A-B (up to " + std::to_string(fit) + " nodes of " +
-                          std::to_string(G) + " GPUs, e.g. --nodes 0-" + std::to_string(fit - 1) +
+                          " ranks, here " + std::to_string(end - first) +
+                          "; draw a window of "
+                          "nodes with --nodes A-B (up to " +
+                          std::to_string(fit) + " nodes of " + std::to_string(G) +
+                          " GPUs, e.g. --nodes 0-" + std::to_string(fit - 1) +
                           "), or use --format table or json");
   }
   if (opt.highlight) layout.check_rank(*opt.highlight);
@@ -168,7 +170,8 @@ std::vector<PicturePanel> picture_panels(const Layout& layout, const PictureOpti
           lo = std::min(lo, all[i].size());
           hi = std::max(hi, all[i].size());
         }
-        p.group_size = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
+        p.group_size =
+            lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
       }
       p.group_of.resize(static_cast<std::size_t>(end - first));
       for (Rank r = first; r < end; ++r) {
@@ -188,7 +191,8 @@ std::vector<PicturePanel> picture_panels(const Layout& layout, const PictureOpti
         if (size) {
           std::vector<Rank> buf(static_cast<std::size_t>(std::min<std::int64_t>(*size, 1 << 14)));
           for (std::int64_t done = 0; done < *size;) {
-            const auto n = std::min<std::int64_t>(static_cast<std::int64_t>(buf.size()), *size - done);
+            const auto n =
+                std::min<std::int64_t>(static_cast<std::int64_t>(buf.size()), *size - done);
             const std::span<Rank> piece(buf.data(), static_cast<std::size_t>(n));
             layout.members(k, l, q * *size + done, piece);
             for (Rank m : piece) t.add(m);
@@ -259,7 +263,8 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
                      const PicturePanel& p, int x0, int y0, bool tooltips) {
   const bool expert = expert_kind(p.kind);
   out << "<g class=\"panel\" data-kind=\"" << kind_name(p.kind) << "\" data-level=\"" << p.level
-      << "\" data-title=\"" << p.title << "\" transform=\"translate(" << x0 << "," << y0 << ")\">\n";
+      << "\" data-title=\"" << p.title << "\" transform=\"translate(" << x0 << "," << y0
+      << ")\">\n";
   out << "<text class=\"t\" x=\"0\" y=\"16\">" << p.title << "</text>"
       << "<text class=\"s\" x=\"" << 10 + 9 * static_cast<int>(p.title.size()) << "\" y=\"16\">"
       << group_summary(p) << (expert ? " (expert grid)" : "") << "</text>\n";
@@ -278,14 +283,15 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
   }
   if (std::find(p.group_of.begin(), p.group_of.end(), -1) != p.group_of.end())
     out << "<rect x=\"" << lx << "\" y=\"" << y + 2 << "\" width=\"12\" height=\"12\" fill=\""
-        << kNoGroupColour << "\" stroke=\"#999\"/><text class=\"lg\" x=\"" << lx + 18 << "\" y=\"" << y + 12
-        << "\">in no group of this kind</text>\n";
+        << kNoGroupColour << "\" stroke=\"#999\"/><text class=\"lg\" x=\"" << lx + 18 << "\" y=\""
+        << y + 12 << "\">in no group of this kind</text>\n";
 
   // Column headers (local device) and row labels (node).
   const int grid_y = kTitleH + kColumnHeaderH;
   for (int c = 0; c < geo.columns; ++c)
-    out << "<text class=\"ax\" text-anchor=\"middle\" x=\"" << geo.label_w + c * geo.cell_w + geo.cell_w / 2
-        << "\" y=\"" << grid_y - 3 << "\">" << c << "</text>";
+    out << "<text class=\"ax\" text-anchor=\"middle\" x=\""
+        << geo.label_w + c * geo.cell_w + geo.cell_w / 2 << "\" y=\"" << grid_y - 3 << "\">" << c
+        << "</text>";
   out << "\n";
   for (int n = 0; n < geo.rows; ++n)
     out << "<text class=\"ax\" x=\"0\" y=\"" << grid_y + n * geo.cell_h + geo.cell_h / 2 + 4
@@ -313,10 +319,8 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
     if (geo.coordinates) {
       out << "<text class=\"r\" x=\"" << mid << "\" y=\"" << cy + 13 << "\">" << r << "</text>"
           << "<text class=\"x\" x=\"" << mid << "\" y=\"" << cy + 26 << "\">";
-      if (expert)
-        out << "t" << xc.etp << " e" << xc.ep << " d" << xc.expert_dp << " p" << xc.pp;
-      else
-        out << "t" << xc.tp << " c" << xc.cp << " d" << xc.dp << " p" << xc.pp;
+      if (expert) out << "t" << xc.etp << " e" << xc.ep << " d" << xc.expert_dp << " p" << xc.pp;
+      else out << "t" << xc.tp << " c" << xc.cp << " d" << xc.dp << " p" << xc.pp;
       out << "</text>";
       line = cy + 26;
     } else {
@@ -326,13 +330,11 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
     if (p.labels && g >= 0)
       out << "<text class=\"gl\" x=\"" << mid << "\" y=\"" << line + 10 << "\">g" << g << "</text>";
     if (tooltips) {
-      out << "<title>rank " << r << ", node " << node << ", device " << r % G
-          << "; tp " << xc.tp << " cp " << xc.cp << " dp " << xc.dp << " pp " << xc.pp << "; etp "
-          << xc.etp << " ep " << xc.ep << " edp " << xc.expert_dp << "; " << p.title;
-      if (g < 0)
-        out << ": no group";
-      else
-        out << " group " << g << " of " << p.num_groups << ": " << p.members[p.slot(g)];
+      out << "<title>rank " << r << ", node " << node << ", device " << r % G << "; tp " << xc.tp
+          << " cp " << xc.cp << " dp " << xc.dp << " pp " << xc.pp << "; etp " << xc.etp << " ep "
+          << xc.ep << " edp " << xc.expert_dp << "; " << p.title;
+      if (g < 0) out << ": no group";
+      else out << " group " << g << " of " << p.num_groups << ": " << p.members[p.slot(g)];
       out << "</title>";
     }
     out << "</g>\n";
@@ -357,8 +359,7 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
   }
   const int panel_rows = (n + per_row - 1) / per_row;
   const int header_h = 4 * kHeaderLineH + 10;
-  const int width =
-      std::max(2 * kMargin + per_row * geo.panel_w + (per_row - 1) * kPanelGap, 820);
+  const int width = std::max(2 * kMargin + per_row * geo.panel_w + (per_row - 1) * kPanelGap, 820);
   const int height =
       2 * kMargin + header_h + panel_rows * geo.panel_h + (panel_rows - 1) * kPanelGap;
 
@@ -393,10 +394,8 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
   if (geo.first_rank != 0 || geo.end_rank != c.world_size)
     out << "drawn: nodes " << geo.first_node << "-" << geo.first_node + geo.rows - 1 << " (ranks "
         << geo.first_rank << "-" << geo.end_rank - 1 << ") of " << total_nodes;
-  else
-    out << "drawn: every node";
-  if (opt.highlight)
-    out << "; outlined: the groups of rank " << *opt.highlight << " (red)";
+  else out << "drawn: every node";
+  if (opt.highlight) out << "; outlined: the groups of rank " << *opt.highlight << " (red)";
   out << "</text>\n";
 
   for (int i = 0; i < n; ++i)

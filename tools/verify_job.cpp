@@ -24,34 +24,40 @@ int run_verify_job(const std::string& path, std::optional<int> local,
   // Failures per (module, group set), gathered from every rank.
   std::mutex mu;
   std::vector<std::vector<std::string>> failures(job.modules.size());
-  for (std::size_t m = 0; m < job.modules.size(); ++m) failures[m].resize(job.modules[m].groups.size());
+  for (std::size_t m = 0; m < job.modules.size(); ++m)
+    failures[m].resize(job.modules[m].groups.size());
   GlooOptions options;
   options.timeout = timeout;
-  run_local_ranks(static_cast<int>(job.world_size), [&](Communicator& world) {
-    for (std::size_t m = 0; m < job.modules.size(); ++m) {
-      HyperGridGroups groups(job.modules[m].grid);
-      for (std::size_t s = 0; s < job.modules[m].groups.size(); ++s) {
-        const auto& dims = job.modules[m].groups[s];
-        Communicator* c = groups.create_group(world, dims);
-        const auto want = groups.grid().group_of(dims, world.rank());
-        std::string failure;
-        if ((c != nullptr) != want.has_value()) {
-          failure = "rank " + std::to_string(world.rank()) + (c ? " got a group outside the module" : " got no group");
-        } else if (c) {
-          std::vector<std::int64_t> got(want->size());
-          std::int64_t mine = world.rank();
-          c->allgather(&mine, got.data(), 1, DataType::int64)->wait();
-          std::vector<std::int64_t> sorted(want->begin(), want->end());
-          std::sort(sorted.begin(), sorted.end());
-          if (got != sorted) failure = "rank " + std::to_string(world.rank()) + ": allgather gave other members";
+  run_local_ranks(
+      static_cast<int>(job.world_size),
+      [&](Communicator& world) {
+        for (std::size_t m = 0; m < job.modules.size(); ++m) {
+          HyperGridGroups groups(job.modules[m].grid);
+          for (std::size_t s = 0; s < job.modules[m].groups.size(); ++s) {
+            const auto& dims = job.modules[m].groups[s];
+            Communicator* c = groups.create_group(world, dims);
+            const auto want = groups.grid().group_of(dims, world.rank());
+            std::string failure;
+            if ((c != nullptr) != want.has_value()) {
+              failure = "rank " + std::to_string(world.rank()) +
+                        (c ? " got a group outside the module" : " got no group");
+            } else if (c) {
+              std::vector<std::int64_t> got(want->size());
+              std::int64_t mine = world.rank();
+              c->allgather(&mine, got.data(), 1, DataType::int64)->wait();
+              std::vector<std::int64_t> sorted(want->begin(), want->end());
+              std::sort(sorted.begin(), sorted.end());
+              if (got != sorted)
+                failure = "rank " + std::to_string(world.rank()) + ": allgather gave other members";
+            }
+            if (!failure.empty()) {
+              const std::lock_guard<std::mutex> lock(mu);
+              if (failures[m][s].empty()) failures[m][s] = failure;
+            }
+          }
         }
-        if (!failure.empty()) {
-          const std::lock_guard<std::mutex> lock(mu);
-          if (failures[m][s].empty()) failures[m][s] = failure;
-        }
-      }
-    }
-  }, options);
+      },
+      options);
   bool ok = true;
   for (std::size_t m = 0; m < job.modules.size(); ++m) {
     const JobModule& mod = job.modules[m];

@@ -1,5 +1,5 @@
-#include "cli_errors.hpp"
 #include "verify_run.hpp"
+#include "cli_errors.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -28,8 +28,8 @@ std::string check_group(const ProcessGroups& pg, GroupKind k, int level, bool li
   std::vector<Rank> sorted = members;
   std::sort(sorted.begin(), sorted.end());
   const std::int64_t me = pg.world_rank();
-  const std::string where = "group " + comm.name() + " " + list_text(members) + " on rank " +
-                            std::to_string(me) + ": ";
+  const std::string where =
+      "group " + comm.name() + " " + list_text(members) + " on rank " + std::to_string(me) + ": ";
   std::string failure;
   auto fail = [&](const std::string& what) {
     if (failure.empty()) failure = where + what;
@@ -44,7 +44,8 @@ std::string check_group(const ProcessGroups& pg, GroupKind k, int level, bool li
   std::vector<std::int64_t> got(static_cast<std::size_t>(comm.size()), -1);
   const std::int64_t reported = lie ? me + pg.world_size() : me;
   comm.allgather(&reported, got.data(), 1, DataType::int64)->wait();
-  if (got != sorted) fail("allgather of global ranks gave " + list_text(got) + ", expected " + list_text(sorted));
+  if (got != sorted)
+    fail("allgather of global ranks gave " + list_text(got) + ", expected " + list_text(sorted));
 
   // A reduction with a known result.
   std::int64_t sum = me + 1;
@@ -52,7 +53,8 @@ std::string check_group(const ProcessGroups& pg, GroupKind k, int level, bool li
   const std::int64_t expected = std::accumulate(sorted.begin(), sorted.end(), std::int64_t{0}) +
                                 static_cast<std::int64_t>(sorted.size());
   if (sum != expected)
-    fail("allreduce(sum of rank+1) gave " + std::to_string(sum) + ", expected " + std::to_string(expected));
+    fail("allreduce(sum of rank+1) gave " + std::to_string(sum) + ", expected " +
+         std::to_string(expected));
 
   // Pipeline ring: a token goes from each stage to the next and back to stage 0, each
   // stage adding its global rank. This proves send/recv and the next/prev getters.
@@ -115,7 +117,8 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
     v.alias = st.alias;
     v.groups = pg.layout().num_groups(st.kind, st.level);
     const bool lie = pg.world_rank() == options.fault_rank;
-    failures.push_back(pg.has_group(st.kind, st.level) ? check_group(pg, st.kind, st.level, lie) : "");
+    failures.push_back(pg.has_group(st.kind, st.level) ? check_group(pg, st.kind, st.level, lie)
+                                                       : "");
     report.kinds.push_back(std::move(v));
   }
 
@@ -208,16 +211,19 @@ std::string format_verify_report(const VerifyReport& report) {
                   v.creation_seconds * 1e3, static_cast<long long>(v.creation_calls));
     out += line;
   }
-  std::snprintf(line, sizeof line, "strategy %s: fingerprint %.3f ms, creation %.3f ms (slowest rank)\n",
+  std::snprintf(line, sizeof line,
+                "strategy %s: fingerprint %.3f ms, creation %.3f ms (slowest rank)\n",
                 std::string(strategy_name(report.strategy)).c_str(),
                 report.fingerprint_seconds * 1e3, report.creation_seconds * 1e3);
   out += line;
   // K counts kinds, not rows: hcp's levels are one kind.
   std::vector<GroupKind> distinct;
   for (const KindVerdict& v : report.kinds)
-    if (std::find(distinct.begin(), distinct.end(), v.kind) == distinct.end()) distinct.push_back(v.kind);
+    if (std::find(distinct.begin(), distinct.end(), v.kind) == distinct.end())
+      distinct.push_back(v.kind);
   const auto kinds = distinct.size();
-  const std::string ranks = std::to_string(report.world_size) + (report.world_size == 1 ? " rank" : " ranks");
+  const std::string ranks =
+      std::to_string(report.world_size) + (report.world_size == 1 ? " rank" : " ranks");
   if (report.passed()) {
     out += "verified " + std::to_string(kinds) + (kinds == 1 ? " kind, " : " kinds, ") +
            std::to_string(report.total_groups()) + " groups on " + ranks + "\n";

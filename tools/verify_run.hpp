@@ -31,15 +31,15 @@ struct VerifyOptions {
 struct KindVerdict {
   GroupKind kind = GroupKind::tp;
   int level = 0;
-  std::string label;               ///< "tp", "hcp[1]"
-  std::int64_t groups = 0;         ///< number of groups of the kind
-  std::int64_t min_size = 0;       ///< smallest and largest group
+  std::string label;          ///< "tp", "hcp[1]"
+  std::int64_t groups = 0;    ///< number of groups of the kind
+  std::int64_t min_size = 0;  ///< smallest and largest group
   std::int64_t max_size = 0;
   bool passed = true;
-  bool alias = false;              ///< shares the communicator of its parent kind
-  std::string failure;             ///< the first failure, naming group, ranks and check
-  double creation_seconds = 0;     ///< slowest rank's creation time for this kind
-  std::int64_t creation_calls = 0; ///< most creation calls any rank made for this kind
+  bool alias = false;               ///< shares the communicator of its parent kind
+  std::string failure;              ///< the first failure, naming group, ranks and check
+  double creation_seconds = 0;      ///< slowest rank's creation time for this kind
+  std::int64_t creation_calls = 0;  ///< most creation calls any rank made for this kind
 };
 
 /// The outcome of run_verify, the same on every rank.
@@ -47,8 +47,8 @@ struct VerifyReport {
   int world_size = 0;
   CreationStrategy strategy = kDefaultStrategy;
   std::vector<KindVerdict> kinds;
-  double fingerprint_seconds = 0;   ///< slowest rank's config fingerprint exchange
-  double creation_seconds = 0;      ///< slowest rank's total group creation
+  double fingerprint_seconds = 0;  ///< slowest rank's config fingerprint exchange
+  double creation_seconds = 0;     ///< slowest rank's total group creation
   [[nodiscard]] bool passed() const;
   [[nodiscard]] std::int64_t total_groups() const;
 };

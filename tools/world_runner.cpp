@@ -40,7 +40,8 @@ int config_failure(const WorldPlan& plan, const ConfigError& e) {
 }
 
 // One rank of the world, or the device world over it.
-int run_rank(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan, Communicator& boot) {
+int run_rank(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
+             Communicator& boot) {
   if (plan.backend != "nccl") return job.run(boot, plan);
   const std::unique_ptr<Communicator> device = o.device_world(boot);
   return job.run(*device, plan);
@@ -56,7 +57,8 @@ int run_launched(const RunnerOptions& o, const WorldJob& job, const WorldPlan& p
   } catch (const ConfigError& e) {
     return config_failure(plan, e);
   } catch (const std::exception& e) {
-    print_error("rank " + std::to_string(boot.rank()) + ": " + e.what());  // one write: never cut mid-line
+    print_error("rank " + std::to_string(boot.rank()) + ": " +
+                e.what());  // one write: never cut mid-line
     if (abort_job != nullptr) abort_job();
     return 1;
   }
@@ -69,11 +71,14 @@ int run_threads(const RunnerOptions& o, const WorldJob& job, const WorldPlan& pl
   gloo.timeout = o.timeout;
   std::mutex mutex;
   int code = 0;
-  const LocalRunResult run = run_local_ranks_collect(plan.size, [&](Communicator& world) {
-    const int mine = run_rank(o, job, plan, world);
-    const std::lock_guard<std::mutex> lock(mutex);
-    code = std::max(code, mine);
-  }, gloo);
+  const LocalRunResult run = run_local_ranks_collect(
+      plan.size,
+      [&](Communicator& world) {
+        const int mine = run_rank(o, job, plan, world);
+        const std::lock_guard<std::mutex> lock(mutex);
+        code = std::max(code, mine);
+      },
+      gloo);
   if (run.first_failed_rank < 0) return code;
   print_error(run.first_failure);
   return exit_code_of(run.errors[static_cast<std::size_t>(run.first_failed_rank)]);
@@ -87,9 +92,7 @@ int run_store_ranks(const RunnerOptions& o, const WorldJob& job, const WorldPlan
   plan.size = info.size;
   try {
     prepare_for(job, plan);
-  } catch (const ConfigError& e) {
-    return config_failure(plan, e);
-  }
+  } catch (const ConfigError& e) { return config_failure(plan, e); }
   GlooOptions gloo;
   gloo.timeout = o.timeout;
   const std::unique_ptr<Communicator> world = make_gloo_world_from_env(gloo);
@@ -112,9 +115,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   if (!checked) {
     try {
       prepare_for(job, plan);
-    } catch (const ConfigError& e) {
-      return config_failure(plan, e);
-    }
+    } catch (const ConfigError& e) { return config_failure(plan, e); }
   }
   return run_launched(o, job, plan, *world, [] { mpi::MpiEnvironment::abort(1); });
 }

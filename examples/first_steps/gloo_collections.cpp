@@ -40,8 +40,10 @@ int main() {
       const auto [tp_sum, dp_sum] = layer_step(model, grads, static_cast<float>(rank));
       // The sums of the members' ranks, from the layout: what the wire must have delivered.
       float want_tp = 0, want_dp = 0;
-      for (commgrid::Rank m : groups.global_ranks(commgrid::GroupKind::tp)) want_tp += static_cast<float>(m);
-      for (commgrid::Rank m : groups.global_ranks(commgrid::GroupKind::dp)) want_dp += static_cast<float>(m);
+      for (commgrid::Rank m : groups.global_ranks(commgrid::GroupKind::tp))
+        want_tp += static_cast<float>(m);
+      for (commgrid::Rank m : groups.global_ranks(commgrid::GroupKind::dp))
+        want_dp += static_cast<float>(m);
       if (tp_sum != want_tp || dp_sum != want_dp)
         throw commgrid::Error("rank " + std::to_string(rank) + ": sums " + std::to_string(tp_sum) +
                               ", " + std::to_string(dp_sum) + " differ from the layout's");

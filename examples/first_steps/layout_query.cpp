@@ -23,9 +23,8 @@ int main(int argc, char** argv) {
     layout.check_rank(rank);
 
     const commgrid::RankCoordinates x = layout.coordinates(rank);
-    std::cout << "rank " << rank << ": tp " << x.tp << ", cp " << x.cp << ", dp " << x.dp
-              << ", pp " << x.pp << " (expert grid: ep " << x.ep << ", expert_dp " << x.expert_dp
-              << ")\n";
+    std::cout << "rank " << rank << ": tp " << x.tp << ", cp " << x.cp << ", dp " << x.dp << ", pp "
+              << x.pp << " (expert grid: ep " << x.ep << ", expert_dp " << x.expert_dp << ")\n";
     for (commgrid::GroupKind kind : {commgrid::GroupKind::tp, commgrid::GroupKind::cp,
                                      commgrid::GroupKind::ep, commgrid::GroupKind::pp}) {
       const std::optional<commgrid::GroupRef> group = layout.group_of(kind, rank);

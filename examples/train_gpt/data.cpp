@@ -19,12 +19,8 @@ std::vector<int> sample_tokens(const ModelConfig& config, std::int64_t index) {
 
 DataLoader::DataLoader(const ModelConfig& config, int global_batch, int micro_batches, int dp_rank,
                        int dp_size, std::vector<int> positions)
-    : config_(config),
-      global_batch_(global_batch),
-      b_(global_batch / (dp_size * micro_batches)),
-      dp_rank_(dp_rank),
-      dp_size_(dp_size),
-      positions_(std::move(positions)) {}
+    : config_(config), global_batch_(global_batch), b_(global_batch / (dp_size * micro_batches)),
+      dp_rank_(dp_rank), dp_size_(dp_size), positions_(std::move(positions)) {}
 
 MicroBatch DataLoader::get(int step, int m) const {
   MicroBatch mb;

@@ -3,9 +3,9 @@
 // mpirun). main alone creates the world and the ProcessGroups; the model, the schedule and
 // the optimizer receive only the collections.
 #include <CLI/CLI.hpp>
-#include <csignal>
 #include <cmath>
 #include <commgrid/commgrid.hpp>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iomanip>
@@ -98,8 +98,9 @@ GroupFault group_fault(const std::string& fault) {
   if (fault == "swap-tp-dp-cp") return GroupFault::swap_tp_dp_cp;
   if (fault == "dp-as-expt-dp") return GroupFault::dp_as_expt_dp;
   throw commgrid::InvalidValueError(
-      "fault", "fault: expected swap-tp-dp-cp, skip-embd-sum, dp-as-expt-dp or skip-tp-cp-sum, got \"" +
-                   fault + "\"");
+      "fault",
+      "fault: expected swap-tp-dp-cp, skip-embd-sum, dp-as-expt-dp or skip-tp-cp-sum, got \"" +
+          fault + "\"");
 }
 
 void print(const std::string& format, const commgrid::ParallelConfig& layout, const TrainConfig& c,
@@ -140,7 +141,9 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
     }
     j["steps"] = nlohmann::ordered_json::array();
     for (const StepResult& s : steps)
-      j["steps"].push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm},
+      j["steps"].push_back({{"step", s.step},
+                            {"loss", s.loss},
+                            {"grad_norm", s.grad_norm},
                             {"aux_loss", s.aux_loss}});
     std::cout << j.dump(2) << "\n" << std::flush;
     return;
@@ -172,10 +175,13 @@ std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
     kills.erase(0, std::min(kills.size(), item.size() + 1));
     const auto colon = item.find(':');
     if (colon == std::string::npos)
-      throw commgrid::InvalidValueError("fault_kill", "fault_kill: expected PROCESS:STEP or PROCESS:recovery, got \"" + item + "\"");
+      throw commgrid::InvalidValueError(
+          "fault_kill",
+          "fault_kill: expected PROCESS:STEP or PROCESS:recovery, got \"" + item + "\"");
     const std::string when = item.substr(colon + 1);
     out.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
-                   when == "recovery" ? train_gpt::ResilienceConfig::kDuringRecovery : to_int("fault_kill", when, 0)});
+                   when == "recovery" ? train_gpt::ResilienceConfig::kDuringRecovery
+                                      : to_int("fault_kill", when, 0)});
   }
   return out;
 }
@@ -186,10 +192,12 @@ int run_with_spares(const Flags& f, const Checked& checked) {
   const auto launch = commgrid::read_spare_launch();
   const std::int64_t spares = parse_integer("spares", f.spares, 0, 1 << 20);
   if (!launch)
-    throw commgrid::IncompatibleError("spares", "--spares " + f.spares + " runs under commgrid launch --spares " +
+    throw commgrid::IncompatibleError("spares", "--spares " + f.spares +
+                                                    " runs under commgrid launch --spares " +
                                                     f.spares + " (COMMGRID_PROCESS is not set)");
   if (launch->spares != spares)
-    throw commgrid::IncompatibleError("spares", "--spares " + f.spares + " but commgrid launch started " +
+    throw commgrid::IncompatibleError("spares", "--spares " + f.spares +
+                                                    " but commgrid launch started " +
                                                     std::to_string(launch->spares) + " spares");
   train_gpt::ResilienceConfig resilience;
   resilience.snapshot_every = to_int("snapshot_every", f.snapshot_every, 1);
@@ -203,8 +211,8 @@ int run_with_spares(const Flags& f, const Checked& checked) {
     const char* v = std::getenv(name);
     return v == nullptr ? 0 : parse_integer(name, v, 0, std::int64_t{1} << 40);
   };
-  resilience.buddy_shift = train_gpt::buddy_shift_for(layout.world_size, env_integer("LOCAL_WORLD_SIZE"),
-                                                      env_integer("GROUP_WORLD_SIZE"));
+  resilience.buddy_shift = train_gpt::buddy_shift_for(
+      layout.world_size, env_integer("LOCAL_WORLD_SIZE"), env_integer("GROUP_WORLD_SIZE"));
   train_gpt::check_resilient_config(config, layout, resilience);
   const auto results = train_gpt::run_resilient(*launch, layout, config, resilience);
   if (results) print(f.format, layout, config, *results);
@@ -288,7 +296,8 @@ int main(int argc, char** argv) {
   app.add_flag("--dist-opt,--use-distributed-optimizer", f.dist_opt,
                "shard Adam's state over intra_dp_cp (the distributed optimizer)");
   app.add_flag("--moe", f.moe, "mixture of experts: the MLPs become MoE layers over ep");
-  app.add_option("--experts,--num-experts", f.experts, "experts per MoE layer, a multiple of ep (4)");
+  app.add_option("--experts,--num-experts", f.experts,
+                 "experts per MoE layer, a multiple of ep (4)");
   app.add_option("--topk,--moe-router-topk", f.topk, "experts per token (2)");
   app.add_option("--moe-every,--moe-layer-freq", f.moe_every, "every k-th layer is MoE (1)");
   app.add_option("--dispatcher,--moe-token-dispatcher-type", f.dispatcher,
@@ -320,10 +329,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     return run(f);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    commgrid::cli::print_error(commgrid::cli::explain_parse_error(app, e, argc, argv, "commgrid-train-gpt"));
+  } catch (const CLI::Success& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
+    commgrid::cli::print_error(
+        commgrid::cli::explain_parse_error(app, e, argc, argv, "commgrid-train-gpt"));
     return 2;
   } catch (...) {  // ConfigError: 2, any other failure: 1 (the commgrid command's mapping)
     return commgrid::cli::report_error(std::current_exception());

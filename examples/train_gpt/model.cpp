@@ -14,8 +14,7 @@ Block::Block(int layer, const ModelConfig& config, const ModelParallel& mp,
              mp.sequence_parallel()),
       norm2_("layers." + std::to_string(layer) + ".norm2", config.hidden, config,
              mp.sequence_parallel()),
-      attn_("layers." + std::to_string(layer) + ".attn", config, mp),
-      mlp_(std::move(mlp)) {}
+      attn_("layers." + std::to_string(layer) + ".attn", config, mp), mlp_(std::move(mlp)) {}
 
 Mat Block::forward(const Mat& x, const TokenRows& rows, Cache& c) const {
   Mat h = x + attn_.forward(norm1_.forward(x, c.norm1), rows, c.attn);

@@ -11,19 +11,19 @@ using commgrid::ReduceOp;
 namespace {
 
 struct MoeCache final : Mlp::Cache {
-  Mat x;      ///< input [n, h]
-  Mat probs;  ///< router softmax [n, E]
+  Mat x;                       ///< input [n, h]
+  Mat probs;                   ///< router softmax [n, E]
   std::vector<double> counts;  ///< top-k picks per (local sample, expert), summed over tp_cp
   // One entry per (token, expert) pick, in send order: by expert, then token.
   std::vector<int> token, expert;
   std::vector<double> gate;
   std::vector<std::size_t> send_rows, recv_rows;  ///< per ep rank
-  std::vector<std::int64_t> recv_count;            ///< per (ep rank, local expert)
+  std::vector<std::int64_t> recv_count;           ///< per (ep rank, local expert)
   /// Consecutive row blocks of `recv`: (local expert, rows).
   std::vector<std::pair<int, Eigen::Index>> segments;
-  Mat recv;       ///< tokens received for this rank's experts
-  Mat pre, act;   ///< the experts' fc1 output before / after GeLU
-  Mat returned;   ///< the experts' outputs for this rank's picks, in send order
+  Mat recv;      ///< tokens received for this rank's experts
+  Mat pre, act;  ///< the experts' fc1 output before / after GeLU
+  Mat returned;  ///< the experts' outputs for this rank's picks, in send order
   /// The all-gather dispatcher: token indices are rows of the tokens gathered over tp_ep,
   /// the picks those of this rank's experts, and nothing is exchanged over ep.
   bool gathered = false;
@@ -38,13 +38,9 @@ struct MoeCache final : Mlp::Cache {
 
 MoeMlp::MoeMlp(const std::string& name, const ModelConfig& config, const MoeConfig& moe,
                ExpertGroups groups, std::shared_ptr<double> aux_sum)
-    : moe_(moe),
-      groups_(groups),
-      aux_sum_(std::move(aux_sum)),
-      hidden_(config.hidden),
+    : moe_(moe), groups_(groups), aux_sum_(std::move(aux_sum)), hidden_(config.hidden),
       local_experts_(moe.experts / groups.ep->size()),
-      first_expert_(groups.ep->rank() * (moe.experts / groups.ep->size())),
-      seq_(config.seq) {
+      first_expert_(groups.ep->rank() * (moe.experts / groups.ep->size())), seq_(config.seq) {
   const int h = config.hidden, f = config.ffn(), e = moe.experts;
   // Expert-tensor parallelism: fc1 column-parallel, fc2 row-parallel over expt_tp.
   const int etp = groups.expt_tp->size();
@@ -140,9 +136,9 @@ void MoeMlp::gather_etp(Mat& recv, const std::vector<std::pair<int, Eigen::Index
 Mat MoeMlp::sum_etp_own_rows(Mat partial, const Cache& cache) const {
   const auto& c = static_cast<const MoeCache&>(cache);
   groups_.expt_tp->allreduce(elements(partial), ReduceOp::sum)->wait();
-  return partial.middleRows(static_cast<Eigen::Index>(c.etp_offset),
-                            static_cast<Eigen::Index>(c.etp_rows[static_cast<std::size_t>(
-                                groups_.expt_tp->rank())]));
+  return partial.middleRows(
+      static_cast<Eigen::Index>(c.etp_offset),
+      static_cast<Eigen::Index>(c.etp_rows[static_cast<std::size_t>(groups_.expt_tp->rank())]));
 }
 
 Mat MoeMlp::run_experts(const Mat& x, const std::vector<std::pair<int, Eigen::Index>>& segments,
@@ -172,8 +168,9 @@ Mat MoeMlp::experts_backward(const Mat& dout, const Mat& x,
     const auto u = static_cast<std::size_t>(le);
     const auto d = dout.middleRows(at, rows);
     w2_[u].grad.noalias() += act.middleRows(at, rows).transpose() * d;
-    const Mat dpre = (d * w2_[u].value.transpose()).array() *
-                     pre.middleRows(at, rows).unaryExpr([](double v) { return gelu_grad(v); }).array();
+    const Mat dpre =
+        (d * w2_[u].value.transpose()).array() *
+        pre.middleRows(at, rows).unaryExpr([](double v) { return gelu_grad(v); }).array();
     w1_[u].grad.noalias() += x.middleRows(at, rows).transpose() * dpre;
     dx.middleRows(at, rows) = dpre * w1_[u].value.transpose();
     at += rows;
@@ -275,20 +272,21 @@ Mat MoeMlp::forward(const Mat& x, std::unique_ptr<Cache>& cache) const {
   c->recv_count.assign(per_expert.size(), 0);
   if (ep > 1)
     groups_.ep
-        ->alltoall(std::span<const std::int64_t>(per_expert), std::span<std::int64_t>(c->recv_count))
+        ->alltoall(std::span<const std::int64_t>(per_expert),
+                   std::span<std::int64_t>(c->recv_count))
         ->wait();
-  else
-    c->recv_count = per_expert;
+  else c->recv_count = per_expert;
   c->recv_rows.assign(static_cast<std::size_t>(ep), 0);
   for (int p = 0; p < ep; ++p)
     for (int le = 0; le < local_experts_; ++le)
-      c->recv_rows[static_cast<std::size_t>(p)] +=
-          static_cast<std::size_t>(c->recv_count[static_cast<std::size_t>(p * local_experts_ + le)]);
+      c->recv_rows[static_cast<std::size_t>(p)] += static_cast<std::size_t>(
+          c->recv_count[static_cast<std::size_t>(p * local_experts_ + le)]);
   c->recv = ep > 1 ? exchange(send, c->send_rows, c->recv_rows) : send;
   for (int p = 0; p < ep; ++p)
     for (int le = 0; le < local_experts_; ++le)
-      c->segments.emplace_back(le, static_cast<Eigen::Index>(c->recv_count[static_cast<std::size_t>(
-                                       p * local_experts_ + le)]));
+      c->segments.emplace_back(
+          le, static_cast<Eigen::Index>(
+                  c->recv_count[static_cast<std::size_t>(p * local_experts_ + le)]));
   Mat out;
   if (groups_.expt_tp->size() > 1) {
     // Every expt_tp rank's received tokens, all-gathered; each computes its column /

@@ -36,9 +36,9 @@ struct MoeConfig {
 
 /// The expert groups an MoE layer uses, from ModelCommProcessGroups.
 struct ExpertGroups {
-  commgrid::Communicator* ep = nullptr;     ///< the all-to-all dispatcher's group
-  commgrid::Communicator* tp_cp = nullptr;  ///< the router's token-count sum
-  commgrid::Communicator* tp_ep = nullptr;  ///< the all-gather dispatcher's group
+  commgrid::Communicator* ep = nullptr;       ///< the all-to-all dispatcher's group
+  commgrid::Communicator* tp_cp = nullptr;    ///< the router's token-count sum
+  commgrid::Communicator* tp_ep = nullptr;    ///< the all-gather dispatcher's group
   commgrid::Communicator* expt_tp = nullptr;  ///< each expert's column/row parallel group
 };
 

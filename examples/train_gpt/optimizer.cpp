@@ -54,9 +54,7 @@ void finalize_model_grads(const std::vector<Param*>& params, const ModelParallel
 Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcessGroups& grads,
                      const ModelParallel& mp, OptimizerConfig config, ParamDomain domain,
                      commgrid::Communicator* expert_norm_group)
-    : params_(std::move(params)),
-      mp_(mp),
-      config_(config),
+    : params_(std::move(params)), mp_(mp), config_(config),
       reduce_group_(domain == ParamDomain::dense ? &*grads.dp_cp() : &*grads.expt_dp()),
       norm_group_(domain == ParamDomain::dense ? &mp.mp() : expert_norm_group),
       grad_scale_(1.0 / static_cast<double>(grads.dp_cp()->size())) {
@@ -65,10 +63,11 @@ Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcess
   for (const Param* p : params_) {
     // Expert parameters are reduced over the expert data-parallel groups, not dp_cp.
     if (p->domain != domain)
-      throw commgrid::InternalError(
-          "optimizer: " + p->name + " is " +
-          (p->domain == ParamDomain::expert ? "an expert" : "a dense") + " parameter; this " +
-          (domain == ParamDomain::expert ? "expert" : "dense") + " optimizer reduces the other kind");
+      throw commgrid::InternalError("optimizer: " + p->name + " is " +
+                                    (p->domain == ParamDomain::expert ? "an expert" : "a dense") +
+                                    " parameter; this " +
+                                    (domain == ParamDomain::expert ? "expert" : "dense") +
+                                    " optimizer reduces the other kind");
     // Expert shards (over expt_tp) are distinct: each counts once in tp_ep_pp.
     const bool counted = domain == ParamDomain::expert ||
                          (!(p->tp_duplicate && mp.tp_rank() != 0) && !p->shared_embedding_copy);
@@ -170,7 +169,8 @@ double Optimizer::reduce() {
     if (intra_ != nullptr && intra_->size() > 1)
       intra_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
   }
-  if (norm_group_->size() > 1) norm_group_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
+  if (norm_group_->size() > 1)
+    norm_group_->allreduce(std::span<double>(&sq, 1), ReduceOp::sum)->wait();
   return sq;
 }
 
@@ -198,8 +198,10 @@ void Optimizer::save_state(std::vector<double>& out) const {
 void Optimizer::load_state(std::span<const double> in, std::size_t& at) {
   const std::size_t want = m_.size() + v_.size() + master_.size() + 1;
   if (at >= in.size() || in[at] != static_cast<double>(want))
-    throw commgrid::InternalError("optimizer state: expected " + std::to_string(want) + " values, " +
-                                  (at >= in.size() ? std::string("none are left") : "the state says " + std::to_string(in[at])));
+    throw commgrid::InternalError("optimizer state: expected " + std::to_string(want) +
+                                  " values, " +
+                                  (at >= in.size() ? std::string("none are left")
+                                                   : "the state says " + std::to_string(in[at])));
   ++at;
   if (at + want > in.size())
     throw commgrid::InternalError("optimizer state: " + std::to_string(in.size()) +
@@ -219,20 +221,23 @@ void Optimizer::load_resharded(std::span<const std::span<const double>> saved) {
   std::vector<double> m, v;
   for (const auto& entry : saved) {
     if (entry.empty() || (entry.size() - 1) % parts != 0)
-      throw commgrid::InternalError("optimizer reshard: a saved state of " + std::to_string(entry.size()) +
-                                    " values is not " + std::to_string(parts) + " shards and a step count");
+      throw commgrid::InternalError("optimizer reshard: a saved state of " +
+                                    std::to_string(entry.size()) + " values is not " +
+                                    std::to_string(parts) + " shards and a step count");
     const std::size_t shard = (entry.size() - 1) / parts;
     m.insert(m.end(), entry.begin(), entry.begin() + static_cast<std::ptrdiff_t>(shard));
     v.insert(v.end(), entry.begin() + static_cast<std::ptrdiff_t>(shard),
              entry.begin() + static_cast<std::ptrdiff_t>(2 * shard));
   }
   if (m.size() < numel_)
-    throw commgrid::InternalError("optimizer reshard: the saved shards hold " + std::to_string(m.size()) +
-                                  " moments for " + std::to_string(numel_) + " parameters");
+    throw commgrid::InternalError("optimizer reshard: the saved shards hold " +
+                                  std::to_string(m.size()) + " moments for " +
+                                  std::to_string(numel_) + " parameters");
   // This rank's shard (the padding past numel_ is zero, as in a run that had this sharding).
   auto slice = [&](std::span<const double> whole, std::vector<double>& out) {
     out.assign(shard_, 0.0);
-    for (std::size_t i = 0; i < shard_ && shard_begin_ + i < numel_; ++i) out[i] = whole[shard_begin_ + i];
+    for (std::size_t i = 0; i < shard_ && shard_begin_ + i < numel_; ++i)
+      out[i] = whole[shard_begin_ + i];
   };
   slice(m, m_);
   slice(v, v_);

@@ -8,25 +8,15 @@ using commgrid::Communicator;
 using commgrid::ReduceOp;
 
 ModelParallel::ModelParallel(const commgrid::ModelCommProcessGroups& groups, bool sequence_parallel)
-    : tp_(&*groups.tp()),
-      cp_(&*groups.cp()),
-      pp_(&*groups.pp()),
-      mp_(&*groups.mp()),
-      embd_(groups.embd().get()),
-      pos_embd_(groups.pos_embd().get()),
-      tp_size_(tp_->size()),
-      tp_rank_(tp_->rank()),
-      cp_size_(cp_->size()),
-      cp_rank_(cp_->rank()),
-      pp_size_(pp_->size()),
-      pp_rank_(pp_->rank()),
-      sequence_parallel_(sequence_parallel) {
+    : tp_(&*groups.tp()), cp_(&*groups.cp()), pp_(&*groups.pp()), mp_(&*groups.mp()),
+      embd_(groups.embd().get()), pos_embd_(groups.pos_embd().get()), tp_size_(tp_->size()),
+      tp_rank_(tp_->rank()), cp_size_(cp_->size()), cp_rank_(cp_->rank()), pp_size_(pp_->size()),
+      pp_rank_(pp_->rank()), sequence_parallel_(sequence_parallel) {
   // hcp, when the layout has it, replaces the one cp gather by one gather per level. A
   // collection built by hand may leave it unset: then cp is gathered in one call.
   if (groups.is_set("hcp") && groups.hcp().has_group())
     for (const auto& h : groups.hcp().handles()) cp_levels_.push_back(h.get());
-  else
-    cp_levels_.push_back(cp_);
+  else cp_levels_.push_back(cp_);
   // Which cp rank each gathered block comes from: gather the global ranks the same way.
   std::vector<std::int64_t> ids{cp_->global_rank(cp_rank_)};
   for (Communicator* level : cp_levels_) {

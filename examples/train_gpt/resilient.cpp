@@ -8,8 +8,8 @@
 #include <iostream>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <memory>
+#include <numeric>
 #include <string>
 
 #include "setup.hpp"
@@ -62,7 +62,8 @@ StateSource parse_state_source(const std::string& text) {
   if (text == "auto") return StateSource::automatic;
   if (text == "replica") return StateSource::replica;
   if (text == "buddy") return StateSource::buddy;
-  throw commgrid::InvalidValueError("state_from", "state_from: expected auto, replica or buddy, got \"" + text + "\"");
+  throw commgrid::InvalidValueError(
+      "state_from", "state_from: expected auto, replica or buddy, got \"" + text + "\"");
 }
 
 std::int64_t buddy_shift_for(std::int64_t world_size, std::int64_t local_world_size,
@@ -92,15 +93,19 @@ void check_resilient_config(const TrainConfig& config, const commgrid::ParallelC
   const std::string why = why_no_replica(config, layout);
   if (resilience.state_from == StateSource::replica && !why.empty())
     throw commgrid::IncompatibleError(
-        "state_from", "--state-from replica: " + why + " leaves a rank without a full "
-                      "data-parallel replica (use --state-from buddy or auto: docs/resilience.md)");
+        "state_from",
+        "--state-from replica: " + why +
+            " leaves a rank without a full "
+            "data-parallel replica (use --state-from buddy or auto: docs/resilience.md)");
   const std::int64_t w = layout.world_size;
   if (resolve_state_source(config, layout, resilience) == StateSource::buddy &&
       (resilience.buddy_shift <= 0 || resilience.buddy_shift % w == 0))
     throw commgrid::IncompatibleError(
-        "spares", "--spares: buddy copies need another rank to hold each rank's state, and world "
-                  "size " + std::to_string(w) + " with buddy shift " + std::to_string(resilience.buddy_shift) +
-                  " gives every rank itself" + (why.empty() ? "" : " (" + why + ")"));
+        "spares",
+        "--spares: buddy copies need another rank to hold each rank's state, and world "
+        "size " +
+            std::to_string(w) + " with buddy shift " + std::to_string(resilience.buddy_shift) +
+            " gives every rank itself" + (why.empty() ? "" : " (" + why + ")"));
 }
 
 std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch& launch,
@@ -152,7 +157,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
   bool buddy = false;
   auto follow_layout = [&] {
     epoch_layout = rec->config().value_or(layout);
-    epoch_config.micro_batches = static_cast<int>(config.micro_batches * layout.dp() / epoch_layout.dp());
+    epoch_config.micro_batches =
+        static_cast<int>(config.micro_batches * layout.dp() / epoch_layout.dp());
     buddy = resolve_state_source(config, epoch_layout, resilience) == StateSource::buddy ||
             !why_no_replica(config, epoch_layout).empty();
   };
@@ -160,7 +166,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
 
   auto fault_kill = [&](int at) {
     for (const auto& kill : resilience.kills)
-      if (kill.process == launch.process && kill.step == at && launch.incarnation == 0) ::raise(SIGKILL);
+      if (kill.process == launch.process && kill.step == at && launch.incarnation == 0)
+        ::raise(SIGKILL);
   };
   auto start_epoch = [&] {
     collections = std::make_unique<Collections>(make_collections(*g.groups));
@@ -198,8 +205,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     constexpr int kSizeTag = 7301, kStateTag = 7302;
     if (source_size < 0) {
       auto mine = static_cast<std::int64_t>(own.state.size());
-      const commgrid::P2POp sizes[] = {commgrid::P2POp::send(std::span<std::int64_t>(&mine, 1), to, kSizeTag),
-                                       commgrid::P2POp::recv(std::span<std::int64_t>(&source_size, 1), from, kSizeTag)};
+      const commgrid::P2POp sizes[] = {
+          commgrid::P2POp::send(std::span<std::int64_t>(&mine, 1), to, kSizeTag),
+          commgrid::P2POp::recv(std::span<std::int64_t>(&source_size, 1), from, kSizeTag)};
       world.batch_isend_irecv(sizes)->wait();
     }
     std::vector<double> in(static_cast<std::size_t>(source_size));
@@ -245,7 +253,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
     const Snapshot* mine = fresh ? nullptr : find(snapshots, s);
     if (!fresh && mine == nullptr)
-      throw commgrid::InternalError("recovery: this rank kept no snapshot of step " + std::to_string(s));
+      throw commgrid::InternalError("recovery: this rank kept no snapshot of step " +
+                                    std::to_string(s));
     std::vector<double> state = fresh ? trainer->state() : mine->state;
     const std::size_t state_size = state.size();
     std::vector<double> past = pack_results(mine, s);
@@ -274,10 +283,11 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         if (all[d] != -1 || s == 0) continue;  // step 0's state is the initial one: a new Trainer's
         const auto b = static_cast<std::size_t>(buddy_of(static_cast<std::int64_t>(d)));
         if (all[b] != 1)
-          throw StateLostError("the state of logical rank " + std::to_string(d) + " is lost: " +
-                             (all[b] == -1 ? "it and its buddy, logical rank " + std::to_string(b) + ", died"
-                                           : "its buddy, logical rank " + std::to_string(b) +
-                                                 ", holds no copy of step " + std::to_string(s)));
+          throw StateLostError(
+              "the state of logical rank " + std::to_string(d) + " is lost: " +
+              (all[b] == -1 ? "it and its buddy, logical rank " + std::to_string(b) + ", died"
+                            : "its buddy, logical rank " + std::to_string(b) +
+                                  ", holds no copy of step " + std::to_string(s)));
         if (static_cast<int>(b) == world.rank())
           ops.push_back(commgrid::P2POp::send(std::span<const double>(find(copies, s)->state),
                                               static_cast<int>(d), 7303));
@@ -286,7 +296,9 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       }
       if (!ops.empty()) world.batch_isend_irecv(ops)->wait();
       // The results so far, from the lowest rank that has them.
-      const auto root = static_cast<int>(std::find_if(all.begin(), all.end(), [](std::int64_t h) { return h != -1; }) - all.begin());
+      const auto root = static_cast<int>(
+          std::find_if(all.begin(), all.end(), [](std::int64_t h) { return h != -1; }) -
+          all.begin());
       if (s > 0) world.broadcast(std::span<double>(past), root)->wait();
       // A rank's copies of a later step than s are of a step not taken again yet.
       while (!copies.empty() && copies.back().step > s) copies.pop_back();
@@ -315,10 +327,12 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     std::vector<std::int64_t> live;
     for (std::int64_t p = 0; p < map.num_processes(); ++p)
       if (map.role(p) != commgrid::ProcessRole::dead) live.push_back(p);
-    const auto me = static_cast<int>(std::find(live.begin(), live.end(), launch.process) - live.begin());
+    const auto me =
+        static_cast<int>(std::find(live.begin(), live.end(), launch.process) - live.begin());
     if (me == static_cast<int>(live.size())) return {};  // declared dead by this decision
-    auto transfer = factory(rec->options().prefix + "/epoch/" + std::to_string(rec->epoch()) + "/reshard",
-                            me, static_cast<int>(live.size()));
+    auto transfer =
+        factory(rec->options().prefix + "/epoch/" + std::to_string(rec->epoch()) + "/reshard", me,
+                static_cast<int>(live.size()));
     Resharded out;
     const std::int64_t s = min_over(*transfer, offer_step());
     if (s == kNone) throw BackendError("recovery: no survivor holds a snapshot");
@@ -333,20 +347,25 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     };
     const Snapshot* mine = fresh ? nullptr : find(snapshots, s);
     if (mine != nullptr) add(own_rank, mine->state);
-    if (const Snapshot* copy = (fresh || !buddy) ? nullptr : find(copies, s)) add(buddy_source(own_rank), copy->state);
+    if (const Snapshot* copy = (fresh || !buddy) ? nullptr : find(copies, s))
+      add(buddy_source(own_rank), copy->state);
     const auto n = static_cast<std::size_t>(transfer->size());
     auto length = static_cast<std::int64_t>(offer.size());
     std::vector<std::int64_t> lengths(n);
-    transfer->allgather(std::span<const std::int64_t>(&length, 1), std::span<std::int64_t>(lengths))->wait();
+    transfer->allgather(std::span<const std::int64_t>(&length, 1), std::span<std::int64_t>(lengths))
+        ->wait();
     std::vector<std::size_t> counts(lengths.begin(), lengths.end());
     std::vector<double> all(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
-    transfer->allgatherv(offer.data(), offer.size(), all.data(), counts, commgrid::DataType::float64)->wait();
+    transfer
+        ->allgatherv(offer.data(), offer.size(), all.data(), counts, commgrid::DataType::float64)
+        ->wait();
     std::map<std::int64_t, std::vector<double>> held;  // old logical rank -> its state at step s
     for (std::size_t at = 0; at < all.size();) {
       const auto owner = static_cast<std::int64_t>(all[at]);
       const auto len = static_cast<std::size_t>(all[at + 1]);
-      held.emplace(owner, std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(at + 2),
-                                              all.begin() + static_cast<std::ptrdiff_t>(at + 2 + len)));
+      held.emplace(owner,
+                   std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(at + 2),
+                                       all.begin() + static_cast<std::ptrdiff_t>(at + 2 + len)));
       at += 2 + len;
     }
     // Which old states the new rank needs, and whether every rank of the new world finds
@@ -359,8 +378,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     // (old ranks whose states are equal outside the optimizer's shards), the first whose
     // every member is held; `shard_group` is empty without the distributed optimizer (the
     // candidate's own state then). Notes the first missing rank otherwise.
-    auto gather = [&](const std::vector<commgrid::Rank>& candidates, commgrid::GroupKind shard_group,
-                      std::vector<std::vector<double>>& into) {
+    auto gather = [&](const std::vector<commgrid::Rank>& candidates,
+                      commgrid::GroupKind shard_group, std::vector<std::vector<double>>& into) {
       for (commgrid::Rank c : candidates) {
         std::vector<commgrid::Rank> need{c};
         if (config.optimizer.dist_opt) {
@@ -383,7 +402,8 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
       // state (no distributed optimizer), any of them.
       std::vector<commgrid::Rank> dense{old};
       if (!config.optimizer.dist_opt) {
-        const std::optional<commgrid::GroupRef> replicas = old_layout.group_of(commgrid::GroupKind::dp, old);
+        const std::optional<commgrid::GroupRef> replicas =
+            old_layout.group_of(commgrid::GroupKind::dp, old);
         for (commgrid::Rank r : replicas->members)
           if (r != old) dense.push_back(r);
       }
@@ -402,8 +422,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     }
     const std::int64_t lost = min_over(*transfer, missing);
     if (lost != kNone)
-      throw StateLostError("the state of logical rank " + std::to_string(lost) + " is lost: no live process "
-                           "holds it to reshard to the shrunk layout of epoch " + std::to_string(rec->epoch()));
+      throw StateLostError("the state of logical rank " + std::to_string(lost) +
+                           " is lost: no live process "
+                           "holds it to reshard to the shrunk layout of epoch " +
+                           std::to_string(rec->epoch()));
     // The results so far, from the lowest process that has them.
     std::vector<double> past = pack_results(mine, s);
     const std::int64_t root = min_over(*transfer, mine != nullptr ? transfer->rank() : kNone);
@@ -437,16 +459,16 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
           resharded = reshard(*decision.shrink);  // (over the old layout: before follow_layout)
           follow_layout();
           check_train_config(epoch_config, epoch_layout);
-          std::cerr << ("train_gpt: epoch " + std::to_string(rec->epoch()) + " shrinks the world to " +
-                        std::to_string(next.world_size) + " ranks (dp " + std::to_string(next.dp()) + ", " +
-                        std::to_string(epoch_config.micro_batches) + " micro-batches per replica)\n")
+          std::cerr << ("train_gpt: epoch " + std::to_string(rec->epoch()) +
+                        " shrinks the world to " + std::to_string(next.world_size) + " ranks (dp " +
+                        std::to_string(next.dp()) + ", " +
+                        std::to_string(epoch_config.micro_batches) +
+                        " micro-batches per replica)\n")
                     << std::flush;
         } else {
           follow_layout();
         }
-      } catch (const commgrid::FencedError&) {
-        throw;
-      } catch (const commgrid::ConfigError& e) {
+      } catch (const commgrid::FencedError&) { throw; } catch (const commgrid::ConfigError& e) {
         // No smaller layout, or none this run fits: the job cannot go on (every process alike).
         throw BackendError(std::string("recovery: cannot go on without a spare: ") + e.what());
       }
@@ -467,8 +489,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         const auto t2 = Clock::now();
         fault_kill(ResilienceConfig::kDuringRecovery);
         if (resharded) {
-          const std::vector<std::span<const double>> dense(resharded->dense.begin(), resharded->dense.end());
-          const std::vector<std::span<const double>> expert(resharded->expert.begin(), resharded->expert.end());
+          const std::vector<std::span<const double>> dense(resharded->dense.begin(),
+                                                           resharded->dense.end());
+          const std::vector<std::span<const double>> expert(resharded->expert.begin(),
+                                                            resharded->expert.end());
           if (resharded->step > 0) trainer->set_state_resharded(dense, expert);
           copies.clear();  // of the old layout's ranks
           resume_at(resharded->step, trainer->state(), std::move(resharded->results));
@@ -476,15 +500,14 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
           resync();
         }
         std::cerr << ("train_gpt: process " + std::to_string(launch.process) + " is logical rank " +
-                      std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(rec->epoch()) +
-                      ", back at step " + std::to_string(step) + ": agreement " + seconds(agreed - t0) +
-                      " s, groups " + seconds(t1 - moved) + " s, model " + seconds(t2 - t1) + " s, state " +
+                      std::to_string(*rec->logical_rank()) + " of epoch " +
+                      std::to_string(rec->epoch()) + ", back at step " + std::to_string(step) +
+                      ": agreement " + seconds(agreed - t0) + " s, groups " + seconds(t1 - moved) +
+                      " s, model " + seconds(t2 - t1) + " s, state " +
                       seconds((moved - agreed) + (Clock::now() - t2)) + " s\n")
                   << std::flush;
         return;
-      } catch (const commgrid::FencedError&) {
-        throw;
-      } catch (const StateLostError&) {
+      } catch (const commgrid::FencedError&) { throw; } catch (const StateLostError&) {
         throw;  // every rank reached the same verdict: nothing to retry
       } catch (const BackendError& e) {
         if (resharded || attempt >= rec->map().num_processes()) throw;
@@ -516,15 +539,15 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
         if (snapshots.empty() || snapshots.back().step != step) {
           keep_two(snapshots, {step, trainer->state(), results});
           // The per-snapshot check: one store read every K steps.
-          if (rec->failed()) throw BackendError("epoch " + std::to_string(rec->epoch()) + " failed: " + rec->failure_reason());
+          if (rec->failed())
+            throw BackendError("epoch " + std::to_string(rec->epoch()) +
+                               " failed: " + rec->failure_reason());
         }
         if (buddy && shipped != step) ship();
       }
       results.push_back(trainer->step(step));
       ++step;
-    } catch (const commgrid::FencedError&) {
-      throw;
-    } catch (const BackendError& e) {
+    } catch (const commgrid::FencedError&) { throw; } catch (const BackendError& e) {
       rec->mark_failed(e.what());
       recover();
     }

@@ -22,12 +22,10 @@ std::vector<ScheduleOp> pipeline_schedule(int pp, int stage, int vpp, int micro_
     return ScheduleOp{forward, v, group * pp + in_group % pp};
   };
   int warmup;
-  if (vpp == 1)
-    warmup = std::min(pp - stage - 1, micro_batches);
+  if (vpp == 1) warmup = std::min(pp - stage - 1, micro_batches);
   else if (micro_batches == pp)
     warmup = total;  // all forwards first, as Megatron does when M == pp
-  else
-    warmup = std::min((pp - stage - 1) * 2 + (vpp - 1) * pp, total);
+  else warmup = std::min((pp - stage - 1) * 2 + (vpp - 1) * pp, total);
   for (int k = 0; k < warmup; ++k) ops.push_back(op(k, true));
   const int steady = total - warmup;
   for (int k = 0; k < steady; ++k) {

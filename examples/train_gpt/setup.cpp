@@ -11,8 +11,7 @@ Collections make_collections(const commgrid::ProcessGroups& groups, GroupFault f
     c.model.set("tp", dp_cp);
     c.grads.set("dp_cp", tp);
   }
-  if (fault == GroupFault::dp_as_expt_dp)
-    c.grads.set("expt_dp", c.grads.dp().handles().front());
+  if (fault == GroupFault::dp_as_expt_dp) c.grads.set("expt_dp", c.grads.dp().handles().front());
   return c;
 }
 

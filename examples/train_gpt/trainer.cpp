@@ -57,16 +57,20 @@ void check_moe(const TrainConfig& c, std::int64_t tp, std::int64_t ep, std::int6
   if (!c.moe) return;
   auto s = [](auto v) { return std::to_string(v); };
   if (c.experts < 1 || c.experts % ep != 0)
-    throw DivisibilityError("experts", "experts " + s(c.experts) + " is not a positive multiple of ep " + s(ep));
+    throw DivisibilityError(
+        "experts", "experts " + s(c.experts) + " is not a positive multiple of ep " + s(ep));
   if (c.topk < 1 || c.topk > c.experts)
-    throw IncompatibleError("topk", "topk " + s(c.topk) + " is not in 1..experts (" + s(c.experts) + ")");
+    throw IncompatibleError("topk",
+                            "topk " + s(c.topk) + " is not in 1..experts (" + s(c.experts) + ")");
   if (c.moe_every < 1)
     throw IncompatibleError("moe_every", "moe_every " + s(c.moe_every) + " is not positive");
   if (tp > 1 && !c.sequence_parallel)
-    throw IncompatibleError("sequence_parallel", "MoE with tp " + s(tp) +
-                                                     " > 1 requires sequence parallelism (--sequence-parallel)");
+    throw IncompatibleError(
+        "sequence_parallel",
+        "MoE with tp " + s(tp) + " > 1 requires sequence parallelism (--sequence-parallel)");
   if (c.model.ffn() % etp != 0)
-    throw DivisibilityError("etp", "MoE: ffn " + s(c.model.ffn()) + " is not divisible by etp " + s(etp));
+    throw DivisibilityError("etp",
+                            "MoE: ffn " + s(c.model.ffn()) + " is not divisible by etp " + s(etp));
 }
 
 }  // namespace
@@ -89,16 +93,16 @@ struct Trainer::Impl {
        const commgrid::GradCommProcessGroups& grad_groups, const TrainConfig& c)
       : config(c), dp(*grad_groups.dp()), dp_cp(*grad_groups.dp_cp()),
         mp(model_groups, c.sequence_parallel), model(c.model, mp, c.vpp, mlp_factory(model_groups)),
-        params(model.params()),
-        data(c.model, c.global_batch, c.micro_batches, dp.rank(), dp.size(),
-             mp.positions_of(mp.cp_rank(), c.model.seq)) {
+        params(model.params()), data(c.model, c.global_batch, c.micro_batches, dp.rank(), dp.size(),
+                                     mp.positions_of(mp.cp_rank(), c.model.seq)) {
     std::vector<Param*> dense_params, expert_params;
-    for (Param* p : params) (p->domain == ParamDomain::expert ? expert_params : dense_params).push_back(p);
+    for (Param* p : params)
+      (p->domain == ParamDomain::expert ? expert_params : dense_params).push_back(p);
     optimizer = std::make_unique<Optimizer>(dense_params, grad_groups, mp, config.optimizer);
     if (config.moe)
-      expert_optimizer = std::make_unique<Optimizer>(expert_params, grad_groups, mp, config.optimizer,
-                                                     ParamDomain::expert,
-                                                     &*model_groups.tp_ep_pp());
+      expert_optimizer =
+          std::make_unique<Optimizer>(expert_params, grad_groups, mp, config.optimizer,
+                                      ParamDomain::expert, &*model_groups.tp_ep_pp());
     total_tokens = static_cast<double>(config.global_batch) * config.model.seq;
     // Each rank's gradient is that of the mean over its own tokens; averaging over dp_cp
     // (which has as many ranks as there are token shards) gives the global mean's.
@@ -120,8 +124,8 @@ struct Trainer::Impl {
     moe.allgather_dispatcher = config.allgather_dispatcher;
     const ExpertGroups expert_groups{&*model_groups.ep(), &*model_groups.tp_cp(),
                                      &*model_groups.tp_ep(), &*model_groups.expt_tp()};
-    return [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux = aux_sum,
-            this](int layer, const std::string& name) -> std::unique_ptr<Mlp> {
+    return [dense = dense_mlp_factory(config.model, mp), moe, expert_groups, aux = aux_sum, this](
+               int layer, const std::string& name) -> std::unique_ptr<Mlp> {
       if (layer % config.moe_every != 0) return dense(layer, name);
       return std::make_unique<MoeMlp>(name, config.model, moe, expert_groups, aux);
     };
@@ -159,8 +163,8 @@ StepResult Trainer::step(int step) {
   const ModelParallel& mp = t.mp;
   t.model.zero_grad();
   *t.aux_sum = 0.0;
-  double loss =
-      run_pipeline(t.model, mp, t.data, step, config.micro_batches, config.vpp, 1.0 / t.local_tokens);
+  double loss = run_pipeline(t.model, mp, t.data, step, config.micro_batches, config.vpp,
+                             1.0 / t.local_tokens);
   finalize_model_grads(t.params, mp, config.fault_skip_embd_sum);
   double norm = 0;
   if (t.expert_optimizer) {
@@ -228,15 +232,16 @@ std::vector<std::span<const double>> state_parts(std::span<const double> state, 
   for (std::size_t k = 0; k < optimizers; ++k) {
     if (at >= state.size() || at + 1 + static_cast<std::size_t>(state[at]) > state.size())
       throw commgrid::InternalError("train state: " + std::to_string(state.size()) +
-                                    " values do not hold optimizer " + std::to_string(k) + "'s state");
+                                    " values do not hold optimizer " + std::to_string(k) +
+                                    "'s state");
     const auto n = static_cast<std::size_t>(state[at]);
     parts.push_back(state.subspan(at + 1, n));
     at += 1 + n;
   }
   if (parts.front().size() != numel || at != state.size())
-    throw commgrid::InternalError("train state: " + std::to_string(state.size()) + " values do not fit " +
-                                  std::to_string(numel) + " parameters and " + std::to_string(optimizers) +
-                                  " optimizers");
+    throw commgrid::InternalError("train state: " + std::to_string(state.size()) +
+                                  " values do not fit " + std::to_string(numel) +
+                                  " parameters and " + std::to_string(optimizers) + " optimizers");
   return parts;
 }
 
@@ -258,7 +263,8 @@ void Trainer::set_state_resharded(std::span<const std::span<const double>> dense
   // The values: dense parameters from a dense source, experts from an expert source (a
   // stage's parameters have the same shapes on every rank of it).
   const std::span<const double> dense_values = parts_of(dense.first(1), 0).front();
-  const std::span<const double> expert_values = moe ? parts_of(expert.first(1), 0).front() : dense_values;
+  const std::span<const double> expert_values =
+      moe ? parts_of(expert.first(1), 0).front() : dense_values;
   std::size_t at = 0;
   for (Param* p : impl_->params) {
     const auto v = elements(p->value);

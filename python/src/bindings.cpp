@@ -58,9 +58,7 @@ void translate_errors(std::exception_ptr p) {
     raise_config_error("RankOutOfRangeError", e);
   } catch (const UnknownKindError& e) {
     raise_config_error("UnknownKindError", e);
-  } catch (const ConfigError& e) {
-    raise_config_error("ConfigError", e);
-  } catch (const Error& e) {
+  } catch (const ConfigError& e) { raise_config_error("ConfigError", e); } catch (const Error& e) {
     PyErr_SetString(error_class("Error").ptr(), e.what());
   }
 }
@@ -92,8 +90,8 @@ py::array_t<std::int64_t> groups_array(GroupList&& groups, const std::string& wh
   const std::size_t g = n == 0 ? 0 : groups[0].size();
   for (std::size_t i = 1; i < n; ++i)
     if (groups[i].size() != g)
-      throw InvalidValueError("kind", "the groups of " + what +
-                                          " have different sizes; use groups() for lists");
+      throw InvalidValueError(
+          "kind", "the groups of " + what + " have different sizes; use groups() for lists");
   auto* owned = new GroupList(std::move(groups));
   py::capsule base(owned, [](void* p) { delete static_cast<GroupList*>(p); });
   const auto stride = static_cast<py::ssize_t>(sizeof(std::int64_t));
@@ -109,7 +107,8 @@ py::array_t<std::int64_t> groups_array(GroupList&& groups, const std::string& wh
 EmbeddingPolicy wrap_policy(const py::object& fn, const char* name) {
   if (fn.is_none()) return {};
   if (!PyCallable_Check(fn.ptr()))
-    throw PolicyError(name, std::string(name) + ": expected a callable (pp group ranks -> ranks) or None, got " +
+    throw PolicyError(name, std::string(name) +
+                                ": expected a callable (pp group ranks -> ranks) or None, got " +
                                 py::repr(fn).cast<std::string>());
   return [fn, name](std::span<const Rank> pp_group) {
     py::object result = fn(members_list(pp_group));
@@ -120,7 +119,8 @@ EmbeddingPolicy wrap_policy(const py::object& fn, const char* name) {
     } catch (const py::cast_error&) {
       std::string shown = py::repr(result).cast<std::string>();
       if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
-      throw PolicyError(name, std::string(name) + ": the policy returned " + shown + " for pp group " +
+      throw PolicyError(name, std::string(name) + ": the policy returned " + shown +
+                                  " for pp group " +
                                   py::repr(members_list(pp_group)).cast<std::string>() +
                                   "; expected a list of ranks (ints)");
     }
@@ -136,17 +136,23 @@ T& live(py::handle self, const char* what, const char* made_by) {
     throw py::type_error(std::string(what) + " method called on " +
                          py::repr(py::type::handle_of(self)).cast<std::string>());
   auto* inst = reinterpret_cast<py::detail::instance*>(self.ptr());
-  py::detail::value_and_holder vh = inst->get_value_and_holder(py::detail::get_type_info(typeid(T)));
+  py::detail::value_and_holder vh =
+      inst->get_value_and_holder(py::detail::get_type_info(typeid(T)));
   if (!vh || !vh.holder_constructed() || vh.value_ptr() == nullptr) {
     PyErr_SetString(error_class("StateError").ptr(),
-                    (std::string(what) + " is not initialized: its construction failed or never ran "
-                                         "(" + made_by + ")").c_str());
+                    (std::string(what) +
+                     " is not initialized: its construction failed or never ran "
+                     "(" +
+                     made_by + ")")
+                        .c_str());
     throw py::error_already_set();
   }
   return *vh.value_ptr<T>();
 }
 
-const Layout& L(py::handle self) { return live<Layout>(self, "Layout", "make one with commgrid.Layout(...)"); }
+const Layout& L(py::handle self) {
+  return live<Layout>(self, "Layout", "make one with commgrid.Layout(...)");
+}
 
 // Results as Python lists take about 36 bytes per rank (a list slot and an int object),
 // numpy arrays 8; a result larger than the limit is refused before anything is built, as
@@ -163,9 +169,9 @@ void check_output(std::int64_t members, std::int64_t bytes_per_member, std::int6
   if (members > limit / bytes_per_member)
     throw OverflowError("max_output_mib",
                         what + " would hold " + std::to_string(members) + " ranks (about " +
-                            std::to_string(members / (1 << 20) * bytes_per_member) + " MiB), over the " +
-                            std::to_string(limit_mib) + " MiB limit; " + instead +
-                            ", or raise the limit with max_output_mib=N (0: none)");
+                            std::to_string(members / (1 << 20) * bytes_per_member) +
+                            " MiB), over the " + std::to_string(limit_mib) + " MiB limit; " +
+                            instead + ", or raise the limit with max_output_mib=N (0: none)");
 }
 
 constexpr std::int64_t kListBytes = 36, kArrayBytes = 8;
@@ -211,7 +217,8 @@ Compat parse_compat(const std::string& name) {
   throw InvalidValueError("compat", "compat: expected \"seed\" or \"head\", got \"" + name + "\"");
 }
 
-py::object rank_group(const Layout& layout, GroupKind k, Rank r, int level, std::int64_t limit_mib) {
+py::object rank_group(const Layout& layout, GroupKind k, Rank r, int level,
+                      std::int64_t limit_mib) {
   layout.check_rank(r);
   check_output(own_group_members(layout, k, level), kListBytes, limit_mib,
                "rank " + std::to_string(r) + "'s " + layout.level_name(k, level) + " group",
@@ -229,143 +236,185 @@ PYBIND11_MODULE(_commgrid, m) {
   m.doc() = "commgrid's C++ layout core (binding only; use the commgrid package)";
   py::register_exception_translator(&translate_errors);
 
-  m.def("kind_names", [] {
-    std::vector<std::string> names;
-    for (GroupKind k : all_kinds()) names.emplace_back(kind_name(k));
-    return names;
-  }, "Every group kind name, in reference order.");
+  m.def(
+      "kind_names",
+      [] {
+        std::vector<std::string> names;
+        for (GroupKind k : all_kinds()) names.emplace_back(kind_name(k));
+        return names;
+      },
+      "Every group kind name, in reference order.");
   m.attr("DEFAULT_ORDER") = kDefaultOrder;
   m.attr("MAX_WORLD_SIZE") = kMaxWorldSize;
 
-  m.def("hierarchical_split", [](const std::vector<Rank>& parent, const std::vector<std::int64_t>& sizes,
-                                 int level) {
-    std::int64_t product = 1;
-    for (std::int64_t v : sizes) {
-      if (v < 1) throw InvalidValueError("sizes", "hierarchical sizes must be >= 1, got " + std::to_string(v));
-      product = v > kMaxWorldSize / product ? kMaxWorldSize + 1 : product * v;
-    }
-    if (product != static_cast<std::int64_t>(parent.size()))
-      throw IncompatibleError("sizes", "hierarchical sizes multiply to " + std::to_string(product) +
-                                           ", not to the " + std::to_string(parent.size()) + " ranks");
-    if (level < 0 || level >= static_cast<int>(sizes.size()))
-      throw InvalidValueError("level", "level must be in [0, " + std::to_string(sizes.size()) + "), got " +
-                                           std::to_string(level));
-    GroupList out;
-    hierarchical_split(parent, sizes, level, out);
-    return groups_list(out);
-  }, py::arg("parent"), py::arg("sizes"), py::arg("level"),
-        "Level `level` of the hierarchical split of `parent` (Megatron's create_hierarchical_groups).");
+  m.def(
+      "hierarchical_split",
+      [](const std::vector<Rank>& parent, const std::vector<std::int64_t>& sizes, int level) {
+        std::int64_t product = 1;
+        for (std::int64_t v : sizes) {
+          if (v < 1)
+            throw InvalidValueError("sizes",
+                                    "hierarchical sizes must be >= 1, got " + std::to_string(v));
+          product = v > kMaxWorldSize / product ? kMaxWorldSize + 1 : product * v;
+        }
+        if (product != static_cast<std::int64_t>(parent.size()))
+          throw IncompatibleError("sizes", "hierarchical sizes multiply to " +
+                                               std::to_string(product) + ", not to the " +
+                                               std::to_string(parent.size()) + " ranks");
+        if (level < 0 || level >= static_cast<int>(sizes.size()))
+          throw InvalidValueError("level", "level must be in [0, " + std::to_string(sizes.size()) +
+                                               "), got " + std::to_string(level));
+        GroupList out;
+        hierarchical_split(parent, sizes, level, out);
+        return groups_list(out);
+      },
+      py::arg("parent"), py::arg("sizes"), py::arg("level"),
+      "Level `level` of the hierarchical split of `parent` (Megatron's create_hierarchical_groups).");
 
-  m.def("resolve_order", [](const std::string& order) {
-    ParallelConfig c;
-    c.order = order;
-    std::vector<std::string> out;
-    for (Axis a : c.resolved_order()) out.emplace_back(axis_name(a));
-    return out;
-  }, py::arg("order"),
-        "The order's tokens (validated), then the omitted axes in Megatron's sequence.");
+  m.def(
+      "resolve_order",
+      [](const std::string& order) {
+        ParallelConfig c;
+        c.order = order;
+        std::vector<std::string> out;
+        for (Axis a : c.resolved_order()) out.emplace_back(axis_name(a));
+        return out;
+      },
+      py::arg("order"),
+      "The order's tokens (validated), then the omitted axes in Megatron's sequence.");
 
-  m.def("grid_groups", [](const std::map<std::string, std::int64_t>& sizes,
-                          const std::vector<std::string>& order,
-                          const std::vector<std::string>& masked) {
-    // The seed's five axes (gtp_remat then has size 1, last), or all six.
-    std::array<std::int64_t, kNumAxes> s{};
-    std::array<Axis, kNumAxes> o{};
-    s[static_cast<int>(Axis::gtp_remat)] = 1;
-    o[kNumAxes - 1] = Axis::gtp_remat;
-    const std::size_t n = order.size();
-    if (sizes.size() != n || (n != kSeedAxes.size() && n != kNumAxes))
-      throw InvalidValueError("order", "grid_groups needs the five axes tp, cp, ep, dp, pp (or "
-                                       "all six with gtp_remat) in sizes and order");
-    for (const auto& [name, size] : sizes) s[static_cast<int>(parse_axis(name))] = size;
-    bool seen[kNumAxes] = {};
-    for (std::size_t i = 0; i < n; ++i) {
-      o[i] = parse_axis(order[i]);
-      if (seen[static_cast<int>(o[i])])
-        throw OrderError("order", "axis \"" + order[i] + "\" appears twice in the grid order");
-      seen[static_cast<int>(o[i])] = true;
-    }
-    if (n == kSeedAxes.size() && seen[static_cast<int>(Axis::gtp_remat)])
-      throw InvalidValueError("order", "grid_groups: five axes given, one of them gtp_remat; "
-                                       "give tp, cp, ep, dp, pp (or all six)");
-    AxisSet set;
-    for (const auto& name : masked) set = set.with(parse_axis(name));
-    std::int64_t world = 1;
-    for (std::int64_t v : s) {
-      if (v < 1) throw InvalidValueError("size", "grid sizes must be >= 1, got " + std::to_string(v));
-      if (world > kMaxWorldSize / v)
-        throw OverflowError("world_size", "the product of the grid sizes exceeds " +
-                                              std::to_string(kMaxWorldSize));
-      world *= v;
-    }
-    const RankGrid grid(s, o);
-    return groups_array(grid.groups(set), "the grid");
-  }, py::arg("sizes"), py::arg("order"), py::arg("masked"),
-        "Every group of the masked axes of a grid (Megatron's generate_masked_orthogonal_rank_groups).");
+  m.def(
+      "grid_groups",
+      [](const std::map<std::string, std::int64_t>& sizes, const std::vector<std::string>& order,
+         const std::vector<std::string>& masked) {
+        // The seed's five axes (gtp_remat then has size 1, last), or all six.
+        std::array<std::int64_t, kNumAxes> s{};
+        std::array<Axis, kNumAxes> o{};
+        s[static_cast<int>(Axis::gtp_remat)] = 1;
+        o[kNumAxes - 1] = Axis::gtp_remat;
+        const std::size_t n = order.size();
+        if (sizes.size() != n || (n != kSeedAxes.size() && n != kNumAxes))
+          throw InvalidValueError("order",
+                                  "grid_groups needs the five axes tp, cp, ep, dp, pp (or "
+                                  "all six with gtp_remat) in sizes and order");
+        for (const auto& [name, size] : sizes) s[static_cast<int>(parse_axis(name))] = size;
+        bool seen[kNumAxes] = {};
+        for (std::size_t i = 0; i < n; ++i) {
+          o[i] = parse_axis(order[i]);
+          if (seen[static_cast<int>(o[i])])
+            throw OrderError("order", "axis \"" + order[i] + "\" appears twice in the grid order");
+          seen[static_cast<int>(o[i])] = true;
+        }
+        if (n == kSeedAxes.size() && seen[static_cast<int>(Axis::gtp_remat)])
+          throw InvalidValueError("order",
+                                  "grid_groups: five axes given, one of them gtp_remat; "
+                                  "give tp, cp, ep, dp, pp (or all six)");
+        AxisSet set;
+        for (const auto& name : masked) set = set.with(parse_axis(name));
+        std::int64_t world = 1;
+        for (std::int64_t v : s) {
+          if (v < 1)
+            throw InvalidValueError("size", "grid sizes must be >= 1, got " + std::to_string(v));
+          if (world > kMaxWorldSize / v)
+            throw OverflowError("world_size", "the product of the grid sizes exceeds " +
+                                                  std::to_string(kMaxWorldSize));
+          world *= v;
+        }
+        const RankGrid grid(s, o);
+        return groups_array(grid.groups(set), "the grid");
+      },
+      py::arg("sizes"), py::arg("order"), py::arg("masked"),
+      "Every group of the masked axes of a grid (Megatron's generate_masked_orthogonal_rank_groups).");
 
-  m.def("head_order", [](const std::string& order, bool expert) {
-    ParallelConfig c;
-    c.compat = Compat::head;
-    c.order = order;
-    return c.head_order(expert);
-  }, py::arg("order"), py::arg("expert") = false,
-        "Megatron-core HEAD's order tokens (validated): gtp_remat injected after tp (expert: "
-        "after ep) unless given, then the omitted axes in HEAD's sequence.");
+  m.def(
+      "head_order",
+      [](const std::string& order, bool expert) {
+        ParallelConfig c;
+        c.compat = Compat::head;
+        c.order = order;
+        return c.head_order(expert);
+      },
+      py::arg("order"), py::arg("expert") = false,
+      "Megatron-core HEAD's order tokens (validated): gtp_remat injected after tp (expert: "
+      "after ep) unless given, then the omitted axes in HEAD's sequence.");
 
-  m.def("named_grid_groups", [](const std::vector<std::int64_t>& shape,
-                                const std::vector<std::string>& names,
-                                const std::vector<std::string>& masked, std::int64_t rank_offset) {
-    std::int64_t size = 1;
-    for (std::int64_t v : shape) {
-      if (v < 1) throw InvalidValueError("shape", "grid sizes must be >= 1, got " + std::to_string(v));
-      if (size > kMaxWorldSize / v)
-        throw OverflowError("world_size", "the product of the grid sizes exceeds " +
-                                              std::to_string(kMaxWorldSize));
-      size *= v;
-    }
-    if (rank_offset < 0 || rank_offset > kMaxWorldSize - size)
-      throw InvalidValueError("rank_offset", "rank_offset must be in [0, " +
-                                                 std::to_string(kMaxWorldSize - size) + "], got " +
-                                                 std::to_string(rank_offset));
-    const HyperGrid grid(shape, names, rank_offset + size, rank_offset);
-    return groups_array(grid.groups(masked), "the grid");
-  }, py::arg("shape"), py::arg("names"), py::arg("masked"), py::arg("rank_offset") = 0,
-        "Every group of the masked dims of an N-dimensional grid (innermost dim first), each "
-        "rank plus rank_offset: HEAD's RankGenerator.get_ranks.");
+  m.def(
+      "named_grid_groups",
+      [](const std::vector<std::int64_t>& shape, const std::vector<std::string>& names,
+         const std::vector<std::string>& masked, std::int64_t rank_offset) {
+        std::int64_t size = 1;
+        for (std::int64_t v : shape) {
+          if (v < 1)
+            throw InvalidValueError("shape", "grid sizes must be >= 1, got " + std::to_string(v));
+          if (size > kMaxWorldSize / v)
+            throw OverflowError("world_size", "the product of the grid sizes exceeds " +
+                                                  std::to_string(kMaxWorldSize));
+          size *= v;
+        }
+        if (rank_offset < 0 || rank_offset > kMaxWorldSize - size)
+          throw InvalidValueError("rank_offset", "rank_offset must be in [0, " +
+                                                     std::to_string(kMaxWorldSize - size) +
+                                                     "], got " + std::to_string(rank_offset));
+        const HyperGrid grid(shape, names, rank_offset + size, rank_offset);
+        return groups_array(grid.groups(masked), "the grid");
+      },
+      py::arg("shape"), py::arg("names"), py::arg("masked"), py::arg("rank_offset") = 0,
+      "Every group of the masked dims of an N-dimensional grid (innermost dim first), each "
+      "rank plus rank_offset: HEAD's RankGenerator.get_ranks.");
 
-  auto grid = [](py::handle self) -> HyperGrid& { return live<HyperGrid>(self, "HyperGrid", "make one with commgrid._commgrid.HyperGrid(...)"); };
-  py::class_<HyperGrid>(m, "HyperGrid",
-                        "The core's N-dimensional grid (HEAD's HyperCommGrid without process groups).")
-      .def(py::init<std::vector<std::int64_t>, std::vector<std::string>, std::int64_t, std::int64_t>(),
-           py::arg("shape"), py::arg("dim_names"), py::arg("world_size"), py::arg("rank_offset") = 0)
+  auto grid = [](py::handle self) -> HyperGrid& {
+    return live<HyperGrid>(self, "HyperGrid", "make one with commgrid._commgrid.HyperGrid(...)");
+  };
+  py::class_<HyperGrid>(
+      m, "HyperGrid",
+      "The core's N-dimensional grid (HEAD's HyperCommGrid without process groups).")
+      .def(py::init<std::vector<std::int64_t>, std::vector<std::string>, std::int64_t,
+                    std::int64_t>(),
+           py::arg("shape"), py::arg("dim_names"), py::arg("world_size"),
+           py::arg("rank_offset") = 0)
       .def_property_readonly("size", [grid](py::handle s) { return grid(s).size(); })
       .def_property_readonly("rank_offset", [grid](py::handle s) { return grid(s).rank_offset(); })
-      .def("register_view", [grid](py::handle s, const std::string& name, std::vector<std::int64_t> shape,
-                                   std::vector<std::string> names, std::vector<std::string> shared) {
-        grid(s).register_view(name, std::move(shape), std::move(names),
-                                                      std::move(shared));
-      }, py::arg("name"), py::arg("shape"), py::arg("dim_names"), py::arg("shared_dims"))
-      .def("groups", [grid](py::handle s, const std::vector<std::string>& dims, const std::string& view) {
-        return groups_array(grid(s).groups(dims, view), "the grid");
-      }, py::arg("dims"), py::arg("view") = "",
-           "Every group over dims (a set) of the view (\"\": the base grid), innermost dim fastest.")
-      .def("key", [grid](py::handle s, const std::vector<std::string>& dims, const std::string& view) {
-        return grid(s).key(dims, view);
-      }, py::arg("dims"), py::arg("view") = "");
+      .def(
+          "register_view",
+          [grid](py::handle s, const std::string& name, std::vector<std::int64_t> shape,
+                 std::vector<std::string> names, std::vector<std::string> shared) {
+            grid(s).register_view(name, std::move(shape), std::move(names), std::move(shared));
+          },
+          py::arg("name"), py::arg("shape"), py::arg("dim_names"), py::arg("shared_dims"))
+      .def(
+          "groups",
+          [grid](py::handle s, const std::vector<std::string>& dims, const std::string& view) {
+            return groups_array(grid(s).groups(dims, view), "the grid");
+          },
+          py::arg("dims"), py::arg("view") = "",
+          "Every group over dims (a set) of the view (\"\": the base grid), innermost dim fastest.")
+      .def(
+          "key",
+          [grid](py::handle s, const std::vector<std::string>& dims, const std::string& view) {
+            return grid(s).key(dims, view);
+          },
+          py::arg("dims"), py::arg("view") = "");
 
-  auto ref = [](py::handle self) -> const GroupRef& { return live<GroupRef>(self, "GroupRef", "Layout.group_ref returns them"); };
+  auto ref = [](py::handle self) -> const GroupRef& {
+    return live<GroupRef>(self, "GroupRef", "Layout.group_ref returns them");
+  };
   py::class_<GroupRef>(m, "GroupRef", "One rank's group of one kind.")
-      .def_property_readonly("index", [ref](py::handle s) { return ref(s).index; },
-                             "index of the group in the kind's order")
-      .def_property_readonly("position", [ref](py::handle s) { return ref(s).position; },
-                             "index of the rank in members")
-      .def_property_readonly("comm_rank", [ref](py::handle s) { return ref(s).comm_rank; },
-                             "the rank's rank in a communicator of the group (sorted position)")
-      .def_property_readonly("members", [ref](py::handle s) { return members_list(ref(s).members); })
+      .def_property_readonly(
+          "index", [ref](py::handle s) { return ref(s).index; },
+          "index of the group in the kind's order")
+      .def_property_readonly(
+          "position", [ref](py::handle s) { return ref(s).position; },
+          "index of the rank in members")
+      .def_property_readonly(
+          "comm_rank", [ref](py::handle s) { return ref(s).comm_rank; },
+          "the rank's rank in a communicator of the group (sorted position)")
+      .def_property_readonly("members",
+                             [ref](py::handle s) { return members_list(ref(s).members); })
       .def("__repr__", [ref](py::handle s) {
         const GroupRef& g = ref(s);
-        return "GroupRef(index=" + std::to_string(g.index) + ", position=" +
-               std::to_string(g.position) + ", comm_rank=" + std::to_string(g.comm_rank) +
+        return "GroupRef(index=" + std::to_string(g.index) +
+               ", position=" + std::to_string(g.position) +
+               ", comm_rank=" + std::to_string(g.comm_rank) +
                ", members=" + py::repr(members_list(g.members)).cast<std::string>() + ")";
       });
 
@@ -397,8 +446,9 @@ PYBIND11_MODULE(_commgrid, m) {
              c.all_gather_groups = all_gather_groups;
              c.rank_offset = rank_offset;
              c.local_world_size = local_world_size;
-             EmbeddingPolicies policies{wrap_policy(embedding_ranks, "embedding_ranks"),
-                                        wrap_policy(position_embedding_ranks, "position_embedding_ranks")};
+             EmbeddingPolicies policies{
+                 wrap_policy(embedding_ranks, "embedding_ranks"),
+                 wrap_policy(position_embedding_ranks, "position_embedding_ranks")};
              return std::make_unique<Layout>(std::move(c), std::move(policies));
            }),
            py::arg("world_size"), py::arg("tp") = 1, py::arg("pp") = 1, py::arg("cp") = 1,
@@ -412,134 +462,194 @@ PYBIND11_MODULE(_commgrid, m) {
       .def_property_readonly("world_size", [](py::handle s) { return L(s).world_size(); })
       .def_property_readonly("dp", [](py::handle s) { return L(s).dp(); })
       .def_property_readonly("expert_dp", [](py::handle s) { return L(s).expert_dp(); })
-      .def_property_readonly("config", [](py::handle s) { return config_dict(L(s)); },
-                             "the configuration, as plan's JSON has it")
-      .def("initialized", [](py::handle s) {
-        if (!py::isinstance<Layout>(s)) return false;
-        auto* inst = reinterpret_cast<py::detail::instance*>(s.ptr());
-        auto vh = inst->get_value_and_holder(py::detail::get_type_info(typeid(Layout)));
-        return static_cast<bool>(vh) && vh.holder_constructed();
-      }, "Whether a C++ layout stands behind this object (False when its construction failed).")
-      .def("kinds", [](py::handle s) {
-        std::vector<std::string> names;
-        for (GroupKind k : L(s).kinds()) names.emplace_back(kind_name(k));
-        return names;
-      }, "The kinds this layout has, in reference order.")
-      .def("has_kind", [](py::handle s, const std::string& k) { return L(s).has_kind(parse_kind(k)); },
-           py::arg("kind"))
-      .def("levels", [](py::handle s, const std::string& k) { return L(s).levels(parse_kind(k)); },
-           py::arg("kind"))
-      .def("level_name", [](py::handle s, const std::string& k, int level) {
-        return L(s).level_name(parse_kind(k), level);
-      }, py::arg("kind"), py::arg("level") = 0,
-           "The name of one level as reports print it (hybrid_dp_cp_<n>; else the kind).")
-      .def("hybrid_sizes", [](py::handle s) { return L(s).hybrid_sizes(); },
-           "Under compat head: the size n of each hybrid_dp_cp level (empty otherwise).")
-      .def("creation_order", [](py::handle s, std::optional<std::vector<std::string>> kinds) {
-        const Layout& l = L(s);
-        std::vector<GroupKind> ks;
-        for (const std::string& k : kinds.value_or(std::vector<std::string>{})) ks.push_back(parse_kind(k));
-        py::list out;
-        for_each_creation(l, ks, [&](GroupKind k, int level, std::int64_t index,
-                                     std::span<const Rank> members) {
-          out.append(py::make_tuple(std::string(kind_name(k)), level, index, members_list(members)));
-        });
-        return out;
-      }, py::arg("kinds") = py::none(),
-           "The per-group strategy's creation calls in Megatron-core's order (the seed's, or "
-           "HEAD's under compat head): (kind, level, index, members) tuples.")
-      .def("creation_aliases", [](py::handle s, std::optional<std::vector<std::string>> kinds) {
-        std::vector<GroupKind> ks;
-        for (const std::string& k : kinds.value_or(std::vector<std::string>{})) ks.push_back(parse_kind(k));
-        std::vector<std::pair<std::string, std::string>> out;
-        for (const CreationAlias& a : creation_aliases(L(s), ks))
-          out.emplace_back(std::string(kind_name(a.kind)), std::string(kind_name(a.parent)));
-        return out;
-      }, py::arg("kinds") = py::none(),
-           "(kind, parent) pairs: kinds Megatron-core does not create because they are their "
-           "parent's groups (intra_dp_cp with one dist-opt instance, ...).")
-      .def("num_groups", [](py::handle s, const std::string& k, int level) {
-        return L(s).num_groups(parse_kind(k), level);
-      }, py::arg("kind"), py::arg("level") = 0)
-      .def("group_size", [](py::handle s, const std::string& k, int level) {
-        return L(s).group_size(parse_kind(k), level);
-      }, py::arg("kind"), py::arg("level") = 0,
-           "The size every group of the kind has, or None when they differ.")
-      .def("num_members", [](py::handle s, const std::string& k, int level) {
-        return L(s).num_members(parse_kind(k), level);
-      }, py::arg("kind"), py::arg("level") = 0, "The members of all groups of the kind together.")
-      .def("groups_list", [](py::handle s, const std::string& k, int level, std::int64_t limit) {
-        const Layout& l = L(s);
-        const GroupKind kind = parse_kind(k);
-        check_output(l.num_members(kind, level), kListBytes, limit, "groups(\"" + k + "\")",
-                     "ask for one rank's group (group_of) instead");
-        return groups_list(l.groups(kind, level));
-      }, py::arg("kind"), py::arg("level") = 0, py::arg("max_output_mib") = kDefaultMaxOutputMiB)
-      .def("groups_array", [](py::handle s, const std::string& k, int level, std::int64_t limit) {
-        const Layout& l = L(s);
-        const GroupKind kind = parse_kind(k);
-        check_output(l.num_members(kind, level), kArrayBytes, limit, "array(\"" + k + "\")",
-                     "ask for one rank's group (group_of) instead");
-        return groups_array(l.groups(kind, level), "kind \"" + k + "\"");
-      }, py::arg("kind"), py::arg("level") = 0, py::arg("max_output_mib") = kDefaultMaxOutputMiB)
-      .def("group_members", [](py::handle s, const std::string& k, Rank r, int level, std::int64_t limit) {
-        return rank_group(L(s), parse_kind(k), r, level, limit);
-      }, py::arg("kind"), py::arg("rank"), py::arg("level") = 0,
-           py::arg("max_output_mib") = kDefaultMaxOutputMiB)
-      .def("group_ref", [](py::handle s, const std::string& k, Rank r, int level, std::int64_t limit) {
-        const Layout& l = L(s);
-        const GroupKind kind = parse_kind(k);
-        l.check_rank(r);
-        check_output(own_group_members(l, kind, level), kListBytes, limit,
-                     "rank " + std::to_string(r) + "'s " + l.level_name(kind, level) + " group",
-                     "ask for its size (group_size) instead");
-        return l.group_of(kind, r, level);
-      }, py::arg("kind"), py::arg("rank"), py::arg("level") = 0,
-           py::arg("max_output_mib") = kDefaultMaxOutputMiB)
-      .def("coordinates", [](py::handle s, Rank r) {
-        const RankCoordinates c = L(s).coordinates(r);
-        py::dict d;
-        d["tp"] = c.tp; d["cp"] = c.cp; d["dp"] = c.dp; d["pp"] = c.pp;
-        d["etp"] = c.etp; d["ep"] = c.ep; d["expert_dp"] = c.expert_dp;
-        return d;
-      }, py::arg("rank"))
-      .def("to_dict", [](py::handle s, std::optional<Rank> rank, std::int64_t limit) {
-        const Layout& l = L(s);
-        // The whole document is refused before any of it is built.
-        std::int64_t members = 0;
-        if (rank) l.check_rank(*rank);
-        for (GroupKind k : l.kinds())
-          for (int lv = 0; lv < l.levels(k); ++lv) {
-            const std::int64_t n = rank ? own_group_members(l, k, lv) : l.num_members(k, lv);
-            members = n > INT64_MAX - members ? INT64_MAX : members + n;
-          }
-        check_output(members, kListBytes, limit, rank ? "to_dict(rank=" + std::to_string(*rank) + ")"
-                                                      : std::string("to_dict()"),
-                     rank ? "read single kinds with group_of" : "ask for one rank (to_dict(rank=R))");
-        py::dict groups;
-        auto one = [&](GroupKind k, int lv) {
-          return rank ? rank_group(l, k, *rank, lv, 0) : py::object(groups_list(l.groups(k, lv)));
-        };
-        for (GroupKind k : l.kinds()) {
-          const int levels = l.levels(k);
-          if (k == GroupKind::hybrid_dp_cp) {  // one key per level, as HEAD names them
-            for (int lv = 0; lv < levels; ++lv) groups[py::str(l.level_name(k, lv))] = one(k, lv);
-            continue;
-          }
-          py::object value;
-          if (k == GroupKind::hcp) {
-            py::list per_level;
-            for (int lv = 0; lv < levels; ++lv) per_level.append(one(k, lv));
-            value = per_level;
-          } else {
-            value = one(k, 0);
-          }
-          groups[py::str(std::string(kind_name(k)))] = value;
-        }
-        py::dict doc;
-        if (rank) doc["rank"] = *rank; else doc["config"] = config_dict(l);
-        doc["groups"] = groups;
-        return doc;
-      }, py::arg("rank") = py::none(), py::arg("max_output_mib") = kDefaultMaxOutputMiB,
-           "The document of `commgrid plan --format json` (with a rank: `--rank R`).");
+      .def_property_readonly(
+          "config", [](py::handle s) { return config_dict(L(s)); },
+          "the configuration, as plan's JSON has it")
+      .def(
+          "initialized",
+          [](py::handle s) {
+            if (!py::isinstance<Layout>(s)) return false;
+            auto* inst = reinterpret_cast<py::detail::instance*>(s.ptr());
+            auto vh = inst->get_value_and_holder(py::detail::get_type_info(typeid(Layout)));
+            return static_cast<bool>(vh) && vh.holder_constructed();
+          },
+          "Whether a C++ layout stands behind this object (False when its construction failed).")
+      .def(
+          "kinds",
+          [](py::handle s) {
+            std::vector<std::string> names;
+            for (GroupKind k : L(s).kinds()) names.emplace_back(kind_name(k));
+            return names;
+          },
+          "The kinds this layout has, in reference order.")
+      .def(
+          "has_kind",
+          [](py::handle s, const std::string& k) { return L(s).has_kind(parse_kind(k)); },
+          py::arg("kind"))
+      .def(
+          "levels", [](py::handle s, const std::string& k) { return L(s).levels(parse_kind(k)); },
+          py::arg("kind"))
+      .def(
+          "level_name",
+          [](py::handle s, const std::string& k, int level) {
+            return L(s).level_name(parse_kind(k), level);
+          },
+          py::arg("kind"), py::arg("level") = 0,
+          "The name of one level as reports print it (hybrid_dp_cp_<n>; else the kind).")
+      .def(
+          "hybrid_sizes", [](py::handle s) { return L(s).hybrid_sizes(); },
+          "Under compat head: the size n of each hybrid_dp_cp level (empty otherwise).")
+      .def(
+          "creation_order",
+          [](py::handle s, std::optional<std::vector<std::string>> kinds) {
+            const Layout& l = L(s);
+            std::vector<GroupKind> ks;
+            for (const std::string& k : kinds.value_or(std::vector<std::string>{}))
+              ks.push_back(parse_kind(k));
+            py::list out;
+            for_each_creation(
+                l, ks,
+                [&](GroupKind k, int level, std::int64_t index, std::span<const Rank> members) {
+                  out.append(py::make_tuple(std::string(kind_name(k)), level, index,
+                                            members_list(members)));
+                });
+            return out;
+          },
+          py::arg("kinds") = py::none(),
+          "The per-group strategy's creation calls in Megatron-core's order (the seed's, or "
+          "HEAD's under compat head): (kind, level, index, members) tuples.")
+      .def(
+          "creation_aliases",
+          [](py::handle s, std::optional<std::vector<std::string>> kinds) {
+            std::vector<GroupKind> ks;
+            for (const std::string& k : kinds.value_or(std::vector<std::string>{}))
+              ks.push_back(parse_kind(k));
+            std::vector<std::pair<std::string, std::string>> out;
+            for (const CreationAlias& a : creation_aliases(L(s), ks))
+              out.emplace_back(std::string(kind_name(a.kind)), std::string(kind_name(a.parent)));
+            return out;
+          },
+          py::arg("kinds") = py::none(),
+          "(kind, parent) pairs: kinds Megatron-core does not create because they are their "
+          "parent's groups (intra_dp_cp with one dist-opt instance, ...).")
+      .def(
+          "num_groups",
+          [](py::handle s, const std::string& k, int level) {
+            return L(s).num_groups(parse_kind(k), level);
+          },
+          py::arg("kind"), py::arg("level") = 0)
+      .def(
+          "group_size",
+          [](py::handle s, const std::string& k, int level) {
+            return L(s).group_size(parse_kind(k), level);
+          },
+          py::arg("kind"), py::arg("level") = 0,
+          "The size every group of the kind has, or None when they differ.")
+      .def(
+          "num_members",
+          [](py::handle s, const std::string& k, int level) {
+            return L(s).num_members(parse_kind(k), level);
+          },
+          py::arg("kind"), py::arg("level") = 0, "The members of all groups of the kind together.")
+      .def(
+          "groups_list",
+          [](py::handle s, const std::string& k, int level, std::int64_t limit) {
+            const Layout& l = L(s);
+            const GroupKind kind = parse_kind(k);
+            check_output(l.num_members(kind, level), kListBytes, limit, "groups(\"" + k + "\")",
+                         "ask for one rank's group (group_of) instead");
+            return groups_list(l.groups(kind, level));
+          },
+          py::arg("kind"), py::arg("level") = 0, py::arg("max_output_mib") = kDefaultMaxOutputMiB)
+      .def(
+          "groups_array",
+          [](py::handle s, const std::string& k, int level, std::int64_t limit) {
+            const Layout& l = L(s);
+            const GroupKind kind = parse_kind(k);
+            check_output(l.num_members(kind, level), kArrayBytes, limit, "array(\"" + k + "\")",
+                         "ask for one rank's group (group_of) instead");
+            return groups_array(l.groups(kind, level), "kind \"" + k + "\"");
+          },
+          py::arg("kind"), py::arg("level") = 0, py::arg("max_output_mib") = kDefaultMaxOutputMiB)
+      .def(
+          "group_members",
+          [](py::handle s, const std::string& k, Rank r, int level, std::int64_t limit) {
+            return rank_group(L(s), parse_kind(k), r, level, limit);
+          },
+          py::arg("kind"), py::arg("rank"), py::arg("level") = 0,
+          py::arg("max_output_mib") = kDefaultMaxOutputMiB)
+      .def(
+          "group_ref",
+          [](py::handle s, const std::string& k, Rank r, int level, std::int64_t limit) {
+            const Layout& l = L(s);
+            const GroupKind kind = parse_kind(k);
+            l.check_rank(r);
+            check_output(own_group_members(l, kind, level), kListBytes, limit,
+                         "rank " + std::to_string(r) + "'s " + l.level_name(kind, level) + " group",
+                         "ask for its size (group_size) instead");
+            return l.group_of(kind, r, level);
+          },
+          py::arg("kind"), py::arg("rank"), py::arg("level") = 0,
+          py::arg("max_output_mib") = kDefaultMaxOutputMiB)
+      .def(
+          "coordinates",
+          [](py::handle s, Rank r) {
+            const RankCoordinates c = L(s).coordinates(r);
+            py::dict d;
+            d["tp"] = c.tp;
+            d["cp"] = c.cp;
+            d["dp"] = c.dp;
+            d["pp"] = c.pp;
+            d["etp"] = c.etp;
+            d["ep"] = c.ep;
+            d["expert_dp"] = c.expert_dp;
+            return d;
+          },
+          py::arg("rank"))
+      .def(
+          "to_dict",
+          [](py::handle s, std::optional<Rank> rank, std::int64_t limit) {
+            const Layout& l = L(s);
+            // The whole document is refused before any of it is built.
+            std::int64_t members = 0;
+            if (rank) l.check_rank(*rank);
+            for (GroupKind k : l.kinds())
+              for (int lv = 0; lv < l.levels(k); ++lv) {
+                const std::int64_t n = rank ? own_group_members(l, k, lv) : l.num_members(k, lv);
+                members = n > INT64_MAX - members ? INT64_MAX : members + n;
+              }
+            check_output(
+                members, kListBytes, limit,
+                rank ? "to_dict(rank=" + std::to_string(*rank) + ")" : std::string("to_dict()"),
+                rank ? "read single kinds with group_of" : "ask for one rank (to_dict(rank=R))");
+            py::dict groups;
+            auto one = [&](GroupKind k, int lv) {
+              return rank ? rank_group(l, k, *rank, lv, 0)
+                          : py::object(groups_list(l.groups(k, lv)));
+            };
+            for (GroupKind k : l.kinds()) {
+              const int levels = l.levels(k);
+              if (k == GroupKind::hybrid_dp_cp) {  // one key per level, as HEAD names them
+                for (int lv = 0; lv < levels; ++lv)
+                  groups[py::str(l.level_name(k, lv))] = one(k, lv);
+                continue;
+              }
+              py::object value;
+              if (k == GroupKind::hcp) {
+                py::list per_level;
+                for (int lv = 0; lv < levels; ++lv) per_level.append(one(k, lv));
+                value = per_level;
+              } else {
+                value = one(k, 0);
+              }
+              groups[py::str(std::string(kind_name(k)))] = value;
+            }
+            py::dict doc;
+            if (rank) doc["rank"] = *rank;
+            else doc["config"] = config_dict(l);
+            doc["groups"] = groups;
+            return doc;
+          },
+          py::arg("rank") = py::none(), py::arg("max_output_mib") = kDefaultMaxOutputMiB,
+          "The document of `commgrid plan --format json` (with a rank: `--rank R`).");
 }

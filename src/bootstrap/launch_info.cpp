@@ -26,12 +26,13 @@ struct LauncherVars {
 // The documented order: the launcher closest to the process first (commgrid launch may run
 // under srun, torchrun under srun, and srun sets PMI_* for MPI programs too).
 constexpr LauncherVars kLaunchers[] = {
-    {Launcher::commgrid_launch, "commgrid launch", "COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_LOCAL_RANK",
-     "COMMGRID_LOCAL_WORLD_SIZE"},
+    {Launcher::commgrid_launch, "commgrid launch", "COMMGRID_RANK", "COMMGRID_WORLD_SIZE",
+     "COMMGRID_LOCAL_RANK", "COMMGRID_LOCAL_WORLD_SIZE"},
     {Launcher::torchrun, "torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-    {Launcher::slurm, "SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
-    {Launcher::open_mpi, "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {Launcher::slurm, "SLURM", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+     "SLURM_NTASKS_PER_NODE"},
+    {Launcher::open_mpi, "Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {Launcher::hydra, "Hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
 };
 
@@ -46,11 +47,11 @@ int parse_int(const char* name, const std::string& text, int min) {
   int value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size())
-    throw InvalidValueError(name, std::string(name) + "='" + text +
-                                      "' is not a whole decimal number");
+    throw InvalidValueError(name,
+                            std::string(name) + "='" + text + "' is not a whole decimal number");
   if (value < min)
-    throw InvalidValueError(name, std::string(name) + "=" + text + " must be >= " +
-                                      std::to_string(min));
+    throw InvalidValueError(name,
+                            std::string(name) + "=" + text + " must be >= " + std::to_string(min));
   return value;
 }
 
@@ -69,13 +70,12 @@ std::optional<Seen> read_launcher(const LauncherVars& v, const EnvLookup& lookup
   if (!rank_text) return std::nullopt;
   auto size_text = lookup(v.size);
   if (!size_text)
-    throw ConfigError(v.size, std::string(v.rank) + " is set but " + v.size + " is not (" +
-                                  v.name + ")");
+    throw ConfigError(v.size,
+                      std::string(v.rank) + " is set but " + v.size + " is not (" + v.name + ")");
   Seen s{&v, parse_int(v.rank, *rank_text, 0), parse_int(v.size, *size_text, 1), 0, 0};
   if (s.rank >= s.size)
     throw RankOutOfRangeError(v.rank, std::string(v.rank) + "=" + std::to_string(s.rank) +
-                                          " is not below " + v.size + "=" +
-                                          std::to_string(s.size));
+                                          " is not below " + v.size + "=" + std::to_string(s.size));
   if (auto lr = lookup(v.local_rank)) s.local_rank = parse_int(v.local_rank, *lr, 0);
   if (auto ls = lookup(v.local_size)) {
     // SLURM writes "2(x3)" for uneven nodes: a count per node is then not one number.
@@ -86,8 +86,7 @@ std::optional<Seen> read_launcher(const LauncherVars& v, const EnvLookup& lookup
   if (s.local_size > 0 && s.local_rank >= s.local_size)
     throw RankOutOfRangeError(v.local_rank, std::string(v.local_rank) + "=" +
                                                 std::to_string(s.local_rank) + " is not below " +
-                                                v.local_size + "=" +
-                                                std::to_string(s.local_size));
+                                                v.local_size + "=" + std::to_string(s.local_size));
   return s;
 }
 
@@ -96,8 +95,7 @@ std::optional<Seen> read_launcher(const LauncherVars& v, const EnvLookup& lookup
 bool agrees(const Seen& inner, const Seen& outer) {
   if (inner.rank == outer.rank && inner.size == outer.size) return true;
   if (inner.local_size <= 0 || inner.size % inner.local_size != 0) return false;
-  return outer.size == inner.size / inner.local_size &&
-         outer.rank == inner.rank / inner.local_size;
+  return outer.size == inner.size / inner.local_size && outer.rank == inner.rank / inner.local_size;
 }
 
 std::optional<std::string> nonempty(const EnvLookup& lookup, const char* name) {
@@ -138,8 +136,8 @@ std::optional<Seen> innermost_launcher(const EnvLookup& lookup) {
   const Seen& inner = seen.front();
   for (size_t i = 1; i < seen.size(); ++i)
     if (!agrees(inner, seen[i]))
-      throw IncompatibleError("launcher", "launchers disagree: " + inner.describe() + ", " +
-                                              seen[i].describe());
+      throw IncompatibleError(
+          "launcher", "launchers disagree: " + inner.describe() + ", " + seen[i].describe());
   return inner;
 }
 }  // namespace
@@ -168,8 +166,8 @@ LaunchInfo read_launch_info(const EnvLookup& lookup) {
                       "PMI_RANK (Hydra) is set");
   const Seen& inner = *found;
   LaunchInfo out;
-  out.launcher = std::string(inner.vars->name) + " (" + inner.vars->rank + ", " +
-                 inner.vars->size + ")";
+  out.launcher =
+      std::string(inner.vars->name) + " (" + inner.vars->rank + ", " + inner.vars->size + ")";
   out.rank = inner.rank;
   out.size = inner.size;
   out.local_rank = inner.local_rank;
@@ -195,8 +193,8 @@ LaunchInfo read_launch_info(const EnvLookup& lookup) {
   } else out.job_id = "default";
   for (char c : out.job_id)
     if (c == '/' || c == '\n' || c == '\0' || c == ' ')
-      throw InvalidValueError("COMMGRID_JOB_ID", "job id '" + out.job_id +
-                                                     "' may not contain '/', spaces or newlines");
+      throw InvalidValueError(
+          "COMMGRID_JOB_ID", "job id '" + out.job_id + "' may not contain '/', spaces or newlines");
   if (auto t = lookup("COMMGRID_TOKEN")) {
     if (t->empty()) throw InvalidValueError("COMMGRID_TOKEN", "COMMGRID_TOKEN is set but empty");
     out.token = *t;
@@ -207,7 +205,8 @@ LaunchInfo read_launch_info(const EnvLookup& lookup) {
 
 LaunchInfo read_launch_info() { return read_launch_info(process_env); }
 
-std::shared_ptr<Store> open_launch_store(const LaunchInfo& info, std::chrono::milliseconds timeout) {
+std::shared_ptr<Store> open_launch_store(const LaunchInfo& info,
+                                         std::chrono::milliseconds timeout) {
   StoreOptions so;
   so.job_id = info.job_id;
   so.token = info.token;
@@ -238,9 +237,9 @@ WorldEnv read_world_env() {
   out.rank = parse_int("COMMGRID_RANK", required("COMMGRID_RANK"), 0);
   out.size = parse_int("COMMGRID_WORLD_SIZE", required("COMMGRID_WORLD_SIZE"), 1);
   if (out.rank >= out.size)
-    throw RankOutOfRangeError("COMMGRID_RANK", "COMMGRID_RANK=" + std::to_string(out.rank) +
-                                                   " is not below COMMGRID_WORLD_SIZE=" +
-                                                   std::to_string(out.size));
+    throw RankOutOfRangeError("COMMGRID_RANK",
+                              "COMMGRID_RANK=" + std::to_string(out.rank) +
+                                  " is not below COMMGRID_WORLD_SIZE=" + std::to_string(out.size));
   out.store = required("COMMGRID_STORE");
   if (auto t = process_env("COMMGRID_TIMEOUT")) out.timeout = parse_timeout(*t);
   return out;

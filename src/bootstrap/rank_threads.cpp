@@ -11,9 +11,7 @@ namespace {
 std::string message_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
+  } catch (const std::exception& x) { return x.what(); } catch (...) {
     return "unknown exception";
   }
 }
@@ -21,9 +19,7 @@ std::string message_of(const std::exception_ptr& e) {
 bool is_consequence(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
-  } catch (const AbortedError&) {
-    return true;
-  } catch (...) {
+  } catch (const AbortedError&) { return true; } catch (...) {
     return false;
   }
 }
@@ -33,8 +29,8 @@ bool is_consequence(const std::exception_ptr& e) {
 LocalRunResult run_rank_threads_collect(int size, const RankThreadWorldFactory& make_world,
                                         const std::function<void(Communicator& world)>& fn) {
   if (size < 1)
-    throw InvalidValueError("ranks", "local ranks: the number of ranks must be >= 1, got " +
-                                         std::to_string(size));
+    throw InvalidValueError(
+        "ranks", "local ranks: the number of ranks must be >= 1, got " + std::to_string(size));
   auto store = make_memory_store();
   LocalRunResult result;
   result.errors.resize(static_cast<size_t>(size));
@@ -59,8 +55,8 @@ LocalRunResult run_rank_threads_collect(int size, const RankThreadWorldFactory& 
             result.errors[static_cast<size_t>(r)] = e;
             order[static_cast<size_t>(r)] = next_order++;
           }
-          store->abort("aborted: rank " + std::to_string(r) + " of the local job failed: " +
-                       message_of(e));
+          store->abort("aborted: rank " + std::to_string(r) +
+                       " of the local job failed: " + message_of(e));
         }
         world.reset();
       });
@@ -81,16 +77,15 @@ LocalRunResult run_rank_threads_collect(int size, const RankThreadWorldFactory& 
     if (result.first_failed_rank >= 0) break;
   }
   if (result.first_failed_rank >= 0)
-    result.first_failure =
-        "rank " + std::to_string(result.first_failed_rank) + ": " +
-        message_of(result.errors[static_cast<size_t>(result.first_failed_rank)]);
+    result.first_failure = "rank " + std::to_string(result.first_failed_rank) + ": " +
+                           message_of(result.errors[static_cast<size_t>(result.first_failed_rank)]);
   return result;
 }
 
 void throw_first_failure(const LocalRunResult& r) {
   if (r.first_failed_rank >= 0)
-    throw RankFailedError(r.first_failed_rank,
-                          r.errors[static_cast<size_t>(r.first_failed_rank)], r.first_failure);
+    throw RankFailedError(r.first_failed_rank, r.errors[static_cast<size_t>(r.first_failed_rank)],
+                          r.first_failure);
 }
 
 }  // namespace commgrid

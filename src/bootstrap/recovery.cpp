@@ -79,13 +79,13 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
     // What plan_shrink would refuse at the first failure, refused now.
     const ParallelConfig& c = shrink->config;
     if (c.compat != Compat::seed)
-      throw IncompatibleError("shrink", "recovery: shrink needs a compat seed layout (plan_shrink's)");
+      throw IncompatibleError("shrink",
+                              "recovery: shrink needs a compat seed layout (plan_shrink's)");
     c.validate();
     if (c.world_size != map_.world_size())
-      throw IncompatibleError("shrink", "recovery: the shrink layout's world_size " +
-                                            std::to_string(c.world_size) +
-                                            " is not the map's world of " +
-                                            std::to_string(map_.world_size()));
+      throw IncompatibleError(
+          "shrink", "recovery: the shrink layout's world_size " + std::to_string(c.world_size) +
+                        " is not the map's world of " + std::to_string(map_.world_size()));
     if (const auto batch = shrink->global_batch; batch && (*batch < 1 || *batch % c.dp() != 0))
       throw InvalidValueError("global_batch", "recovery: global_batch " + std::to_string(*batch) +
                                                   " is not a positive multiple of dp " +
@@ -147,7 +147,8 @@ bool Recovery::wait_for_failure() {
 }
 
 bool Recovery::dead_known(std::int64_t p) {
-  return store_->has(dead_process_key(options_.prefix, p, incarnation_[static_cast<std::size_t>(p)]));
+  return store_->has(
+      dead_process_key(options_.prefix, p, incarnation_[static_cast<std::size_t>(p)]));
 }
 
 EpochChange Recovery::change(const RankMap& map, const std::vector<std::int64_t>& dead) const {
@@ -158,8 +159,8 @@ EpochChange Recovery::change(const RankMap& map, const std::vector<std::int64_t>
 
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
                              const std::vector<std::int64_t>& revived) {
-  std::string out = "epoch=" + std::to_string(epoch_ + 1) + "\ndecider=" + std::to_string(process_) +
-                    "\ndead=" + join(dead) + "\nrevived=";
+  std::string out = "epoch=" + std::to_string(epoch_ + 1) +
+                    "\ndecider=" + std::to_string(process_) + "\ndead=" + join(dead) + "\nrevived=";
   RankMap revived_map = map_;
   for (std::size_t i = 0; i < revived.size(); ++i) {
     const std::string k = key(epoch_ + 1, "alive/" + std::to_string(revived[i]));
@@ -185,7 +186,8 @@ void Recovery::adopt(const std::string& decision) {
   for (std::string_view line : split(decision, '\n')) {
     if (line.empty()) continue;
     const auto eq = line.find('=');
-    if (eq == std::string_view::npos) throw BackendError("recovery: malformed decision line '" + std::string(line) + "'");
+    if (eq == std::string_view::npos)
+      throw BackendError("recovery: malformed decision line '" + std::string(line) + "'");
     const std::string_view name = line.substr(0, eq), value = line.substr(eq + 1);
     if (name == "epoch") d.epoch = parse_number(value, "epoch");
     else if (name == "decider") d.decider = parse_number(value, "decider");
@@ -194,7 +196,8 @@ void Recovery::adopt(const std::string& decision) {
     } else if (name == "revived") {
       for (auto item : split(value, ',')) {
         const auto colon = item.find(':');
-        if (colon == std::string_view::npos) throw BackendError("recovery: malformed revived '" + std::string(item) + "'");
+        if (colon == std::string_view::npos)
+          throw BackendError("recovery: malformed revived '" + std::string(item) + "'");
         revive.emplace_back(parse_number(item.substr(0, colon), "revived process"),
                             static_cast<int>(parse_number(item.substr(colon + 1), "incarnation")));
         d.revived.push_back(revive.back().first);
@@ -247,8 +250,9 @@ const EpochDecision& Recovery::agree() {
   mark_failed("joined the agreement on epoch " + std::to_string(next));
   (void)store_->set_if_absent(key(next, "alive/" + std::to_string(process_)),
                               bytes(std::to_string(options_.incarnation)));
-  const Ms window(std::max<long long>(
-      1, static_cast<long long>(static_cast<double>(options_.timeout.count()) * options_.decision_window)));
+  const Ms window(
+      std::max<long long>(1, static_cast<long long>(static_cast<double>(options_.timeout.count()) *
+                                                    options_.decision_window)));
   std::vector<std::int64_t> expected;
   for (std::int64_t p = 0; p < map_.num_processes(); ++p)
     if (map_.role(p) != ProcessRole::dead) expected.push_back(p);
@@ -266,7 +270,8 @@ const EpochDecision& Recovery::agree() {
       known_dead.clear();
       waiting.clear();
       keys.clear();
-      for (std::int64_t p : expected) (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
+      for (std::int64_t p : expected)
+        (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
       for (std::int64_t p : waiting) keys.push_back(key(next, "alive/" + std::to_string(p)));
       const auto left = std::chrono::duration_cast<Ms>(window_end - Clock::now());
       missing_keys = store_->wait_for(keys, std::clamp(left, Ms(0), Ms(200)));
@@ -277,24 +282,26 @@ const EpochDecision& Recovery::agree() {
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       // A registration by another incarnation (a restart of a process that died) is not
       // this incarnation's: the one the map knows is dead.
-      const bool here = missing_set.count(keys[i]) == 0 &&
-                        (waiting[i] == process_ ||
-                         parse_number(text(store_->get(keys[i])), "incarnation") ==
-                             incarnation_[static_cast<std::size_t>(waiting[i])]);
+      const bool here =
+          missing_set.count(keys[i]) == 0 &&
+          (waiting[i] == process_ || parse_number(text(store_->get(keys[i])), "incarnation") ==
+                                         incarnation_[static_cast<std::size_t>(waiting[i])]);
       (here ? registered : dead).push_back(waiting[i]);
     }
     // Candidates in registration order's stand-in, the process number: round k's is the
     // k-th registered; the ones before it did not decide within their window: dead.
-    const std::size_t idx = std::min<std::size_t>(static_cast<std::size_t>(round), registered.size() - 1);
+    const std::size_t idx =
+        std::min<std::size_t>(static_cast<std::size_t>(round), registered.size() - 1);
     if (registered[idx] == process_ && !store_->has(decision_key)) {
-      dead.insert(dead.end(), registered.begin(), registered.begin() + static_cast<std::ptrdiff_t>(idx));
+      dead.insert(dead.end(), registered.begin(),
+                  registered.begin() + static_cast<std::ptrdiff_t>(idx));
       std::sort(dead.begin(), dead.end());
       std::vector<std::int64_t> revived;
       for (std::int64_t p = 0; p < map_.num_processes(); ++p) {
         if (map_.role(p) != ProcessRole::dead) continue;
         const std::string k = key(next, "alive/" + std::to_string(p));
-        if (store_->has(k) &&
-            parse_number(text(store_->get(k)), "incarnation") > incarnation_[static_cast<std::size_t>(p)])
+        if (store_->has(k) && parse_number(text(store_->get(k)), "incarnation") >
+                                  incarnation_[static_cast<std::size_t>(p)])
           revived.push_back(p);
       }
       if (store_->set_if_absent(decision_key, bytes(decide(dead, revived))))
@@ -307,7 +314,8 @@ const EpochDecision& Recovery::agree() {
                                       bytes("declared dead in epoch " + std::to_string(next)));
           (void)store_->fence(identity(p, incarnation),
                               "process " + std::to_string(p) + " was declared dead in epoch " +
-                                  std::to_string(next) + " and is fenced: it may not rejoin; exiting");
+                                  std::to_string(next) +
+                                  " and is fenced: it may not rejoin; exiting");
         }
       continue;  // adopt the winner, whoever it is
     }
@@ -315,7 +323,8 @@ const EpochDecision& Recovery::agree() {
     // Every registered process had its window as the candidate, and none decided.
     if (static_cast<std::size_t>(round) >= registered.size())
       throw TimeoutError("recovery: no decision for epoch " + std::to_string(next) +
-                         " after every registered process's window of " + std::to_string(window.count()) +
+                         " after every registered process's window of " +
+                         std::to_string(window.count()) +
                          " ms (processes registered: " + join(registered) + ")");
   }
 }
@@ -330,12 +339,11 @@ EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& c
     // A process that dies before the world exists (launch posts the epoch failed, or a peer
     // marks it) ends every wait for it at once instead of at the timeout.
     const WaitWatch watch(epoch_failed_key(options_.prefix, epoch_));
-    out.world = factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
+    out.world =
+        factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
     out.groups = std::make_shared<ProcessGroups>();
     out.groups->initialize(*out.world, shrunk_ ? *config_ : config, init);
-  } catch (const FencedError&) {
-    throw;
-  } catch (const BackendError& e) {
+  } catch (const FencedError&) { throw; } catch (const BackendError& e) {
     mark_failed(std::string("creating the world of epoch ") + std::to_string(epoch_) +
                 " failed: " + e.what());
     throw;
@@ -350,9 +358,7 @@ EpochGroups Recovery::recover(const WorldFactory& factory, const ParallelConfig&
     agree();
     try {
       return build(factory, config, init);
-    } catch (const FencedError&) {
-      throw;
-    } catch (const BackendError&) {
+    } catch (const FencedError&) { throw; } catch (const BackendError&) {
       if (attempt + 1 >= map_.num_processes()) throw;
     }
   }
@@ -375,8 +381,8 @@ std::int64_t env_number(const char* name, std::int64_t min) {
   std::int64_t v = 0;
   auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
   if (ec != std::errc() || end != t.data() + t.size() || v < min)
-    throw InvalidValueError(name, std::string(name) + "=" + t + " is not an integer >= " +
-                                      std::to_string(min));
+    throw InvalidValueError(
+        name, std::string(name) + "=" + t + " is not an integer >= " + std::to_string(min));
   return v;
 }
 }  // namespace
@@ -389,16 +395,19 @@ std::optional<SpareLaunch> read_spare_launch() {
   l.spares = env_number("COMMGRID_SPARES", 0);
   l.incarnation = static_cast<int>(env_number("COMMGRID_INCARNATION", 0));
   if (l.process >= l.num_processes || l.spares >= l.num_processes)
-    throw InvalidValueError("COMMGRID_PROCESS", "COMMGRID_PROCESS=" + std::to_string(l.process) +
-                                                    " and COMMGRID_SPARES=" + std::to_string(l.spares) +
-                                                    " do not fit COMMGRID_NUM_PROCESSES=" +
-                                                    std::to_string(l.num_processes));
+    throw InvalidValueError(
+        "COMMGRID_PROCESS",
+        "COMMGRID_PROCESS=" + std::to_string(l.process) +
+            " and COMMGRID_SPARES=" + std::to_string(l.spares) +
+            " do not fit COMMGRID_NUM_PROCESSES=" + std::to_string(l.num_processes));
   l.store = required_env("COMMGRID_STORE");
   l.job_id = env("COMMGRID_JOB_ID").value_or("default");
   l.token = env("COMMGRID_TOKEN").value_or("");
   if (auto t = env("COMMGRID_TIMEOUT")) {
     const double s = std::strtod(t->c_str(), nullptr);
-    if (!(s > 0)) throw InvalidValueError("COMMGRID_TIMEOUT", "COMMGRID_TIMEOUT=" + *t + " is not a positive number of seconds");
+    if (!(s > 0))
+      throw InvalidValueError("COMMGRID_TIMEOUT",
+                              "COMMGRID_TIMEOUT=" + *t + " is not a positive number of seconds");
     l.timeout = std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
   }
   return l;

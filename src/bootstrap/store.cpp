@@ -42,9 +42,7 @@ template <typename F>
 void store_call(std::string_view op, const std::string& where, F&& fn) {
   try {
     std::forward<F>(fn)();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
+  } catch (const Error&) { throw; } catch (const std::exception& e) {
     throw BackendError("store " + std::string(op) + " on " + where + ": " + e.what());
   }
 }
@@ -71,7 +69,9 @@ void Store::set(const std::string& key, std::span<const char> value) {
 bool Store::set_if_absent(const std::string& key, std::span<const char> value) {
   std::lock_guard lock(state_->mutex);
   bool set = false;
-  store_call("set_if_absent", uri(), [&] { set = do_set_if_absent(key, {value.begin(), value.end()}); });
+  store_call("set_if_absent", uri(), [&] {
+    set = do_set_if_absent(key, {value.begin(), value.end()});
+  });
   return set;
 }
 
@@ -82,7 +82,9 @@ bool Store::fence(const std::string& process, const std::string& message) {
   return enforced;
 }
 
-bool Store::do_fence(const std::string& /*process*/, const std::string& /*message*/) { return false; }
+bool Store::do_fence(const std::string& /*process*/, const std::string& /*message*/) {
+  return false;
+}
 
 bool Store::do_set_if_absent(const std::string& key, const std::vector<char>& value) {
   if (do_has(key)) return false;
@@ -94,7 +96,8 @@ std::vector<char> Store::get(const std::string& key) {
   std::lock_guard lock(state_->mutex);
   std::vector<char> out;
   store_call("get", uri(), [&] {
-    if (!do_has(key)) throw BackendError("store get on " + uri() + ": key '" + key + "' is not set");
+    if (!do_has(key))
+      throw BackendError("store get on " + uri() + ": key '" + key + "' is not set");
     out = do_get(key);
   });
   return out;
@@ -117,9 +120,13 @@ namespace {
 thread_local const WaitWatch* tls_watch = nullptr;
 }  // namespace
 
-WaitWatch::WaitWatch(std::string key) : key_(std::move(key)), outer_(tls_watch) { tls_watch = this; }
+WaitWatch::WaitWatch(std::string key) : key_(std::move(key)), outer_(tls_watch) {
+  tls_watch = this;
+}
 WaitWatch::~WaitWatch() { tls_watch = outer_; }
-const std::string* WaitWatch::current() noexcept { return tls_watch != nullptr ? &tls_watch->key_ : nullptr; }
+const std::string* WaitWatch::current() noexcept {
+  return tls_watch != nullptr ? &tls_watch->key_ : nullptr;
+}
 
 std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
                                          std::chrono::milliseconds timeout) {
@@ -153,8 +160,9 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
                              std::string(value.begin(), value.end()) + ")");
       }
       store_call("wait", uri(), [&] {
-        missing = do_wait(std::move(missing),
-                          waits_in_slices() ? std::min(left, watch != nullptr ? Ms(250) : Ms(2000)) : Ms(0));
+        missing = do_wait(
+            std::move(missing),
+            waits_in_slices() ? std::min(left, watch != nullptr ? Ms(250) : Ms(2000)) : Ms(0));
       });
     }
     if (missing.empty() || Clock::now() >= deadline) return missing;
@@ -164,8 +172,8 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
       std::this_thread::sleep_for(Ms(1));
       continue;
     }
-    std::this_thread::sleep_for(std::min<Ms>(
-        pause, std::chrono::duration_cast<Ms>(deadline - Clock::now()) + Ms(1)));
+    std::this_thread::sleep_for(
+        std::min<Ms>(pause, std::chrono::duration_cast<Ms>(deadline - Clock::now()) + Ms(1)));
     pause = std::min(pause * 2, Ms(20));
   }
 }
@@ -258,9 +266,7 @@ class FileStore final : public Store {
     if (!in) throw BackendError("file store " + folder_ + ": cannot read key '" + key + "'");
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
-  bool do_has(const std::string& key) override {
-    return ::access(path_of(key).c_str(), F_OK) == 0;
-  }
+  bool do_has(const std::string& key) override { return ::access(path_of(key).c_str(), F_OK) == 0; }
 
  private:
   // Writes `data` under a temporary name and links it to the key's file: false when the key
@@ -268,8 +274,8 @@ class FileStore final : public Store {
   bool link_new(const std::string& key, const std::vector<char>& data) {
     static std::atomic<unsigned long> serial{0};
     const std::string path = path_of(key);
-    const std::string tmp = folder_ + "/.tmp-" + std::to_string(::getpid()) + "-" +
-                            std::to_string(serial.fetch_add(1));
+    const std::string tmp =
+        folder_ + "/.tmp-" + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1));
     auto fail = [&](const std::string& what, int err) -> BackendError {
       return BackendError("file store " + folder_ + ": " + what + " for key '" + key +
                           "': " + std::strerror(err));
@@ -360,8 +366,8 @@ std::string accept_claim(const std::string& where, const std::string& found,
   if (!o.token.empty() && c.secret.empty() && c.proof.size() == 64 &&
       CRYPTO_memcmp(c.proof.data(), claim_proof(o).data(), 64) == 0)
     return "";
-  throw JobConflictError("store " + where + " is in use by another job with the id '" +
-                         o.job_id + "' and a different token" +
+  throw JobConflictError("store " + where + " is in use by another job with the id '" + o.job_id +
+                         "' and a different token" +
                          (o.token.empty() ? " (that job has a token, this one none)"
                                           : (c.secret.empty() ? "" : " (that job has none)")) +
                          ": give each job its own store");
@@ -384,8 +390,8 @@ std::string process_mark() {
 // One hiredis connection (commands are serialized by Store's mutex).
 class RedisConnection {
  public:
-  RedisConnection(std::string where, const std::string& host, int port,
-                  const std::string& password, std::chrono::milliseconds timeout)
+  RedisConnection(std::string where, const std::string& host, int port, const std::string& password,
+                  std::chrono::milliseconds timeout)
       : where_(std::move(where)),
         // hiredis blocks without limit on a server that stopped answering (SIGSTOP, a
         // network partition); a bound per command keeps every wait within its timeout plus
@@ -397,7 +403,8 @@ class RedisConnection {
     // Owned from the start: a refused AUTH below throws out of the constructor, where a
     // destructor would not run.
     redis_.reset(redisConnectWithTimeout(host.c_str(), port, tv));
-    if (!redis_) throw BackendError("redis connect to " + where_ + ": cannot allocate a connection");
+    if (!redis_)
+      throw BackendError("redis connect to " + where_ + ": cannot allocate a connection");
     if (redis_->err != 0) throw_failure("connect");
     redisSetTimeout(redis_.get(), tv);
     if (password.empty()) return;
@@ -411,7 +418,8 @@ class RedisConnection {
 
   /// SET key value NX: true when this call set it, false when the key existed.
   bool set_if_absent(const std::string& key, std::string_view value) {
-    Reply reply = command("SET", "SET %b %b NX", key.data(), key.size(), value.data(), value.size());
+    Reply reply =
+        command("SET", "SET %b %b NX", key.data(), key.size(), value.data(), value.size());
     if (reply->type == REDIS_REPLY_STATUS) return true;
     if (reply->type == REDIS_REPLY_NIL) return false;
     throw BackendError("redis SET on " + where_ + ": " + text_of(reply.get()));
@@ -453,11 +461,11 @@ class RedisConnection {
     if (err == REDIS_ERR_IO && (why.find("temporarily unavailable") != std::string::npos ||
                                 why.find("timed out") != std::string::npos))
       throw TimeoutError(head + "the server did not answer within " + secs +
-                          " (it is stopped, overloaded or cut off from this host)");
+                         " (it is stopped, overloaded or cut off from this host)");
     if (err == REDIS_ERR_EOF || why.find("reset by peer") != std::string::npos ||
         why.find("Broken pipe") != std::string::npos)
       throw BackendError(head + "the server closed the connection (" + why +
-                          "): Redis stopped, restarted or dropped this client");
+                         "): Redis stopped, restarted or dropped this client");
     if (why.find("refused") != std::string::npos)
       throw BackendError(head + "nothing listens there (" + why + "): is redis-server running?");
     throw BackendError(head + why);
@@ -600,8 +608,7 @@ std::string claim_folder(const std::string& folder, const StoreOptions& o) {
   const int linked = written ? ::link(tmp.c_str(), path.c_str()) : -1;
   const int link_errno = errno;
   ::unlink(tmp.c_str());
-  if (!written)
-    throw BackendError("file store " + folder + ": cannot write a claim");
+  if (!written) throw BackendError("file store " + folder + ": cannot write a claim");
   if (linked == 0) return parse_claim(mine).secret;
   if (link_errno != EEXIST)
     throw BackendError("file store " + folder + ": cannot claim: " + std::strerror(link_errno));
@@ -670,8 +677,8 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
                                         const StoreOptions& options) {
   if (host.empty()) throw ConfigError("store", "redis store: empty host name");
   if (port < 1 || port > 65535)
-    throw ConfigError("store", "redis store: port must be in [1, 65535], got " +
-                                   std::to_string(port));
+    throw ConfigError("store",
+                      "redis store: port must be in [1, 65535], got " + std::to_string(port));
   const std::string where = "redis://" + host + ":" + std::to_string(port);
   std::string local;
   const int probe_ms = static_cast<int>(std::clamp<long long>(options.timeout.count(), 1, 5000));
@@ -718,8 +725,7 @@ std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& opti
     std::string_view port_text = rest.substr(colon + 1);
     int port = 0;
     auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 ||
-        port > 65535)
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 || port > 65535)
       bad_uri(uri, "port '" + std::string(port_text) + "' is not a number in [1, 65535]");
     std::string host(rest.substr(0, colon));
     if (host.size() > 2 && host.front() == '[' && host.back() == ']')
@@ -755,8 +761,7 @@ std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& opti
     std::string_view port_text = rest.substr(colon + 1);
     int port = 0;
     auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 ||
-        port > 65535)
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 || port > 65535)
       bad_uri(uri, "port '" + std::string(port_text) + "' is not a number in [1, 65535]");
     return make_redis_store(std::string(rest.substr(0, colon)), port, prefix, password, options);
   }

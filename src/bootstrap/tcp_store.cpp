@@ -208,7 +208,8 @@ Message recv_message(int fd, Clock::time_point deadline, size_t max,
   char head[4];
   recv_exact(fd, head, 4, deadline, stop);
   const uint32_t size = get_u32(head);
-  if (size == 0 || size > max) throw IoError("malformed frame of " + std::to_string(size) + " bytes");
+  if (size == 0 || size > max)
+    throw IoError("malformed frame of " + std::to_string(size) + " bytes");
   std::string body(size, '\0');
   recv_exact(fd, body.data(), size, deadline, stop);
   auto m = decode(body);
@@ -276,8 +277,8 @@ std::optional<size_t> size_from_env(const char* name) {
   size_t v = 0;
   auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
   if (t.empty() || ec != std::errc() || end != t.data() + t.size() || v == 0)
-    throw InvalidValueError(name, std::string(name) + "='" + printable(t) +
-                                      "' is not a positive whole number");
+    throw InvalidValueError(
+        name, std::string(name) + "='" + printable(t) + "' is not a positive whole number");
   return v;
 }
 
@@ -327,17 +328,15 @@ size_t open_descriptor_limit() {
 class TcpStoreServer {
  public:
   TcpStoreServer(const std::string& host, int port, const StoreOptions& options)
-      : where_(host + ":" + std::to_string(port)),
-        options_(options),
+      : where_(host + ":" + std::to_string(port)), options_(options),
         secret_(options.token.empty() ? random_hex(32) : ""),
-        connections_(connection_limit(options)),
-        bytes_limit_(byte_limit(options)) {
+        connections_(connection_limit(options)), bytes_limit_(byte_limit(options)) {
     listen_on(host, port);
     epoll_ = Socket(::epoll_create1(EPOLL_CLOEXEC));
     wake_ = Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (epoll_.get() < 0 || wake_.get() < 0)
-      throw BackendError("tcp store " + where_ + ": cannot start its event loop: " +
-                         std::strerror(errno));
+      throw BackendError("tcp store " + where_ +
+                         ": cannot start its event loop: " + std::strerror(errno));
     watch(listener_.get(), kListenerId, EPOLLIN);
     watch(wake_.get(), kWakeId, EPOLLIN);
     reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -419,7 +418,7 @@ class TcpStoreServer {
     uint32_t events = 0;  // as registered with epoll
     bool authed = false, closing = false, dead = false;
     std::string process;  // the identity it gave ('I'), for fencing; empty: none
-    std::string nonce;  // the challenge sent in the greeting
+    std::string nonce;    // the challenge sent in the greeting
     // Before the proof: the fixed buffer. After: requests as they arrive.
     std::array<char, kPreAuthBuffer> small{};
     size_t small_len = 0;
@@ -513,7 +512,8 @@ class TcpStoreServer {
         timeout = static_cast<int>(std::clamp<long long>(
             std::chrono::ceil<Ms>(timers_.begin()->first - Clock::now()).count(), 0, 1000));
       if (accept_paused_) timeout = std::min(timeout, 100);
-      const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout);
+      const int n =
+          ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout);
       if (n < 0 && errno != EINTR) {
         std::this_thread::sleep_for(Ms(10));  // cannot happen with valid descriptors; never spin
         continue;
@@ -635,12 +635,11 @@ class TcpStoreServer {
   // time, tell it why and close it; when even that fails, accepting pauses for 100 ms.
   void refuse_for_descriptors(int err) {
     const std::string why =
-        err == ENFILE ? std::string("the machine is out of file descriptors (ENFILE)")
-                      : "the serving process is out of file descriptors (" +
-                            std::to_string(conns_.size()) +
-                            " connections in use, its limit ulimit -n is " +
-                            std::to_string(open_descriptor_limit()) +
-                            "): raise it on rank 0's machine";
+        err == ENFILE
+            ? std::string("the machine is out of file descriptors (ENFILE)")
+            : "the serving process is out of file descriptors (" + std::to_string(conns_.size()) +
+                  " connections in use, its limit ulimit -n is " +
+                  std::to_string(open_descriptor_limit()) + "): raise it on rank 0's machine";
     for (int i = 0; i < 64; ++i) {
       if (reserve_ >= 0) {
         ::close(reserve_);
@@ -690,8 +689,8 @@ class TcpStoreServer {
     const Limit cap = connection_cap(connections_);
     if (conns_.size() >= cap.value) {
       if (pending_.empty()) {
-        refuse(s.get(), std::to_string(conns_.size()) +
-                            " connections in use, the limit set by " + cap.source);
+        refuse(s.get(), std::to_string(conns_.size()) + " connections in use, the limit set by " +
+                            cap.source);
         return;
       }
       evict_oldest_pending();
@@ -712,7 +711,8 @@ class TcpStoreServer {
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c.socket.get(), &ev) != 0) return;
     conns_.emplace(c.id, std::move(conn));
     c.pending_it = pending_.insert(pending_.end(), c.id);
-    set_timer(c, Clock::now() + std::min<Ms>(kHandshakeDeadline, std::max<Ms>(options_.timeout, Ms(1000))));
+    set_timer(c, Clock::now() +
+                     std::min<Ms>(kHandshakeDeadline, std::max<Ms>(options_.timeout, Ms(1000))));
     queue(c, encode({'H', {options_.job_id, c.nonce}}));
     flush(c);
     update_events(c);
@@ -759,8 +759,8 @@ class TcpStoreServer {
   bool read_proof(Conn& c) {
     for (;;) {
       if (c.small_len == c.small.size()) break;
-      const ssize_t n = ::recv(c.socket.get(), c.small.data() + c.small_len,
-                               c.small.size() - c.small_len, 0);
+      const ssize_t n =
+          ::recv(c.socket.get(), c.small.data() + c.small_len, c.small.size() - c.small_len, 0);
       if (n > 0) {
         c.small_len += static_cast<size_t>(n);
         continue;
@@ -786,8 +786,9 @@ class TcpStoreServer {
     c.authed = true;
     cancel_timer(c);
     pending_.erase(c.pending_it);
-    queue(c, encode({'O', {token_proof(options_.token, server_context(options_.job_id, a->fields[1])),
-                           secret_}}));
+    queue(c, encode({'O',
+                     {token_proof(options_.token, server_context(options_.job_id, a->fields[1])),
+                      secret_}}));
     c.in.assign(c.small.data() + 4 + size, c.small_len - 4 - size);
     return serve_requests(c);
   }
@@ -874,9 +875,7 @@ class TcpStoreServer {
           if (m.type == 'X') queue(c, encode({'F', {}}));
           else queue(c, encode({'E', {"key '" + printable(key) + "' is already set"}}));
           break;
-        case SetResult::full:
-          queue(c, encode({'E', {why}}));
-          break;
+        case SetResult::full: queue(c, encode({'E', {why}})); break;
       }
       return true;
     }
@@ -1117,12 +1116,9 @@ class TcpStore final : public Store {
     if (server_) {
       std::string why;
       switch (server_->set(key, std::string_view(value.data(), value.size()), &why)) {
-        case TcpStoreServer::SetResult::ok:
-          return true;
-        case TcpStoreServer::SetResult::exists:
-          return false;
-        case TcpStoreServer::SetResult::full:
-          throw BackendError("tcp store " + uri() + ": " + why);
+        case TcpStoreServer::SetResult::ok: return true;
+        case TcpStoreServer::SetResult::exists: return false;
+        case TcpStoreServer::SetResult::full: throw BackendError("tcp store " + uri() + ": " + why);
       }
     }
     Message r = request({'X', {key, std::string(value.begin(), value.end())}});
@@ -1149,7 +1145,8 @@ class TcpStore final : public Store {
     } else {
       Message r = request({'G', {key}});
       if (r.type == 'V' && r.fields.size() == 1) v = std::move(r.fields[0]);
-      else if (r.type != 'N') throw BackendError("tcp store " + uri() + ": unexpected reply to get");
+      else if (r.type != 'N')
+        throw BackendError("tcp store " + uri() + ": unexpected reply to get");
     }
     if (!v) throw BackendError("tcp store " + uri() + ": key '" + key + "' is not set");
     return {v->begin(), v->end()};
@@ -1182,8 +1179,8 @@ class TcpStore final : public Store {
     if (key.size() > kTcpStoreMaxKey || value > kTcpStoreMaxValue)
       throw BackendError("tcp store " + uri() + ": key of " + std::to_string(key.size()) +
                          " bytes or value of " + std::to_string(value) +
-                         " bytes exceeds the limits (" + std::to_string(kTcpStoreMaxKey) +
-                         ", " + std::to_string(kTcpStoreMaxValue) + ")");
+                         " bytes exceeds the limits (" + std::to_string(kTcpStoreMaxKey) + ", " +
+                         std::to_string(kTcpStoreMaxValue) + ")");
   }
 
   enum class Handshake { ok, refused, dropped, timed_out };
@@ -1248,8 +1245,9 @@ class TcpStore final : public Store {
           throw TimeoutError("tcp store " + uri() + ": no handshake within the timeout of " +
                              std::to_string(options_.timeout.count()) + " ms");
         if (h == Handshake::dropped)
-          last = "the server closed the connection before the handshake ended (it may be "
-                 "overloaded)";
+          last =
+              "the server closed the connection before the handshake ended (it may be "
+              "overloaded)";
         break;  // refused, dropped, or out of time after a refusal: back off or say so
       }
       auto now = Clock::now();
@@ -1265,11 +1263,12 @@ class TcpStore final : public Store {
         if (!refusal.empty())
           throw BackendError("store at " + host_ + ":" + std::to_string(port_) + " refused: " +
                              refusal + " (this rank retried for " + seconds_text(tried) + ")");
-        throw TimeoutError("tcp store " + uri() + ": no server answered within " +
-                           std::to_string(options_.timeout.count()) +
-                           " ms (rank 0 serves it, or commgrid launch with --spares: it has not started, has ended, or "
-                           "MASTER_ADDR:MASTER_PORT names another host or port; last error: " +
-                           last + ")");
+        throw TimeoutError(
+            "tcp store " + uri() + ": no server answered within " +
+            std::to_string(options_.timeout.count()) +
+            " ms (rank 0 serves it, or commgrid launch with --spares: it has not started, has ended, or "
+            "MASTER_ADDR:MASTER_PORT names another host or port; last error: " +
+            last + ")");
       }
     }
   }
@@ -1280,9 +1279,7 @@ class TcpStore final : public Store {
       Message h;
       try {
         h = recv_message(fd, deadline, kMaxHandshakeFrame);
-      } catch (const IoTimeout&) {
-        throw;
-      } catch (const IoError&) {
+      } catch (const IoTimeout&) { throw; } catch (const IoError&) {
         return Handshake::dropped;
       }
       if (h.type == 'R' && h.fields.size() == 1) {
@@ -1299,14 +1296,13 @@ class TcpStore final : public Store {
       const std::string nonce = random_bytes(32);
       Message o;
       try {
-        send_message(fd,
-                     {'A', {token_proof(options_.token, client_context(options_.job_id, h.fields[1])),
-                            nonce}},
-                     deadline);
+        send_message(
+            fd,
+            {'A',
+             {token_proof(options_.token, client_context(options_.job_id, h.fields[1])), nonce}},
+            deadline);
         o = recv_message(fd, deadline, kMaxHandshakeFrame);
-      } catch (const IoTimeout&) {
-        throw;
-      } catch (const IoError&) {
+      } catch (const IoTimeout&) { throw; } catch (const IoError&) {
         return Handshake::dropped;
       }
       if (o.type == 'R')
@@ -1320,9 +1316,7 @@ class TcpStore final : public Store {
                                   ": the server did not prove the job's token");
       secret = o.fields[1];
       return Handshake::ok;
-    } catch (const IoTimeout&) {
-      return Handshake::timed_out;
-    }
+    } catch (const IoTimeout&) { return Handshake::timed_out; }
   }
 
   // One request and its reply, within options_.timeout (plus `wait` for a parked wait).
@@ -1347,8 +1341,9 @@ class TcpStore final : public Store {
       if (r.type == 'Z') {
         socket_ = Socket();
         // Kept: every later request says it again (a caller may have wrapped the first).
-        fenced_ = "tcp store " + uri() + ": " +
-                  (r.fields.empty() ? std::string("this process is fenced") : printable(r.fields[0]));
+        fenced_ =
+            "tcp store " + uri() + ": " +
+            (r.fields.empty() ? std::string("this process is fenced") : printable(r.fields[0]));
         throw FencedError(fenced_);
       }
       return r;
@@ -1362,7 +1357,8 @@ class TcpStore final : public Store {
         reconnect_ = true;
         return std::nullopt;
       }
-      lost_ = std::string(e.what()) + " (the process serving it ended or failed: rank 0, or commgrid launch with --spares)";
+      lost_ = std::string(e.what()) +
+              " (the process serving it ended or failed: rank 0, or commgrid launch with --spares)";
       throw BackendError("tcp store " + uri() + ": " + lost_);
     }
   }

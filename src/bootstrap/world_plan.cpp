@@ -57,22 +57,28 @@ WorldPlan plan_world(const WorldRequest& request, const DetectedLauncher& launch
                              (launcher.store && launcher.launcher != Launcher::none);
     backend = (store_world && request.gloo_built) || !request.mpi_built ? "gloo" : "mpi";
   }
-  if (std::find(request.accepted.begin(), request.accepted.end(), backend) == request.accepted.end())
-    throw InvalidValueError("backend", "backend: expected " + joined(request.accepted) + ", got '" +
-                                           backend + "'");
-  if (!built(request, backend)) throw ConfigError("backend", "backend " + backend + ": " + missing_backend(backend));
+  if (std::find(request.accepted.begin(), request.accepted.end(), backend) ==
+      request.accepted.end())
+    throw InvalidValueError(
+        "backend", "backend: expected " + joined(request.accepted) + ", got '" + backend + "'");
+  if (!built(request, backend))
+    throw ConfigError("backend", "backend " + backend + ": " + missing_backend(backend));
   plan.backend = backend;
 
   if (request.local) {
     if (backend == "mpi")
-      throw IncompatibleError("local", "local: --local runs ranks as threads and needs --backend "
-                                       "gloo" + std::string(request.nccl_built ? " or nccl" : "") +
-                                       " (under mpirun the launcher sets the number of ranks)");
+      throw IncompatibleError("local",
+                              "local: --local runs ranks as threads and needs --backend "
+                              "gloo" +
+                                  std::string(request.nccl_built ? " or nccl" : "") +
+                                  " (under mpirun the launcher sets the number of ranks)");
     if (!request.gloo_built)
-      throw ConfigError("local", "local: --local runs ranks as threads over a Gloo bootstrap, and " +
-                                     missing_backend("gloo"));
+      throw ConfigError("local",
+                        "local: --local runs ranks as threads over a Gloo bootstrap, and " +
+                            missing_backend("gloo"));
     if (*request.local < 1)
-      throw InvalidValueError("local", "local: --local must be >= 1, got " + std::to_string(*request.local));
+      throw InvalidValueError("local",
+                              "local: --local must be >= 1, got " + std::to_string(*request.local));
     plan.engine = WorldEngine::rank_threads;
     plan.local = true;
     plan.size = *request.local;
@@ -81,9 +87,11 @@ WorldPlan plan_world(const WorldRequest& request, const DetectedLauncher& launch
   plan.size = launcher.size;
   if (backend == "mpi") {
     if (launcher.store_launcher())
-      throw IncompatibleError("backend", "backend: --backend mpi needs an MPI launcher (mpirun, "
-                                         "srun), but " + launcher.describe() +
-                                         " started this process; use --backend gloo");
+      throw IncompatibleError("backend",
+                              "backend: --backend mpi needs an MPI launcher (mpirun, "
+                              "srun), but " +
+                                  launcher.describe() +
+                                  " started this process; use --backend gloo");
     plan.engine = WorldEngine::mpi;
     return plan;
   }

@@ -211,27 +211,28 @@ class Checker {
                                      " levels, more than " + str(kMaxWorldSize));
     for (std::size_t i = 0; i < c_.hcp.size(); ++i)
       if (c_.hcp[i] < 1)
-        throw InvalidValueError("hcp", "hcp[" + std::to_string(i) + "] must be >= 1, got " +
-                                           str(c_.hcp[i]));
+        throw InvalidValueError(
+            "hcp", "hcp[" + std::to_string(i) + "] must be >= 1, got " + str(c_.hcp[i]));
   }
 
   void placement_() const {
     const std::int64_t W = c_.world_size;
     if (c_.rank_offset < 0)
-      throw InvalidValueError("rank_offset", "rank_offset must be >= 0, got " + str(c_.rank_offset));
+      throw InvalidValueError("rank_offset",
+                              "rank_offset must be >= 0, got " + str(c_.rank_offset));
     if (c_.local_world_size) {
       require_positive("local_world_size", *c_.local_world_size);
       if (*c_.local_world_size > W)
-        throw InvalidValueError("local_world_size", "local_world_size = " +
-                                                        str(*c_.local_world_size) +
-                                                        " exceeds world_size " + str(W));
+        throw InvalidValueError(
+            "local_world_size",
+            "local_world_size = " + str(*c_.local_world_size) + " exceeds world_size " + str(W));
     }
     if (c_.rank_offset > W - L())
-      throw IncompatibleError("rank_offset",
-                              "rank_offset = " + str(c_.rank_offset) + " + " +
-                                  (c_.local_world_size ? "local_world_size" : "world_size") +
-                                  " = " + str(L()) + " exceeds world_size " + str(W) +
-                                  " (ranks must stay in [0, world_size))");
+      throw IncompatibleError(
+          "rank_offset", "rank_offset = " + str(c_.rank_offset) + " + " +
+                             (c_.local_world_size ? "local_world_size" : "world_size") + " = " +
+                             str(L()) + " exceeds world_size " + str(W) +
+                             " (ranks must stay in [0, world_size))");
   }
 
   void order_has_tp_() const {
@@ -269,8 +270,8 @@ class Checker {
 
   void vpp_needs_pp_() const {
     if (c_.vpp && c_.pp <= 1)
-      throw IncompatibleError("vpp", "vpp = " + str(*c_.vpp) + " requires pp > 1, got pp = " +
-                                         str(c_.pp));
+      throw IncompatibleError("vpp",
+                              "vpp = " + str(*c_.vpp) + " requires pp > 1, got pp = " + str(c_.pp));
   }
 
   [[noreturn]] void omitted(const char* token, const std::string& what) const {
@@ -295,9 +296,9 @@ class Checker {
   // Rule 7, on the order as given.
   void pp_last_() const {
     if (tokens_.back() != Axis::pp && c_.pp != 1 && edp_ != dp_)
-      throw IncompatibleError("order", "order \"" + c_.order + "\" does not end with pp and pp = " +
-                                           str(c_.pp) + ", so expert_dp must equal dp; got " +
-                                           edp_text() + ", " + dp_text());
+      throw IncompatibleError(
+          "order", "order \"" + c_.order + "\" does not end with pp and pp = " + str(c_.pp) +
+                       ", so expert_dp must equal dp; got " + edp_text() + ", " + dp_text());
   }
 
   // Rule 11: the pp groups of the two grids agree exactly when their pp strides (the
@@ -317,10 +318,16 @@ class Checker {
         std::string name(axis_name(a));
         std::int64_t size = 1;
         switch (a) {
-          case Axis::tp: size = expert ? c_.expert_tp() : c_.tp; name = expert ? "etp" : "tp"; break;
+          case Axis::tp:
+            size = expert ? c_.expert_tp() : c_.tp;
+            name = expert ? "etp" : "tp";
+            break;
           case Axis::cp: size = c_.cp; break;
           case Axis::ep: size = c_.ep; break;
-          case Axis::dp: size = expert ? edp_ : dp_; name = expert ? "expert_dp" : "dp"; break;
+          case Axis::dp:
+            size = expert ? edp_ : dp_;
+            name = expert ? "expert_dp" : "dp";
+            break;
           case Axis::pp: break;
           case Axis::gtp_remat:
             size = expert ? c_.expert_gtp_remat : c_.gtp_remat;
@@ -340,7 +347,9 @@ class Checker {
         t += (k ? "," : "") + str(c_.rank_offset + k * s);
       return t + (c_.pp > 4 ? ",...]" : "]");
     };
-    auto label = [](const Stride& s) { return str(s.value) + (s.names.empty() ? "" : " = " + s.names); };
+    auto label = [](const Stride& s) {
+      return str(s.value) + (s.names.empty() ? "" : " = " + s.names);
+    };
     throw IncompatibleError("order", "order \"" + c_.order +
                                          "\": pipeline groups differ between the dense and expert "
                                          "grids (pp stride " +
@@ -351,25 +360,25 @@ class Checker {
   void dist_opt_divides_dp_() const {
     const std::int64_t N = c_.dist_opt_instances;
     if ((dp_ * c_.cp) % N != 0)
-      throw DivisibilityError("dist_opt_instances",
-                              "dist_opt_instances = " + str(N) + " must divide dp*cp = " +
-                                  str(dp_) + "*" + str(c_.cp) + " = " + str(dp_ * c_.cp));
+      throw DivisibilityError("dist_opt_instances", "dist_opt_instances = " + str(N) +
+                                                        " must divide dp*cp = " + str(dp_) + "*" +
+                                                        str(c_.cp) + " = " + str(dp_ * c_.cp));
   }
 
   void hybrid_even_() const {
     if (c_.hybrid_context_parallel && (dp_ * c_.cp) % 2 != 0)
       throw IncompatibleError("hybrid_context_parallel",
                               "hybrid_context_parallel requires an even dp*cp (the dp_cp group "
-                              "size), got " + str(dp_) + "*" + str(c_.cp) + " = " +
-                                  str(dp_ * c_.cp));
+                              "size), got " +
+                                  str(dp_) + "*" + str(c_.cp) + " = " + str(dp_ * c_.cp));
   }
 
   void hcp_product_() const {
     if (c_.hcp.empty()) return;
     const auto prod = checked_product(c_.hcp, kMaxWorldSize);
     if (!prod)
-      throw IncompatibleError("hcp", "hcp sizes " + list_text(c_.hcp) +
-                                         " multiply to more than cp = " + str(c_.cp));
+      throw IncompatibleError(
+          "hcp", "hcp sizes " + list_text(c_.hcp) + " multiply to more than cp = " + str(c_.cp));
     if (*prod != c_.cp)
       throw IncompatibleError("hcp", "hcp sizes " + list_text(c_.hcp) + " multiply to " +
                                          str(*prod) + ", but cp = " + str(c_.cp));
@@ -459,8 +468,8 @@ void ParallelConfig::validate() const {
 
 std::string ParallelConfig::canonical() const {
   std::ostringstream s;
-  s << "world_size=" << world_size << " tp=" << tp << " pp=" << pp << " cp=" << cp
-    << " ep=" << ep << " etp=" << (etp ? str(*etp) : "none") << " hcp=" << list_text(hcp)
+  s << "world_size=" << world_size << " tp=" << tp << " pp=" << pp << " cp=" << cp << " ep=" << ep
+    << " etp=" << (etp ? str(*etp) : "none") << " hcp=" << list_text(hcp)
     << " dist_opt_instances=" << dist_opt_instances << " vpp=" << (vpp ? str(*vpp) : "none")
     << " order=" << order;
   if (compat == Compat::head)

@@ -203,7 +203,8 @@ void for_each_creation(const Layout& layout, std::span<const GroupKind> kinds,
     w.run(item);
 }
 
-std::vector<CreationStep> creation_sequence(const Layout& layout, std::span<const GroupKind> kinds) {
+std::vector<CreationStep> creation_sequence(const Layout& layout,
+                                            std::span<const GroupKind> kinds) {
   std::vector<CreationStep> out;
   for_each_creation(layout, kinds,
                     [&](GroupKind k, int level, std::int64_t index, std::span<const Rank> members) {
@@ -212,7 +213,8 @@ std::vector<CreationStep> creation_sequence(const Layout& layout, std::span<cons
   return out;
 }
 
-std::vector<CreationAlias> creation_aliases(const Layout& layout, std::span<const GroupKind> kinds) {
+std::vector<CreationAlias> creation_aliases(const Layout& layout,
+                                            std::span<const GroupKind> kinds) {
   return Request(layout, kinds).aliases();
 }
 

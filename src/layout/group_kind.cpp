@@ -5,12 +5,36 @@
 namespace commgrid {
 namespace {
 
-constexpr std::array<std::string_view, kNumKinds> kNames = {
-    "dp_cp",  "intra_dp_cp", "dp",       "cp",     "hcp",    "mp",       "tp",
-    "pp",     "embd",        "pos_embd", "tp_dp_cp", "tp_dp", "tp_cp",   "ep",
-    "expt_tp", "tp_ep",      "tp_ep_pp", "expt_dp", "intra_expt_dp", "inter_dist_opt",
-    "intra_dist_opt", "gtp_remat", "expt_gtp_remat", "dp_gtp_remat", "dp_cp_gtp_remat",
-    "expt_dp_gtp_remat", "tp_ep_pp_with_egtp_remat", "hybrid_dp_cp", "dp_cp_ag", "expt_dp_ag"};
+constexpr std::array<std::string_view, kNumKinds> kNames = {"dp_cp",
+                                                            "intra_dp_cp",
+                                                            "dp",
+                                                            "cp",
+                                                            "hcp",
+                                                            "mp",
+                                                            "tp",
+                                                            "pp",
+                                                            "embd",
+                                                            "pos_embd",
+                                                            "tp_dp_cp",
+                                                            "tp_dp",
+                                                            "tp_cp",
+                                                            "ep",
+                                                            "expt_tp",
+                                                            "tp_ep",
+                                                            "tp_ep_pp",
+                                                            "expt_dp",
+                                                            "intra_expt_dp",
+                                                            "inter_dist_opt",
+                                                            "intra_dist_opt",
+                                                            "gtp_remat",
+                                                            "expt_gtp_remat",
+                                                            "dp_gtp_remat",
+                                                            "dp_cp_gtp_remat",
+                                                            "expt_dp_gtp_remat",
+                                                            "tp_ep_pp_with_egtp_remat",
+                                                            "hybrid_dp_cp",
+                                                            "dp_cp_ag",
+                                                            "expt_dp_ag"};
 
 }  // namespace
 
@@ -39,8 +63,8 @@ std::string all_kind_names() {
 
 GroupKind parse_kind(std::string_view name) {
   if (auto k = find_kind(name)) return *k;
-  throw UnknownKindError("kinds", "unknown group kind \"" + std::string(name) +
-                                      "\"; valid: " + all_kind_names());
+  throw UnknownKindError(
+      "kinds", "unknown group kind \"" + std::string(name) + "\"; valid: " + all_kind_names());
 }
 
 std::vector<GroupKind> parse_kinds(std::string_view list) {
@@ -49,8 +73,8 @@ std::vector<GroupKind> parse_kinds(std::string_view list) {
   std::size_t start = 0;
   while (true) {
     const std::size_t comma = list.find(',', start);
-    const std::string_view name =
-        list.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::string_view name = list.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     if (auto k = find_kind(name)) {
       for (GroupKind seen : out)
         if (seen == *k)

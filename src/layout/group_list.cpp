@@ -32,9 +32,9 @@ std::span<Rank> GroupList::assign_uniform(std::size_t n, std::size_t g) {
 }
 
 void GroupList::regroup(std::size_t g) {
-  COMMGRID_ENFORCE(g > 0 && members_.size() % g == 0,
-                   "regroup(" + std::to_string(g) + ") of " + std::to_string(members_.size()) +
-                       " members");
+  COMMGRID_ENFORCE(
+      g > 0 && members_.size() % g == 0,
+      "regroup(" + std::to_string(g) + ") of " + std::to_string(members_.size()) + " members");
   offsets_.clear();
   uniform_size_ = g;
   count_ = members_.size() / g;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <set>
 
-#include "commgrid/error.hpp"
 #include "commgrid/config.hpp"
+#include "commgrid/error.hpp"
 #include "commgrid/mixed_radix.hpp"
 
 namespace commgrid {
@@ -60,29 +60,34 @@ HyperGrid::HyperGrid(std::vector<std::int64_t> shape, std::vector<std::string> d
       rank_offset_(rank_offset) {
   size_ = check_shape(shape_, names_, "shape", "grid");
   if (rank_offset_ < 0)
-    throw InvalidValueError("rank_offset", "rank_offset must be >= 0, got " + std::to_string(rank_offset_));
+    throw InvalidValueError("rank_offset",
+                            "rank_offset must be >= 0, got " + std::to_string(rank_offset_));
   if (world_size_ < 1 || size_ > world_size_ - rank_offset_)
-    throw IncompatibleError("shape", "grid shape " + list_text(shape_) + " (" + std::to_string(size_) +
-                                         " ranks) at rank offset " + std::to_string(rank_offset_) +
+    throw IncompatibleError("shape", "grid shape " + list_text(shape_) + " (" +
+                                         std::to_string(size_) + " ranks) at rank offset " +
+                                         std::to_string(rank_offset_) +
                                          " does not fit world_size " + std::to_string(world_size_));
   views_[""] = View{shape_, names_, {}};
 }
 
 void HyperGrid::register_view(const std::string& name, std::vector<std::int64_t> shape,
-                              std::vector<std::string> dim_names, std::vector<std::string> shared_dims) {
+                              std::vector<std::string> dim_names,
+                              std::vector<std::string> shared_dims) {
   const std::string what = "view \"" + name + "\"";
   if (name.empty()) throw ConfigError("view", "view: the name must not be empty");
   if (views_.count(name)) throw ConfigError("view", what + " is already registered");
   const std::int64_t size = check_shape(shape, dim_names, "view", what);
   if (size != size_)
-    throw ConfigError("view", what + ": shape " + list_text(shape) + " has " + std::to_string(size) +
-                                  " ranks, but the grid has " + std::to_string(size_));
+    throw ConfigError("view", what + ": shape " + list_text(shape) + " has " +
+                                  std::to_string(size) + " ranks, but the grid has " +
+                                  std::to_string(size_));
   View v{std::move(shape), std::move(dim_names), std::move(shared_dims)};
   const View& base = views_.at("");
   for (std::size_t i = 0; i < v.shared.size(); ++i) {
     const std::string& d = v.shared[i];
     for (std::size_t j = 0; j < i; ++j)
-      if (v.shared[j] == d) throw ConfigError("view", what + ": shared dim \"" + d + "\" appears twice");
+      if (v.shared[j] == d)
+        throw ConfigError("view", what + ": shared dim \"" + d + "\" appears twice");
     if (std::find(base.names.begin(), base.names.end(), d) == base.names.end())
       throw ConfigError("view", what + ": shared dim \"" + d + "\" is not a dim of the grid (" +
                                     join(base.names) + ")");
@@ -109,8 +114,8 @@ std::vector<std::string> HyperGrid::views() const {
 const HyperGrid::View& HyperGrid::view_of(std::string_view name) const {
   const auto it = views_.find(name);
   if (it == views_.end())
-    throw ConfigError("view", "view \"" + std::string(name) + "\" is not registered (registered: " +
-                                  join(views()) + ")");
+    throw ConfigError("view", "view \"" + std::string(name) +
+                                  "\" is not registered (registered: " + join(views()) + ")");
   return it->second;
 }
 
@@ -133,8 +138,9 @@ GroupList HyperGrid::enumerate(const View& v, const std::vector<std::string>& di
   const detail::MixedRadix grid(v.shape, rank_offset_);
   const std::int64_t g = grid.group_size(m);
   GroupList out;
-  grid.fill(m, 0,
-            out.assign_uniform(static_cast<std::size_t>(grid.count() / g), static_cast<std::size_t>(g)));
+  grid.fill(
+      m, 0,
+      out.assign_uniform(static_cast<std::size_t>(grid.count() / g), static_cast<std::size_t>(g)));
   return out;
 }
 

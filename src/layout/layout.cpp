@@ -62,8 +62,7 @@ constexpr Recipe recipe(GroupKind k) noexcept {
     case K::dp_gtp_remat: return {Shape::grid, D, {A::gtp_remat, A::dp}};
     case K::dp_cp_gtp_remat: return {Shape::grid, D, {A::gtp_remat, A::dp, A::cp}};
     case K::expt_dp_gtp_remat: return {Shape::grid, E, {A::gtp_remat, A::dp}};
-    case K::tp_ep_pp_with_egtp_remat:
-      return {Shape::grid, E, {A::tp, A::ep, A::gtp_remat, A::pp}};
+    case K::tp_ep_pp_with_egtp_remat: return {Shape::grid, E, {A::tp, A::ep, A::gtp_remat, A::pp}};
     case K::hybrid_dp_cp: return {Shape::hybrid, D, {A::dp, A::cp}};
     case K::dp_cp_ag: return {Shape::grid, Grid::dense_ag, {A::dp, A::cp}};
     case K::expt_dp_ag: return {Shape::grid, Grid::expert_ag, {A::dp}};
@@ -128,16 +127,15 @@ void hierarchical_split(std::span<const Rank> parent, std::span<const std::int64
   for (std::int64_t a = 0; a < l; ++a)
     for (std::int64_t b = 0; b < u; ++b) {
       for (std::int64_t t = 0; t < s; ++t)
-        group[static_cast<std::size_t>(t)] = parent[static_cast<std::size_t>(a * s * u + t * u + b)];
+        group[static_cast<std::size_t>(t)] =
+            parent[static_cast<std::size_t>(a * s * u + t * u + b)];
       out.push_back(group);
     }
 }
 
 Layout::Layout(ParallelConfig config, EmbeddingPolicies policies)
-    : config_(std::move(config)),
-      policies_(std::move(policies)),
-      edition_(&detail::edition_of(validated(config_).compat)),
-      dp_(config_.dp()),
+    : config_(std::move(config)), policies_(std::move(policies)),
+      edition_(&detail::edition_of(validated(config_).compat)), dp_(config_.dp()),
       edp_(config_.expert_dp()),
       dense_(sizes(config_.tp, config_.cp, 1, dp_, config_.pp, config_.gtp_remat),
              config_.grid_order(false), config_.rank_offset),
@@ -163,9 +161,9 @@ Layout::Layout(ParallelConfig config, EmbeddingPolicies policies)
     dense_ag_.emplace(sizes(c.tp, c.cp, 1, dp_ * c.gtp_remat, c.pp, c.gtp_remat),
                       default_head_order(false));
     if (c.ep > 1)
-      expert_ag_.emplace(sizes(c.expert_tp(), 1, c.ep, edp_ * c.expert_gtp_remat, c.pp,
-                               c.expert_gtp_remat),
-                         default_head_order(true));
+      expert_ag_.emplace(
+          sizes(c.expert_tp(), 1, c.ep, edp_ * c.expert_gtp_remat, c.pp, c.expert_gtp_remat),
+          default_head_order(true));
   }
   if (policies_.embedding || policies_.position_embedding) check_policy_results();
 }
@@ -200,8 +198,7 @@ bool Layout::gtp_instance() const noexcept {
 }
 
 std::string Layout::level_name(GroupKind k, int level) const {
-  if (k == GroupKind::hybrid_dp_cp && level >= 0 &&
-      level < static_cast<int>(hybrid_sizes_.size()))
+  if (k == GroupKind::hybrid_dp_cp && level >= 0 && level < static_cast<int>(hybrid_sizes_.size()))
     return "hybrid_dp_cp_" + std::to_string(hybrid_sizes_[static_cast<std::size_t>(level)]);
   return std::string(kind_name(k));
 }
@@ -242,13 +239,13 @@ void Layout::check_rank(Rank r) const {
 void Layout::check_kind(GroupKind k, int level) const {
   if (!has_kind(k))
     throw UnknownKindError(
-        "kinds", "group kind \"" + std::string(kind_name(k)) + "\" does not exist for this config (" +
-                     (is_head_kind(k) && config_.compat != Compat::head
-                          ? "it exists only under compat head"
-                      : is_head_kind(k) ? "its HEAD option is not set"
-                      : k == GroupKind::hcp ? "no hcp sizes given"
-                                            : "dist_opt_instances = 1") +
-                     ")");
+        "kinds",
+        "group kind \"" + std::string(kind_name(k)) + "\" does not exist for this config (" +
+            (is_head_kind(k) && config_.compat != Compat::head ? "it exists only under compat head"
+             : is_head_kind(k)                                 ? "its HEAD option is not set"
+             : k == GroupKind::hcp                             ? "no hcp sizes given"
+                                                               : "dist_opt_instances = 1") +
+            ")");
   if (level < 0 || level >= levels(k))
     throw ConfigError("level", "level " + std::to_string(level) + " out of range [0, " +
                                    std::to_string(levels(k)) + ") for group kind \"" +
@@ -277,8 +274,8 @@ void Layout::check_policy_results() const {
       if (got.empty()) throw PolicyError(what, head + "the group is empty");
       for (std::size_t j = 0; j < got.size(); ++j) {
         if (std::find(group.begin(), group.end(), got[j]) == group.end())
-          throw PolicyError(what, head + "rank " + std::to_string(got[j]) +
-                                      " is not in that group");
+          throw PolicyError(what,
+                            head + "rank " + std::to_string(got[j]) + " is not in that group");
         if (std::find(got.begin(), got.begin() + static_cast<std::ptrdiff_t>(j), got[j]) !=
             got.begin() + static_cast<std::ptrdiff_t>(j))
           throw PolicyError(what, head + "rank " + std::to_string(got[j]) + " appears twice");
@@ -350,7 +347,8 @@ void Layout::members(GroupKind k, int level, std::int64_t first, std::span<Rank>
     case Shape::hybrid: return grid.fill(rc.mask, first, out);
     case Shape::intra_dist_opt:
       if (gtp_instance()) {
-        for (std::int64_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = grid.offset() + first + i;
+        for (std::int64_t i = 0; i < n; ++i)
+          out[static_cast<std::size_t>(i)] = grid.offset() + first + i;
         return;
       }
       return grid.fill(rc.mask, first, out);
@@ -507,7 +505,8 @@ std::optional<GroupRef> Layout::group_of(GroupKind k, Rank r, int level) const {
       std::vector<Rank> members(static_cast<std::size_t>(run * per));
       for (std::int64_t j = 0; j < run; ++j)
         for (std::int64_t m = 0; m < per; ++m)
-          members[static_cast<std::size_t>(j * per + m)] = grid.member(rc.mask, instance * run + j, m);
+          members[static_cast<std::size_t>(j * per + m)] =
+              grid.member(rc.mask, instance * run + j, m);
       return make_ref(instance, r, std::move(members));
     }
     case Shape::hybrid: {

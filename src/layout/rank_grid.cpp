@@ -34,8 +34,8 @@ std::array<std::int64_t, kNumAxes> RankGrid::coordinates(Rank r) const noexcept 
 GroupList RankGrid::groups(AxisSet masked) const {
   const std::int64_t g = group_size(masked);
   GroupList out;
-  const std::span<Rank> buf = out.assign_uniform(static_cast<std::size_t>(world_size() / g),
-                                                 static_cast<std::size_t>(g));
+  const std::span<Rank> buf =
+      out.assign_uniform(static_cast<std::size_t>(world_size() / g), static_cast<std::size_t>(g));
   fill(masked, 0, buf);
   return out;
 }

@@ -38,14 +38,16 @@ RankMap::RankMap(std::int64_t world_size, SparePlacement placement)
     throw OverflowError("spares", "world_size " + str(world_size) + " + spares " + str(S) +
                                       " exceeds " + str(kMaxWorldSize) + " processes");
   if (const auto g = placement.gpus_per_node) {
-    if (*g < 1) throw InvalidValueError("gpus_per_node", "gpus_per_node must be >= 1, got " + str(*g));
+    if (*g < 1)
+      throw InvalidValueError("gpus_per_node", "gpus_per_node must be >= 1, got " + str(*g));
     if (world_size % *g != 0)
       throw IncompatibleError("gpus_per_node", "world_size " + str(world_size) +
-                                                   " is not a whole number of nodes of " +
-                                                   str(*g) + " GPUs");
+                                                   " is not a whole number of nodes of " + str(*g) +
+                                                   " GPUs");
     if (S % *g != 0)
-      throw IncompatibleError("spares", "spares = " + str(S) + " is not a whole number of nodes of " +
-                                            str(*g) + " GPUs (spares are whole nodes, so that a "
+      throw IncompatibleError("spares", "spares = " + str(S) +
+                                            " is not a whole number of nodes of " + str(*g) +
+                                            " GPUs (spares are whole nodes, so that a "
                                             "failed node is replaced by a node)");
   }
   process_of_.resize(static_cast<std::size_t>(world_size));
@@ -60,8 +62,8 @@ RankMap::RankMap(std::int64_t world_size, SparePlacement placement)
 
 ProcessRole RankMap::role(std::int64_t process) const {
   if (process < 0 || process >= num_processes())
-    throw RankOutOfRangeError("process", "process " + str(process) + " out of range [0, " +
-                                             str(num_processes()) + ")");
+    throw RankOutOfRangeError(
+        "process", "process " + str(process) + " out of range [0, " + str(num_processes()) + ")");
   return role_[static_cast<std::size_t>(process)];
 }
 
@@ -72,8 +74,8 @@ std::optional<Rank> RankMap::logical_rank(std::int64_t process) const {
 
 std::int64_t RankMap::process_of(Rank logical) const {
   if (logical < 0 || logical >= world_size_)
-    throw RankOutOfRangeError("rank", "rank " + str(logical) + " out of range [0, " +
-                                          str(world_size_) + ")");
+    throw RankOutOfRangeError(
+        "rank", "rank " + str(logical) + " out of range [0, " + str(world_size_) + ")");
   return process_of_[static_cast<std::size_t>(logical)];
 }
 
@@ -135,8 +137,8 @@ RankMap RankMap::replace(std::span<const std::int64_t> failed) const {
         // The spare with the same local index, else the node's first free one.
         std::int64_t spare = *target * *g + orphans[k].first % *g;
         if (next.role_[static_cast<std::size_t>(spare)] != ProcessRole::spare)
-          for (spare = *target * *g; next.role_[static_cast<std::size_t>(spare)] != ProcessRole::spare; ++spare) {
-          }
+          for (spare = *target * *g;
+               next.role_[static_cast<std::size_t>(spare)] != ProcessRole::spare; ++spare) {}
         take(spare, r);
       }
       i = j;
@@ -154,9 +156,10 @@ RankMap RankMap::replace(std::span<const std::int64_t> failed) const {
   }
   if (!homeless.empty()) {
     std::sort(homeless.begin(), homeless.end());
-    throw NoSpareError("no spare left for logical rank" + std::string(homeless.size() > 1 ? "s " : " ") +
-                           list_text(homeless) + " (" + str(spares_left_) + " spare" +
-                           (spares_left_ == 1 ? "" : "s") + " for " + str(static_cast<std::int64_t>(orphans.size())) +
+    throw NoSpareError("no spare left for logical rank" +
+                           std::string(homeless.size() > 1 ? "s " : " ") + list_text(homeless) +
+                           " (" + str(spares_left_) + " spare" + (spares_left_ == 1 ? "" : "s") +
+                           " for " + str(static_cast<std::int64_t>(orphans.size())) +
                            " failed rank" + (orphans.size() == 1 ? "" : "s") +
                            (placement_.gpus_per_node ? ", whole nodes" : "") + ")",
                        homeless);
@@ -167,7 +170,8 @@ RankMap RankMap::replace(std::span<const std::int64_t> failed) const {
 RankMap RankMap::revive(std::int64_t process) const {
   if (role(process) != ProcessRole::dead)
     throw IncompatibleError("process", "process " + str(process) + " is " +
-                                           role_name(role(process)) + ", not dead: only a dead "
+                                           role_name(role(process)) +
+                                           ", not dead: only a dead "
                                            "process can come back as a spare");
   RankMap next = *this;
   ++next.epoch_;
@@ -249,8 +253,8 @@ std::vector<Rank> ShrinkPlan::old_ranks() const {
     slot = r;
   }
   if (const auto hole = std::find(out.begin(), out.end(), -1); hole != out.end())
-    throw IncompatibleError("plan", "shrink plan: new rank " + str(hole - out.begin()) +
-                                        " is no old rank's");
+    throw IncompatibleError(
+        "plan", "shrink plan: new rank " + str(hole - out.begin()) + " is no old rank's");
   return out;
 }
 
@@ -270,7 +274,8 @@ ShrinkPlan plan_shrink(const ParallelConfig& config, std::span<const Rank> dead,
   std::vector<Rank> sorted(dead.begin(), dead.end());
   std::sort(sorted.begin(), sorted.end());
   sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
-  const std::string who = "logical rank" + std::string(sorted.size() > 1 ? "s " : " ") + list_text(sorted);
+  const std::string who =
+      "logical rank" + std::string(sorted.size() > 1 ? "s " : " ") + list_text(sorted);
   if (kept.empty())
     throw IncompatibleError("dp", "cannot shrink after " + who + " failed: every one of the " +
                                       str(dp) + " data-parallel replicas lost a rank");
@@ -296,29 +301,32 @@ ShrinkPlan plan_shrink(const ParallelConfig& config, std::span<const Rank> dead,
     const Layout next(c);
     const RankGrid& g2 = next.dense_grid();
     std::vector<std::int64_t> new_dp(static_cast<std::size_t>(dp), -1);
-    for (std::int64_t i = 0; i < dp2; ++i) new_dp[static_cast<std::size_t>(plan.kept_dp[static_cast<std::size_t>(i)])] = i;
+    for (std::int64_t i = 0; i < dp2; ++i)
+      new_dp[static_cast<std::size_t>(plan.kept_dp[static_cast<std::size_t>(i)])] = i;
     plan.new_rank.resize(static_cast<std::size_t>(config.world_size));
     for (Rank r = 0; r < config.world_size; ++r) {
       const std::int64_t d = new_dp[static_cast<std::size_t>(grid.coordinate(r, Axis::dp))];
       if (d < 0 || std::binary_search(sorted.begin(), sorted.end(), r)) continue;
       Rank r2 = 0;
-      for (Axis a : kAllAxes)
-        r2 += (a == Axis::dp ? d : grid.coordinate(r, a)) * g2.stride(a);
+      for (Axis a : kAllAxes) r2 += (a == Axis::dp ? d : grid.coordinate(r, a)) * g2.stride(a);
       plan.new_rank[static_cast<std::size_t>(r)] = r2;
     }
     return plan;
   }
-  throw IncompatibleError("dp", "cannot shrink after " + who + " failed: " + str(static_cast<std::int64_t>(kept.size())) +
-                                    " of " + str(dp) + " data-parallel replicas survive, and no "
-                                    "smaller dp gives a valid layout (" + last_reason + ")");
+  throw IncompatibleError("dp", "cannot shrink after " + who + " failed: " +
+                                    str(static_cast<std::int64_t>(kept.size())) + " of " + str(dp) +
+                                    " data-parallel replicas survive, and no "
+                                    "smaller dp gives a valid layout (" +
+                                    last_reason + ")");
 }
 
 EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> dead,
-                              const ParallelConfig& config, std::optional<std::int64_t> global_batch) {
+                              const ParallelConfig& config,
+                              std::optional<std::int64_t> global_batch) {
   if (config.world_size != map.world_size())
-    throw IncompatibleError("world_size", "shrink: the layout's world_size " +
-                                              str(config.world_size) + " is not the map's world of " +
-                                              str(map.world_size()));
+    throw IncompatibleError("world_size",
+                            "shrink: the layout's world_size " + str(config.world_size) +
+                                " is not the map's world of " + str(map.world_size()));
   try {
     return {map.replace(dead), std::nullopt};
   } catch (const NoSpareError&) {

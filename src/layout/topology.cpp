@@ -43,7 +43,8 @@ int crossing_local_kinds(const Layout& layout, const NodeMap& nodes) {
 
 std::string join(const std::vector<Axis>& axes) {
   std::string s;
-  for (std::size_t i = 0; i < axes.size(); ++i) s += (i ? "-" : "") + std::string(axis_name(axes[i]));
+  for (std::size_t i = 0; i < axes.size(); ++i)
+    s += (i ? "-" : "") + std::string(axis_name(axes[i]));
   return s;
 }
 
@@ -238,7 +239,8 @@ KindSpan kind_span(const Layout& layout, GroupKind k, int level, const NodeMap& 
   const std::int64_t G = nodes.gpus_per_node();
   std::vector<std::uint64_t> seen;
   std::vector<std::int64_t> touched;
-  if (!ascending) seen.assign(static_cast<std::size_t>(nodes.nodes(layout.world_size()) / 64 + 1), 0);
+  if (!ascending)
+    seen.assign(static_cast<std::size_t>(nodes.nodes(layout.world_size()) / 64 + 1), 0);
   const std::int64_t total = layout.num_members(k, level);
   constexpr std::int64_t kPiece = 1 << 16;
   std::vector<Rank> buf(static_cast<std::size_t>(std::min(total, kPiece)));
@@ -369,7 +371,8 @@ std::string TopologyWarning::message() const {
   std::string s = std::string(kind_name(kind)) + " groups cross nodes (" +
                   std::to_string(crossing_groups) + " of " + std::to_string(groups) +
                   " groups span up to " + std::to_string(max_nodes_spanned) + " nodes); ";
-  if (order) return s + "order \"" + *order + "\" keeps them inside" + (reason.empty() ? "" : "; " + reason);
+  if (order)
+    return s + "order \"" + *order + "\" keeps them inside" + (reason.empty() ? "" : "; " + reason);
   if (group_size > gpus_per_node)
     return s + "no order keeps them inside: a group has " + std::to_string(group_size) +
            " ranks, a node " + std::to_string(gpus_per_node) + " GPUs" +
@@ -387,7 +390,8 @@ TopologyReport check_topology(const Layout& layout, std::span<const GroupKind> k
   report.order = layout.config().order;
   for (GroupKind k : kinds) {
     if (!layout.has_kind(k)) (void)layout.num_groups(k);  // throws, naming why it is absent
-    for (int l = 0; l < layout.levels(k); ++l) report.kinds.push_back(kind_span(layout, k, l, nodes));
+    for (int l = 0; l < layout.levels(k); ++l)
+      report.kinds.push_back(kind_span(layout, k, l, nodes));
   }
   const int now = crossing_mask(layout, nodes);
   report.best_order = now == 0 ? layout.config().order : best_order(layout.config(), nodes);

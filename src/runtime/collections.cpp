@@ -60,7 +60,8 @@ GroupCollection::GroupCollection(std::string_view name, std::span<const GroupKin
 
 std::string GroupCollection::field_names() const {
   std::string s;
-  for (std::size_t i = 0; i < kinds_.size(); ++i) s += (i ? ", " : "") + std::string(kind_name(kinds_[i]));
+  for (std::size_t i = 0; i < kinds_.size(); ++i)
+    s += (i ? ", " : "") + std::string(kind_name(kinds_[i]));
   return s;
 }
 
@@ -71,7 +72,9 @@ std::size_t GroupCollection::index_of(std::string_view name) const {
                                       std::string(name_) + "; valid: " + field_names());
 }
 
-bool GroupCollection::is_set(std::string_view name) const { return fields_[index_of(name)].is_set(); }
+bool GroupCollection::is_set(std::string_view name) const {
+  return fields_[index_of(name)].is_set();
+}
 
 const GroupField& GroupCollection::get(GroupKind k) const {
   for (std::size_t i = 0; i < kinds_.size(); ++i)
@@ -134,12 +137,13 @@ void GroupCollection::set_pairs(
     std::initializer_list<std::pair<std::string_view, GroupValue>> pairs) {
   std::vector<std::string> unknown;
   for (const auto& [name, value] : pairs)
-    if (std::none_of(kinds_.begin(), kinds_.end(), [&](GroupKind k) { return kind_name(k) == name; }))
+    if (std::none_of(kinds_.begin(), kinds_.end(),
+                     [&](GroupKind k) { return kind_name(k) == name; }))
       unknown.emplace_back(name);
   if (!unknown.empty())
-    throw UnknownKindError("kinds", std::string("unknown group kind") + (unknown.size() > 1 ? "s " : " ") +
-                                        quoted_list(unknown) + " for " + std::string(name_) +
-                                        "; valid: " + field_names());
+    throw UnknownKindError("kinds", std::string("unknown group kind") +
+                                        (unknown.size() > 1 ? "s " : " ") + quoted_list(unknown) +
+                                        " for " + std::string(name_) + "; valid: " + field_names());
   for (const auto& [name, value] : pairs) set_index(index_of(name), value);
 }
 
@@ -161,7 +165,8 @@ void GroupCollection::fill_from_state(const ProcessGroups& state,
     }
     if (!invalid.empty())
       throw UnknownKindError("kinds", "invalid process groups requested for " + std::string(name_) +
-                                          ": " + quoted_list(invalid) + "; valid: " + field_names());
+                                          ": " + quoted_list(invalid) +
+                                          "; valid: " + field_names());
   } else {
     for (std::size_t i = 0; i < kinds_.size(); ++i) wanted.push_back(i);
   }

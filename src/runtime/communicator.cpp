@@ -1,16 +1,16 @@
 #include "commgrid/communicator.hpp"
 
 #include <algorithm>
-#include <climits>
-#include <optional>
-#include <utility>
-#include <cstdint>
-#include <string>
-#include <vector>
 #include <bit>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <numeric>
+#include <optional>
+#include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "commgrid/error.hpp"
 
@@ -50,8 +50,7 @@ std::uint16_t float_to_bf16(float f) noexcept {
   const auto bits = std::bit_cast<std::uint32_t>(f);
   // NaN: truncating could clear every mantissa bit left and turn it into infinity, so keep
   // the sign and force the quiet bit instead.
-  if ((bits & 0x7fffffffU) > 0x7f800000U)
-    return static_cast<std::uint16_t>((bits >> 16) | 0x0040U);
+  if ((bits & 0x7fffffffU) > 0x7f800000U) return static_cast<std::uint16_t>((bits >> 16) | 0x0040U);
   // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit. A carry into the
   // exponent is the correct result (up to infinity for values above the largest bfloat16).
   const std::uint32_t rounding = 0x7fffU + ((bits >> 16) & 1U);
@@ -80,7 +79,7 @@ std::uint16_t float_to_fp16(float f) noexcept {
   const auto bits = std::bit_cast<std::uint32_t>(f);
   const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000U);
   const std::uint32_t abs = bits & 0x7fffffffU;
-  if (abs > 0x7f800000U) return static_cast<std::uint16_t>(sign | 0x7e00U);  // NaN stays NaN
+  if (abs > 0x7f800000U) return static_cast<std::uint16_t>(sign | 0x7e00U);   // NaN stays NaN
   if (abs >= 0x477ff000U) return static_cast<std::uint16_t>(sign | 0x7c00U);  // rounds to inf
   if (abs < 0x38800000U) {
     // Below the smallest normal half (2^-14): a subnormal or zero. Shift the full
@@ -187,8 +186,8 @@ class Checks {
     if (n > c_.max_count())
       throw InvalidValueError(what, subject(c_, op_) + what + " " + std::to_string(n) +
                                         " exceeds " + std::to_string(c_.max_count()) +
-                                        ", the largest count of one " +
-                                        std::string(c_.backend()) + " call");
+                                        ", the largest count of one " + std::string(c_.backend()) +
+                                        " call");
   }
   void buffer(const void* p, std::size_t n, const char* what) const {
     if (p == nullptr && n > 0)
@@ -208,10 +207,9 @@ class Checks {
   // A counts list: one entry per rank, each and their sum within max_count(); returns the sum.
   std::size_t counts(std::span<const std::size_t> counts, const char* what) const {
     if (counts.size() != static_cast<std::size_t>(c_.size()))
-      throw InvalidValueError(what, subject(c_, op_) + what + " has " +
-                                        std::to_string(counts.size()) +
-                                        " entries, needs one per rank (" +
-                                        std::to_string(c_.size()) + ")");
+      throw InvalidValueError(
+          what, subject(c_, op_) + what + " has " + std::to_string(counts.size()) +
+                    " entries, needs one per rank (" + std::to_string(c_.size()) + ")");
     std::size_t total = 0;
     for (std::size_t n : counts) {
       count(n, what);
@@ -228,8 +226,9 @@ class Checks {
     if (same_ok && send == recv) return;
     if (!overlap(send, send_bytes, recv, recv_bytes)) return;
     if (same_ok)
-      throw ConfigError("recv", subject(c_, op_) + "send and recv buffers overlap; pass the very "
-                                                   "same buffer (in place) or two that do not");
+      throw ConfigError("recv", subject(c_, op_) +
+                                    "send and recv buffers overlap; pass the very "
+                                    "same buffer (in place) or two that do not");
     throw ConfigError("recv", subject(c_, op_) +
                                   (send == recv ? "send and recv are the same buffer"
                                                 : "send and recv buffers overlap") +
@@ -251,7 +250,8 @@ class Checks {
     const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
     return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
   }
-  void members(std::span<const int> members, const std::string& name, bool must_contain_self) const {
+  void members(std::span<const int> members, const std::string& name,
+               bool must_contain_self) const {
     auto fail = [&](const std::string& why) {
       throw ConfigError("members", std::string(c_.backend()) + " " + std::string(op_) + " on " +
                                        c_.name() + " for " + name + ": " + why);
@@ -283,7 +283,8 @@ std::size_t bytes(std::size_t count, DataType type) { return count * element_siz
 
 void Communicator::set_timeout(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0)
-    throw InvalidValueError("timeout", subject(*this, "set_timeout") + "timeout must be > 0 ms, got " +
+    throw InvalidValueError("timeout", subject(*this, "set_timeout") +
+                                           "timeout must be > 0 ms, got " +
                                            std::to_string(timeout.count()));
   timeout_ = timeout;
   timeout_changed(timeout);
@@ -317,7 +318,8 @@ std::unique_ptr<Communicator> Communicator::create_group_collective(std::span<co
 
 std::unique_ptr<Work> Communicator::barrier() { return do_barrier(); }
 
-std::unique_ptr<Work> Communicator::broadcast(void* buf, std::size_t count, DataType type, int root) {
+std::unique_ptr<Work> Communicator::broadcast(void* buf, std::size_t count, DataType type,
+                                              int root) {
   const Checks c(*this, "broadcast");
   c.type(type);
   c.count(count);
@@ -368,13 +370,12 @@ std::unique_ptr<Work> Communicator::alltoallv(const void* send,
   const std::size_t recv_total = c.counts(recv_counts, "recv_counts");
   const auto me = static_cast<std::size_t>(rank());
   if (send_counts[me] != recv_counts[me])
-    throw InvalidValueError("recv_counts", subject(*this, "alltoallv") + "rank " +
-                                               std::to_string(me) + " sends " +
-                                               std::to_string(send_counts[me]) +
-                                               " elements to itself (send_counts[" +
-                                               std::to_string(me) + "]) but expects " +
-                                               std::to_string(recv_counts[me]) + " (recv_counts[" +
-                                               std::to_string(me) + "])");
+    throw InvalidValueError(
+        "recv_counts", subject(*this, "alltoallv") + "rank " + std::to_string(me) + " sends " +
+                           std::to_string(send_counts[me]) + " elements to itself (send_counts[" +
+                           std::to_string(me) + "]) but expects " +
+                           std::to_string(recv_counts[me]) + " (recv_counts[" + std::to_string(me) +
+                           "])");
   c.buffer(send, send_total, "send");
   c.buffer(recv, recv_total, "recv");
   c.apart(send, bytes(send_total, type), recv, bytes(recv_total, type), false);

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <string>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -76,8 +76,8 @@ class Watchdog {
         wake_.wait(lock);
         continue;
       }
-      const Clock::time_point next =
-          std::min(poll, pending_.empty() ? Clock::time_point::max() : pending_.begin()->first.first);
+      const Clock::time_point next = std::min(
+          poll, pending_.empty() ? Clock::time_point::max() : pending_.begin()->first.first);
       if (Clock::now() < next) {
         wakes_at_ = next;
         wake_.wait_until(lock, next);
@@ -110,7 +110,8 @@ class Watchdog {
   // (once); slots whose object is gone are dropped.
   void poll_slots(std::unique_lock<std::mutex>& lock) {
     const std::int64_t now =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count();
     struct Stuck {
       std::shared_ptr<WatchedCalls::Slot> slot;
       std::string op;

@@ -48,8 +48,8 @@ class WatchedDeadline {
 /// collectives), cheaper than a WatchedDeadline per call: registered once, a call costs a
 /// clock read and two atomic stores, no lock and no allocation. The watchdog looks at every
 /// registered object every kPollPeriod while any is registered and, when a call has been
-/// inside longer than the timeout, runs `on_stuck(op, timeout)` on its thread, once per object. So a
-/// stuck call is acted on within the timeout plus kPollPeriod.
+/// inside longer than the timeout, runs `on_stuck(op, timeout)` on its thread, once per object. So
+/// a stuck call is acted on within the timeout plus kPollPeriod.
 class WatchedCalls {
  public:
   using Clock = std::chrono::steady_clock;

@@ -43,11 +43,14 @@ class Fingerprint {
 };
 
 /// The fingerprint of a text.
-inline std::uint64_t fingerprint(std::string_view s) noexcept { return Fingerprint().text(s).value(); }
+inline std::uint64_t fingerprint(std::string_view s) noexcept {
+  return Fingerprint().text(s).value();
+}
 
 /// The fingerprint of a group: its name, then its members (ranks of the parent, as passed to
 /// create_group*). What ranks compare before creating it together.
-inline std::uint64_t group_fingerprint(std::span<const int> members, std::string_view name) noexcept {
+inline std::uint64_t group_fingerprint(std::span<const int> members,
+                                       std::string_view name) noexcept {
   return Fingerprint().text(name).ints(members).value();
 }
 

@@ -70,7 +70,8 @@ void require_fields(const ProcessGroupCollection& pgc, std::initializer_list<Gro
                     const std::string& why) {
   std::string missing;
   for (GroupKind k : kinds)
-    if (!pgc.is_set(kind_name(k))) missing += (missing.empty() ? "" : ", ") + std::string(kind_name(k));
+    if (!pgc.is_set(kind_name(k)))
+      missing += (missing.empty() ? "" : ", ") + std::string(kind_name(k));
   if (!missing.empty())
     throw ConfigError("pg_collection", "pg_collection: " + missing + " required " + why +
                                            " but not set (set it to a group or to none)");
@@ -78,7 +79,8 @@ void require_fields(const ProcessGroupCollection& pgc, std::initializer_list<Gro
 
 void require_state(const ProcessGroups& state, const char* what) {
   if (!state.is_initialized())
-    throw StateError(std::string(what) + ": parallel state is not initialized; call initialize() first");
+    throw StateError(std::string(what) +
+                     ": parallel state is not initialized; call initialize() first");
 }
 
 }  // namespace
@@ -122,8 +124,9 @@ OptimizerProcessGroups setup_process_groups_for_optimizer(const ProcessGroupColl
       g.intra_dp_cp = g.dp_cp;
       g.intra_expt_dp = g.expt_dp;
     } else {
-      require_fields(pgc, {GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt,
-                           GroupKind::intra_dist_opt},
+      require_fields(pgc,
+                     {GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt,
+                      GroupKind::intra_dist_opt},
                      "with several distributed-optimizer instances");
       g.intra_dp_cp = pgc.handle(GroupKind::intra_dp_cp);
       g.intra_expt_dp = pgc.handle(GroupKind::intra_expt_dp);
@@ -161,7 +164,8 @@ DdpProcessGroups setup_process_groups_for_ddp(const ProcessGroups& state, const 
   g.pp = from(state, GroupKind::pp);
   g.ep = from(state, GroupKind::ep);
   g.expt_gtp_remat = from(state, GroupKind::expt_gtp_remat);
-  if (ddp.num_distributed_optimizer_instances > 1) g.inter_dist_opt = from(state, GroupKind::inter_dist_opt);
+  if (ddp.num_distributed_optimizer_instances > 1)
+    g.inter_dist_opt = from(state, GroupKind::inter_dist_opt);
   if (ddp.use_distributed_optimizer) g.intra_dist_opt = from(state, GroupKind::intra_dist_opt);
   return g;
 }
@@ -184,7 +188,8 @@ DdpProcessGroups setup_process_groups_for_ddp(const ProcessGroupCollection& pgc,
     g.intra_dp_cp = g.dp_cp;
     g.intra_expt_dp = g.expt_dp;
   } else {
-    require_fields(pgc, {GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt},
+    require_fields(pgc,
+                   {GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt},
                    "with several distributed-optimizer instances");
     g.intra_dp_cp = pgc.handle(GroupKind::intra_dp_cp);
     g.intra_expt_dp = pgc.handle(GroupKind::intra_expt_dp);
@@ -226,15 +231,16 @@ MultiModuleProcessGroupCollection::MultiModuleProcessGroupCollection(
   for (std::size_t i = 0; i < modules_.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
       if (modules_[i].first == modules_[j].first)
-        throw ConfigError("module_pgs", "module_pgs: module \"" + modules_[i].first +
-                                            "\" is given twice");
+        throw ConfigError("module_pgs",
+                          "module_pgs: module \"" + modules_[i].first + "\" is given twice");
   if (language_model_) (void)module(*language_model_);
 }
 
 const ProcessGroupCollection& MultiModuleProcessGroupCollection::language_model_collection() const {
   if (!language_model_)
-    throw ConfigError("language_model_module_name",
-                      "language_model_module_name: no language model specified for this collection");
+    throw ConfigError(
+        "language_model_module_name",
+        "language_model_module_name: no language model specified for this collection");
   return module(*language_model_);
 }
 
@@ -242,7 +248,8 @@ int MultiModuleProcessGroupCollection::language_model_cp_size() const {
   return (*language_model_collection().of(GroupKind::cp)).size();
 }
 
-const ProcessGroupCollection& MultiModuleProcessGroupCollection::module(std::string_view name) const {
+const ProcessGroupCollection& MultiModuleProcessGroupCollection::module(
+    std::string_view name) const {
   for (const auto& [n, c] : modules_)
     if (n == name) return c;
   std::string valid;

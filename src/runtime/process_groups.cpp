@@ -83,13 +83,11 @@ std::string policy_fingerprint(const ParallelConfig& config, const EmbeddingPoli
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fp.value()));
     return std::string("custom, results hash ") + hex;
-  } catch (const std::exception& e) {
-    return std::string("custom, fails: ") + e.what();
-  }
+  } catch (const std::exception& e) { return std::string("custom, fails: ") + e.what(); }
 }
 
-std::vector<std::pair<std::string, std::string>> fingerprint_fields(
-    const ParallelConfig& c, const InitOptions& o) {
+std::vector<std::pair<std::string, std::string>> fingerprint_fields(const ParallelConfig& c,
+                                                                    const InitOptions& o) {
   std::string hcp;
   for (std::size_t i = 0; i < c.hcp.size(); ++i) hcp += (i ? "," : "") + std::to_string(c.hcp[i]);
   std::string kinds;
@@ -193,7 +191,8 @@ void ProcessGroups::exchange_fingerprint(Communicator& world, const ParallelConf
     std::size_t start = 0;
     for (std::size_t i = 0; i < F; ++i) {
       const std::size_t end = text.find('\x1f', start);
-      values[r].emplace_back(text.substr(start, end == std::string_view::npos ? text.npos : end - start));
+      values[r].emplace_back(
+          text.substr(start, end == std::string_view::npos ? text.npos : end - start));
       start = end == std::string_view::npos ? text.size() : end + 1;
     }
   }
@@ -211,7 +210,8 @@ void ProcessGroups::exchange_fingerprint(Communicator& world, const ParallelConf
     for (std::size_t h = 0; h < shown; ++h)
       msg += (h ? "; " : "") + fields[i].first + " = " + holders[h].first + " on rank" +
              (holders[h].second.size() > 1 ? "s " : " ") + rank_ranges(holders[h].second);
-    if (shown < holders.size()) msg += "; and " + std::to_string(holders.size() - shown) + " more values";
+    if (shown < holders.size())
+      msg += "; and " + std::to_string(holders.size() - shown) + " more values";
     msg += " (every rank must get the same config and options)";
     throw ConfigMismatchError(fields[i].first, msg);
   }
@@ -222,7 +222,8 @@ void ProcessGroups::exchange_fingerprint(Communicator& world, const ParallelConf
 void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config,
                                InitOptions options) {
   if (initialized_)
-    throw StateError("ProcessGroups::initialize: parallel state is already initialized; destroy it first");
+    throw StateError(
+        "ProcessGroups::initialize: parallel state is already initialized; destroy it first");
   const auto t0 = Clock::now();
   // One deadline for the whole call (see the header); the world's timeout comes back after.
   world_timeout_ = world.timeout();
@@ -240,19 +241,16 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
   try {
     before_world_call(world);
     exchange_fingerprint(world, config, options);
-  } catch (const TimeoutError& e) {
-    throw whole_call(e);
-  }
+  } catch (const TimeoutError& e) { throw whole_call(e); }
   fingerprint_time_ = Clock::now() - t0;
 
   // Every rank holds the same config and options now, so each check below fails on
   // every rank alike and no rank is left waiting.
   Layout layout(config, options.policies);
   if (world.size() != config.world_size)
-    throw InvalidValueError("world_size", "world_size: the config says " +
-                                              std::to_string(config.world_size) +
-                                              " ranks but the world communicator has " +
-                                              std::to_string(world.size()));
+    throw InvalidValueError(
+        "world_size", "world_size: the config says " + std::to_string(config.world_size) +
+                          " ranks but the world communicator has " + std::to_string(world.size()));
   std::vector<GroupKind> kinds;
   if (options.kinds.empty()) {
     kinds = layout.kinds();
@@ -262,8 +260,7 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
       if (!layout.has_kind(k))
         throw UnknownKindError("kinds", "kinds: group kind \"" + std::string(kind_name(k)) +
                                             "\" does not exist for this config (" +
-                                            absent_reason(k) +
-                                            ")");
+                                            absent_reason(k) + ")");
       kinds.push_back(k);
     }
   }
@@ -276,22 +273,17 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
   for (GroupKind k : all_kinds()) {
     auto& reason = not_created_[static_cast<int>(k)];
     if (!layout_->has_kind(k))
-      reason = std::string(kind_name(k)) + " does not exist for this config (" +
-               absent_reason(k) + ")";
+      reason =
+          std::string(kind_name(k)) + " does not exist for this config (" + absent_reason(k) + ")";
     else if (std::find(kinds_.begin(), kinds_.end(), k) == kinds_.end())
       reason = std::string(kind_name(k)) + " was not created (not in InitOptions::kinds)";
-    else
-      reason.clear();
+    else reason.clear();
   }
   try {
     try {
-      if (strategy_ == CreationStrategy::per_group)
-        create_per_group(world, options);
-      else
-        create_split_or_member(world, options);
-    } catch (const TimeoutError& e) {
-      throw whole_call(e);
-    }
+      if (strategy_ == CreationStrategy::per_group) create_per_group(world, options);
+      else create_split_or_member(world, options);
+    } catch (const TimeoutError& e) { throw whole_call(e); }
   } catch (...) {
     initialized_ = true;  // so that destroy() releases what was made
     destroy();
@@ -351,13 +343,12 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
         if (s.comm) created_.push_back(s.comm);
       }
       if (s.ref) {
-        COMMGRID_ENFORCE(s.comm->size() == static_cast<int>(s.ref->members.size()) &&
-                             s.comm->rank() == s.ref->comm_rank,
-                         "communicator " + s.comm->name() + " has rank " +
-                             std::to_string(s.comm->rank()) + " of " +
-                             std::to_string(s.comm->size()) + ", the layout says " +
-                             std::to_string(s.ref->comm_rank) + " of " +
-                             std::to_string(s.ref->members.size()));
+        COMMGRID_ENFORCE(
+            s.comm->size() == static_cast<int>(s.ref->members.size()) &&
+                s.comm->rank() == s.ref->comm_rank,
+            "communicator " + s.comm->name() + " has rank " + std::to_string(s.comm->rank()) +
+                " of " + std::to_string(s.comm->size()) + ", the layout says " +
+                std::to_string(s.ref->comm_rank) + " of " + std::to_string(s.ref->members.size()));
       } else {
         s.no_group_reason = "rank " + std::to_string(world_rank_) + " is in no " +
                             label_of(k, level) + " group (" + why_no_group(k) + ")";
@@ -416,7 +407,8 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
   for (const CreationAlias& a : creation_aliases(L, kinds_)) {
     auto& alias = slots_[static_cast<int>(a.kind)];
     const auto& parent = slots_[static_cast<int>(a.parent)];
-    for (std::size_t level = 0; level < alias.size(); ++level) alias[level].comm = parent[level].comm;
+    for (std::size_t level = 0; level < alias.size(); ++level)
+      alias[level].comm = parent[level].comm;
     for (KindCreation& st : stats[static_cast<int>(a.kind)]) st.alias = true;
   }
   for (GroupKind k : kinds_) {
@@ -424,8 +416,8 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
       Slot& s = slots_[static_cast<int>(k)][static_cast<std::size_t>(level)];
       COMMGRID_ENFORCE(static_cast<bool>(s.comm) == s.ref.has_value(),
                        "per-group creation left " + label_of(k, level) + " on rank " +
-                           std::to_string(world_rank_) + (s.comm ? " with an extra" : " without a") +
-                           " communicator");
+                           std::to_string(world_rank_) +
+                           (s.comm ? " with an extra" : " without a") + " communicator");
       if (!s.ref)
         s.no_group_reason = "rank " + std::to_string(world_rank_) + " is in no " +
                             label_of(k, level) + " group (" + why_no_group(k) + ")";
@@ -665,12 +657,13 @@ void ProcessGroups::set_virtual_pipeline_rank(int vrank) {
   require("set_virtual_pipeline_rank");
   const auto& vpp = layout_->config().vpp;
   if (!vpp)
-    throw InvalidValueError("vrank", "ProcessGroups::set_virtual_pipeline_rank: vpp is not set, "
-                                     "so there is no virtual pipeline rank");
+    throw InvalidValueError("vrank",
+                            "ProcessGroups::set_virtual_pipeline_rank: vpp is not set, "
+                            "so there is no virtual pipeline rank");
   if (vrank < 0 || vrank >= *vpp)
-    throw InvalidValueError("vrank", "ProcessGroups::set_virtual_pipeline_rank: " +
-                                         std::to_string(vrank) + " out of range [0, " +
-                                         std::to_string(*vpp) + ")");
+    throw InvalidValueError("vrank",
+                            "ProcessGroups::set_virtual_pipeline_rank: " + std::to_string(vrank) +
+                                " out of range [0, " + std::to_string(*vpp) + ")");
   virtual_rank_ = vrank;
 }
 

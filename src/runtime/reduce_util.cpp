@@ -42,8 +42,8 @@ void divide_by(void* buf, std::size_t count, DataType type, int n) {
   });
 }
 
-void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type,
-                   ReduceOp op, int n) {
+void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type, ReduceOp op,
+                   int n) {
   const auto ranks = static_cast<std::size_t>(n);
   const ReduceOp eop = engine_op(op);
   if (is_half(type)) {

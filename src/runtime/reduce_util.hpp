@@ -39,8 +39,10 @@ T combine(T a, T b) noexcept {
   static_assert(Op != ReduceOp::avg, "avg is a sum followed by divide_by");
   if constexpr (std::is_integral_v<T>) {
     using U = std::make_unsigned_t<T>;
-    if constexpr (Op == ReduceOp::sum) return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-    if constexpr (Op == ReduceOp::prod) return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    if constexpr (Op == ReduceOp::sum)
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    if constexpr (Op == ReduceOp::prod)
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
     if constexpr (Op == ReduceOp::max) return a > b ? a : b;
     if constexpr (Op == ReduceOp::min) return a < b ? a : b;
   } else {
@@ -71,8 +73,8 @@ void reduce_block(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) {
 /// Reduces n blocks of `count` elements each (laid out in rank order) into out, in rank
 /// order, so that the result is deterministic and the same whatever the group's layout:
 /// 16-bit floats in float32, rounded once at the end; avg divides the sum by n.
-void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type,
-                   ReduceOp op, int n);
+void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type, ReduceOp op,
+                   int n);
 
 /// Calls fn(T{}) with the C++ type that holds one element of a type that is not 16-bit
 /// float (float, double, int32, int64, int8, uint8).

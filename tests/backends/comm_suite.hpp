@@ -82,7 +82,10 @@ inline void random_batches(Communicator& c, int batches, std::uint64_t seed) {
   std::mt19937_64 shared(seed), own(seed * 7919 + static_cast<std::uint64_t>(me) + 1);
   for (int b = 0; b < batches; ++b) {
     const int messages = static_cast<int>(shared() % 24);
-    struct Msg { int from, to, tag; std::size_t size; };
+    struct Msg {
+      int from, to, tag;
+      std::size_t size;
+    };
     std::vector<Msg> list;
     for (int m = 0; m < messages; ++m) {
       const std::size_t size = shared() % 4 == 0 ? 0 : shared() % 41;
@@ -150,9 +153,7 @@ inline void receive_times_out(Communicator& c, std::chrono::milliseconds timeout
     std::string message;
     try {
       work->wait();
-    } catch (const TimeoutError& e) {
-      message = e.what();
-    }
+    } catch (const TimeoutError& e) { message = e.what(); }
     const auto took = std::chrono::steady_clock::now() - start;
     c.set_timeout(saved);
     check(!message.empty(), c, "a receive nobody sends to did not time out");
@@ -170,8 +171,8 @@ inline void receive_times_out(Communicator& c, std::chrono::milliseconds timeout
 inline void alltoallv_random(Communicator& c, std::uint64_t seed) {
   const int n = c.size(), me = c.rank();
   std::mt19937_64 rng(seed);
-  std::vector<std::vector<std::size_t>> count(static_cast<std::size_t>(n),
-                                              std::vector<std::size_t>(static_cast<std::size_t>(n)));
+  std::vector<std::vector<std::size_t>> count(
+      static_cast<std::size_t>(n), std::vector<std::size_t>(static_cast<std::size_t>(n)));
   for (auto& row : count)
     for (auto& x : row) x = rng() % 3 == 0 ? 0 : rng() % 9;
   count[0][static_cast<std::size_t>(n - 1)] = 3000;
@@ -180,11 +181,15 @@ inline void alltoallv_random(Communicator& c, std::uint64_t seed) {
   };
   const auto row = count[static_cast<std::size_t>(me)];
   std::vector<std::size_t> recv_counts;
-  for (int i = 0; i < n; ++i) recv_counts.push_back(count[static_cast<std::size_t>(i)][static_cast<std::size_t>(me)]);
-  std::vector<std::int64_t> send, recv(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}), -1);
+  for (int i = 0; i < n; ++i)
+    recv_counts.push_back(count[static_cast<std::size_t>(i)][static_cast<std::size_t>(me)]);
+  std::vector<std::int64_t> send,
+      recv(std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0}), -1);
   for (int j = 0; j < n; ++j)
-    for (std::size_t k = 0; k < row[static_cast<std::size_t>(j)]; ++k) send.push_back(value(me, j, k));
-  c.alltoallv(std::span<const std::int64_t>(send), row, std::span<std::int64_t>(recv), recv_counts)->wait();
+    for (std::size_t k = 0; k < row[static_cast<std::size_t>(j)]; ++k)
+      send.push_back(value(me, j, k));
+  c.alltoallv(std::span<const std::int64_t>(send), row, std::span<std::int64_t>(recv), recv_counts)
+      ->wait();
   std::size_t at = 0;
   for (int i = 0; i < n; ++i)
     for (std::size_t k = 0; k < recv_counts[static_cast<std::size_t>(i)]; ++k, ++at)
@@ -199,7 +204,8 @@ inline void allgatherv_random(Communicator& c, std::uint64_t seed) {
   std::vector<std::size_t> counts(static_cast<std::size_t>(n));
   for (auto& x : counts) x = rng() % 3 == 0 ? 0 : rng() % 7;
   std::vector<float> send(counts[static_cast<std::size_t>(me)]);
-  for (std::size_t k = 0; k < send.size(); ++k) send[k] = static_cast<float>(me * 100 + static_cast<int>(k));
+  for (std::size_t k = 0; k < send.size(); ++k)
+    send[k] = static_cast<float>(me * 100 + static_cast<int>(k));
   std::vector<float> recv(std::accumulate(counts.begin(), counts.end(), std::size_t{0}), -1.f);
   c.allgatherv(std::span<const float>(send), std::span<float>(recv), counts)->wait();
   std::size_t at = 0;
@@ -211,21 +217,21 @@ inline void allgatherv_random(Communicator& c, std::uint64_t seed) {
 
 /// Rank r's value for element k: small integers, exact in every type (int8 and float16
 /// included) and in sums over 16 ranks.
-inline double small(int r, std::size_t k) { return static_cast<double>((r * 3 + static_cast<int>(k)) % 5 + 1); }
+inline double small(int r, std::size_t k) {
+  return static_cast<double>((r * 3 + static_cast<int>(k)) % 5 + 1);
+}
 
 template <class T>
 T make(double v) {
   if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
     return T(static_cast<float>(v));
-  else
-    return static_cast<T>(v);
+  else return static_cast<T>(v);
 }
 template <class T>
 double read(T v) {
   if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
     return static_cast<double>(static_cast<float>(v));
-  else
-    return static_cast<double>(v);
+  else return static_cast<double>(v);
 }
 
 /// reduce, gather and scatter to every root; allreduce sum, max and avg; all of type T.
@@ -261,11 +267,13 @@ void rooted_and_avg_typed(Communicator& c) {
     std::vector<T> part(count);
     c.scatter(std::span<const T>(blocks), std::span<T>(part), root)->wait();
     for (std::size_t k = 0; k < count; ++k)
-      check(read(part[k]) == small(me + root, k), c, type + " scatter from root " + std::to_string(root));
+      check(read(part[k]) == small(me + root, k), c,
+            type + " scatter from root " + std::to_string(root));
   }
   std::vector<T> buf = mine;
   c.allreduce(std::span<T>(buf), ReduceOp::sum)->wait();
-  for (std::size_t k = 0; k < count; ++k) check(read(buf[k]) == sum_of(k), c, type + " allreduce sum");
+  for (std::size_t k = 0; k < count; ++k)
+    check(read(buf[k]) == sum_of(k), c, type + " allreduce sum");
   buf = mine;
   c.allreduce(std::span<T>(buf), ReduceOp::max)->wait();
   for (std::size_t k = 0; k < count; ++k) {
@@ -279,11 +287,15 @@ void rooted_and_avg_typed(Communicator& c) {
   c.allreduce(std::span<T>(buf), ReduceOp::avg)->wait();
   for (std::size_t k = 0; k < count; ++k) {
     double expected = sum_of(k) / n;
-    if constexpr (std::is_integral_v<T>) expected = static_cast<double>(static_cast<std::int64_t>(sum_of(k)) / n);
-    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16> || std::is_same_v<T, float>)
-      expected = read(make<T>(static_cast<double>(static_cast<float>(sum_of(k)) / static_cast<float>(n))));
+    if constexpr (std::is_integral_v<T>)
+      expected = static_cast<double>(static_cast<std::int64_t>(sum_of(k)) / n);
+    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16> ||
+                  std::is_same_v<T, float>)
+      expected =
+          read(make<T>(static_cast<double>(static_cast<float>(sum_of(k)) / static_cast<float>(n))));
     check(read(buf[k]) == expected, c,
-          type + " allreduce avg: got " + std::to_string(read(buf[k])) + ", expected " + std::to_string(expected));
+          type + " allreduce avg: got " + std::to_string(read(buf[k])) + ", expected " +
+              std::to_string(expected));
   }
   // reduce_scatter with avg: block rank() of the averaged sum.
   std::vector<T> whole(count * static_cast<std::size_t>(n)), block(count);
@@ -321,20 +333,38 @@ inline void typed_size_errors(Communicator& c) {
     }
     check(thrown, c, std::string(what) + " with a wrong size did not throw InvalidValueError");
   };
-  throws([&] { (void)c.allgather(std::span<const double>(three), std::span<double>(small_buf)); }, "allgather");
-  throws([&] { (void)c.reduce_scatter(std::span<const double>(three), std::span<double>(big), ReduceOp::sum); }, "reduce_scatter");
-  throws([&] { (void)c.allreduce(std::span<const double>(three), std::span<double>(small_buf), ReduceOp::sum); }, "allreduce");
+  throws([&] { (void)c.allgather(std::span<const double>(three), std::span<double>(small_buf)); },
+         "allgather");
+  throws(
+      [&] {
+        (void)c.reduce_scatter(std::span<const double>(three), std::span<double>(big),
+                               ReduceOp::sum);
+      },
+      "reduce_scatter");
+  throws(
+      [&] {
+        (void)c.allreduce(std::span<const double>(three), std::span<double>(small_buf),
+                          ReduceOp::sum);
+      },
+      "allreduce");
   const std::vector<std::size_t> wrong_counts(static_cast<std::size_t>(c.size()), 1);
-  throws([&] { (void)c.alltoallv(std::span<const double>(three), wrong_counts, std::span<double>(big), wrong_counts); }, "alltoallv");
+  throws(
+      [&] {
+        (void)c.alltoallv(std::span<const double>(three), wrong_counts, std::span<double>(big),
+                          wrong_counts);
+      },
+      "alltoallv");
   if (c.size() > 1)
-    throws([&] { (void)c.gather(std::span<const double>(three), std::span<double>(three), c.rank()); }, "gather");
+    throws(
+        [&] { (void)c.gather(std::span<const double>(three), std::span<double>(three), c.rank()); },
+        "gather");
 }
 
 /// Runs fn, which must throw E with parameter() == param and a message that starts with
 /// "<backend> <op> on <group>"; a CheckFailed names what was expected and what came.
 template <class E, class F>
-void expect_error(const Communicator& c, const std::string& what, const char* op,
-                  const char* param, F&& fn) {
+void expect_error(const Communicator& c, const std::string& what, const char* op, const char* param,
+                  F&& fn) {
   std::string got = "no error";
   bool ok = false;
   try {
@@ -344,9 +374,7 @@ void expect_error(const Communicator& c, const std::string& what, const char* op
     got = std::string("parameter ") + e.parameter() + ": " + msg;
     ok = e.parameter() == param &&
          msg.rfind(std::string(c.backend()) + " " + op + " on " + c.name(), 0) == 0;
-  } catch (const std::exception& e) {
-    got = std::string("another error type: ") + e.what();
-  }
+  } catch (const std::exception& e) { got = std::string("another error type: ") + e.what(); }
   check(ok, c, what + ": expected the contract's error (parameter " + param + "), got " + got);
 }
 
@@ -365,92 +393,94 @@ inline void argument_errors(Communicator& c) {
   using Value = InvalidValueError;
   // Null buffers with a count > 0.
   expect_error<Config>(c, "null broadcast buffer", "broadcast", "buf",
-                                     [&] { return c.broadcast(nullptr, 1, i64, 0); });
+                       [&] { return c.broadcast(nullptr, 1, i64, 0); });
   expect_error<Config>(c, "null allreduce send", "allreduce", "send",
-                                     [&] { return c.allreduce(nullptr, p, 1, i64, ReduceOp::sum); });
+                       [&] { return c.allreduce(nullptr, p, 1, i64, ReduceOp::sum); });
   expect_error<Config>(c, "null allgather recv", "allgather", "recv",
-                                     [&] { return c.allgather(p, nullptr, 1, i64); });
+                       [&] { return c.allgather(p, nullptr, 1, i64); });
   expect_error<Config>(c, "null isend buffer", "isend", "buf",
-                                     [&] { return c.isend(nullptr, 2, i64, 0, 0); });
+                       [&] { return c.isend(nullptr, 2, i64, 0, 0); });
   // Roots and peers out of range.
   expect_error<Range>(c, "broadcast root -1", "broadcast", "root",
-                                    [&] { return c.broadcast(p, 1, i64, -1); });
+                      [&] { return c.broadcast(p, 1, i64, -1); });
   expect_error<Range>(c, "reduce root = size", "reduce", "root",
-                                    [&] { return c.reduce(p, p, 1, i64, ReduceOp::sum, n); });
+                      [&] { return c.reduce(p, p, 1, i64, ReduceOp::sum, n); });
   expect_error<Range>(c, "gather root = size", "gather", "root",
-                                    [&] { return c.gather(p, p + 1, 1, i64, n); });
+                      [&] { return c.gather(p, p + 1, 1, i64, n); });
   expect_error<Range>(c, "scatter root = size", "scatter", "root",
-                                    [&] { return c.scatter(p, p + 1, 1, i64, n); });
+                      [&] { return c.scatter(p, p + 1, 1, i64, n); });
   expect_error<Range>(c, "send to rank size", "send", "peer",
-                                    [&] { return c.send(p, 1, i64, n, 0); });
+                      [&] { return c.send(p, 1, i64, n, 0); });
   expect_error<Range>(c, "irecv from -1", "irecv", "peer",
-                                    [&] { return c.irecv(p, 1, i64, -1, 0); });
+                      [&] { return c.irecv(p, 1, i64, -1, 0); });
   // Tags.
   expect_error<Value>(c, "isend tag -1", "isend", "tag",
-                                    [&] { return c.isend(p, 1, i64, me, -1); });
+                      [&] { return c.isend(p, 1, i64, me, -1); });
   const P2POp bad_tag[] = {P2POp::recv(p, 1, i64, me, 0), P2POp::send(p + 1, 1, i64, me, -5)};
   expect_error<Value>(c, "batch tag -5", "batch_isend_irecv", "tag",
-                                    [&] { return c.batch_isend_irecv(bad_tag); });
+                      [&] { return c.batch_isend_irecv(bad_tag); });
   if (c.max_tag() < INT_MAX)
     expect_error<Value>(c, "tag above max_tag()", "isend", "tag",
-                                      [&] { return c.isend(p, 1, i64, me, c.max_tag() + 1); });
+                        [&] { return c.isend(p, 1, i64, me, c.max_tag() + 1); });
   // Counts lists and counts.
   const std::vector<std::size_t> short_counts(static_cast<std::size_t>(n) + 1, 0);
   const std::vector<std::size_t> ones(static_cast<std::size_t>(n), 1);
   expect_error<Value>(c, "alltoallv send_counts of size+1", "alltoallv", "send_counts",
-                                    [&] { return c.alltoallv(p, short_counts, p + n + 1, ones, i64); });
+                      [&] { return c.alltoallv(p, short_counts, p + n + 1, ones, i64); });
   expect_error<Value>(c, "allgatherv recv_counts of size+1", "allgatherv", "recv_counts",
-                                    [&] { return c.allgatherv(p, 0, p + 1, short_counts, i64); });
+                      [&] { return c.allgatherv(p, 0, p + 1, short_counts, i64); });
   expect_error<Value>(c, "allgatherv count != recv_counts[rank]", "allgatherv", "count",
-                                    [&] { return c.allgatherv(p, 2, p + 2, ones, i64); });
+                      [&] { return c.allgatherv(p, 2, p + 2, ones, i64); });
   std::vector<std::size_t> self_more = ones;
   self_more[static_cast<std::size_t>(me)] = 2;
   expect_error<Value>(c, "alltoallv self block 2 vs 1", "alltoallv", "recv_counts",
-                                    [&] { return c.alltoallv(p, self_more, p + 2 * n + 2, ones, i64); });
+                      [&] { return c.alltoallv(p, self_more, p + 2 * n + 2, ones, i64); });
   if (c.max_count() < SIZE_MAX)
     expect_error<Value>(c, "count above max_count()", "allreduce", "count",
-                                      [&] { return c.allreduce(p, p, c.max_count() + 1, i64, ReduceOp::sum); });
+                        [&] { return c.allreduce(p, p, c.max_count() + 1, i64, ReduceOp::sum); });
   // Types and ops outside the enumerations.
-  expect_error<Value>(c, "DataType 99", "allreduce", "type",
-                                    [&] { return c.allreduce(p, p, 1, static_cast<DataType>(99), ReduceOp::sum); });
-  expect_error<Value>(c, "ReduceOp 99", "reduce_scatter", "op",
-                                    [&] { return c.reduce_scatter(p, p + n, 1, i64, static_cast<ReduceOp>(99)); });
+  expect_error<Value>(c, "DataType 99", "allreduce", "type", [&] {
+    return c.allreduce(p, p, 1, static_cast<DataType>(99), ReduceOp::sum);
+  });
+  expect_error<Value>(c, "ReduceOp 99", "reduce_scatter", "op", [&] {
+    return c.reduce_scatter(p, p + n, 1, i64, static_cast<ReduceOp>(99));
+  });
   // Overlapping buffers where the operation does not allow it.
   expect_error<Config>(c, "allgather in place", "allgather", "recv",
-                                     [&] { return c.allgather(p, p, 1, i64); });
+                       [&] { return c.allgather(p, p, 1, i64); });
   expect_error<Config>(c, "alltoall in place", "alltoall", "recv",
-                                     [&] { return c.alltoall(p, p, 1, i64); });
+                       [&] { return c.alltoall(p, p, 1, i64); });
   expect_error<Config>(c, "allreduce, recv one element into send", "allreduce", "recv",
-                                     [&] { return c.allreduce(p, p + 1, 2, i64, ReduceOp::sum); });
+                       [&] { return c.allreduce(p, p + 1, 2, i64, ReduceOp::sum); });
   expect_error<Config>(c, "reduce_scatter overlapping", "reduce_scatter", "recv",
-                                     [&] { return c.reduce_scatter(p, p + n - 1, 1, i64, ReduceOp::sum); });
+                       [&] { return c.reduce_scatter(p, p + n - 1, 1, i64, ReduceOp::sum); });
   const P2POp two_into_one[] = {P2POp::recv(p, 2, i64, me, 0), P2POp::recv(p + 1, 2, i64, me, 1)};
   expect_error<Config>(c, "two receives into one buffer", "batch_isend_irecv", "buf",
-                                     [&] { return c.batch_isend_irecv(two_into_one); });
+                       [&] { return c.batch_isend_irecv(two_into_one); });
   const P2POp send_into_recv[] = {P2POp::send(p, 3, i64, me, 0), P2POp::recv(p + 2, 3, i64, me, 0)};
   expect_error<Config>(c, "a receive over a send's buffer", "batch_isend_irecv", "buf",
-                                     [&] { return c.batch_isend_irecv(send_into_recv); });
+                       [&] { return c.batch_isend_irecv(send_into_recv); });
   // Blocking point to point with this rank itself could only hang.
   expect_error<Config>(c, "blocking send to itself", "send", "peer",
-                                     [&] { return c.send(p, 1, i64, me, 0); });
+                       [&] { return c.send(p, 1, i64, me, 0); });
   expect_error<Config>(c, "blocking recv from itself", "recv", "peer",
-                                     [&] { return c.recv(p, 1, i64, me, 0); });
+                       [&] { return c.recv(p, 1, i64, me, 0); });
   // Creation arguments.
   expect_error<Value>(c, "split color -1", "split", "color",
-                                    [&] { return c.split(std::int64_t{-1}, 0, "bad#0"); });
+                      [&] { return c.split(std::int64_t{-1}, 0, "bad#0"); });
   expect_error<Value>(c, "split key 2^40", "split", "key",
-                                    [&] { return c.split(std::int64_t{0}, std::int64_t{1} << 40, "bad#0"); });
+                      [&] { return c.split(std::int64_t{0}, std::int64_t{1} << 40, "bad#0"); });
   const std::vector<int> none, outside = {me, n}, backwards = {n - 1, 0};
   expect_error<Config>(c, "create_group of nobody", "create_group", "members",
-                                     [&] { return c.create_group(none, "bad#0"); });
+                       [&] { return c.create_group(none, "bad#0"); });
   expect_error<Range>(c, "create_group with rank size", "create_group", "members",
-                                    [&] { return c.create_group(outside, "bad#0"); });
+                      [&] { return c.create_group(outside, "bad#0"); });
   if (n > 1) {
     expect_error<Config>(c, "create_group_collective backwards", "create_group_collective",
-                                       "members", [&] { return c.create_group_collective(backwards, "bad#0"); });
+                         "members", [&] { return c.create_group_collective(backwards, "bad#0"); });
     const std::vector<int> others = {(me + 1) % n};
     expect_error<Config>(c, "create_group without this rank", "create_group", "members",
-                                       [&] { return c.create_group(others, "bad#0"); });
+                         [&] { return c.create_group(others, "bad#0"); });
   }
   check(c.creation_calls() == calls, c, "refused creations were counted as backend calls");
   expect_error<Value>(c, "set_timeout(0)", "set_timeout", "timeout", [&] {
@@ -483,21 +513,23 @@ inline void members_match_layout(Communicator& world, const ParallelConfig& conf
     const Communicator& g = pg.group(k);
     std::vector<std::int64_t> expected(pg.global_ranks(k).begin(), pg.global_ranks(k).end());
     std::sort(expected.begin(), expected.end());
-    check(g.members() == expected, world, std::string(kind_name(k)) + " members differ from the layout");
-    check(g.global_rank(g.rank()) == world.rank(), world, std::string(kind_name(k)) + " global_rank(rank())");
-    check(g.group_rank(world.rank()) == g.rank(), world, std::string(kind_name(k)) + " group_rank(world rank)");
+    check(g.members() == expected, world,
+          std::string(kind_name(k)) + " members differ from the layout");
+    check(g.global_rank(g.rank()) == world.rank(), world,
+          std::string(kind_name(k)) + " global_rank(rank())");
+    check(g.group_rank(world.rank()) == g.rank(), world,
+          std::string(kind_name(k)) + " group_rank(world rank)");
     // The pipeline getters give global ranks; group_rank maps them for send/recv.
     if (k == GroupKind::pp)
-      check(g.group_rank(pg.pipeline_next_rank()) == (g.rank() + 1) % g.size(), world, "pp next rank");
+      check(g.group_rank(pg.pipeline_next_rank()) == (g.rank() + 1) % g.size(), world,
+            "pp next rank");
     if (g.size() < world.size()) {
       std::int64_t outsider = 0;
       while (std::find(expected.begin(), expected.end(), outsider) != expected.end()) ++outsider;
       bool refused = false;
       try {
         (void)g.group_rank(outsider);
-      } catch (const RankOutOfRangeError&) {
-        refused = true;
-      }
+      } catch (const RankOutOfRangeError&) { refused = true; }
       check(refused, world, std::string(kind_name(k)) + " group_rank of a non-member");
     }
   }

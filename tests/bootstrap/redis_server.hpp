@@ -25,12 +25,11 @@ class RedisServer {
     if (pid_ == 0) {
       const std::string port = std::to_string(port_);
       if (password.empty())
-        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--loglevel", "warning",
-                static_cast<char*>(nullptr));
+        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save",
+                "", "--appendonly", "no", "--loglevel", "warning", static_cast<char*>(nullptr));
       else
-        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--loglevel", "warning", "--requirepass",
+        ::execl(exe.c_str(), exe.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1", "--save",
+                "", "--appendonly", "no", "--loglevel", "warning", "--requirepass",
                 password.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -40,8 +39,7 @@ class RedisServer {
       try {
         make_redis_store("127.0.0.1", port_, "probe", password, StoreOptions{});
         ready_ = true;
-      } catch (const BackendError&) {
-      }
+      } catch (const BackendError&) {}
     }
   }
   ~RedisServer() {

@@ -31,7 +31,8 @@ namespace commgrid::test {
 class TempFolder {
  public:
   TempFolder() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-test-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "commgrid-test-XXXXXX").string();
     path_ = ::mkdtemp(pattern.data());
   }
   ~TempFolder() { std::filesystem::remove_all(path_); }
@@ -127,9 +128,7 @@ class ServerChild {
         if (before) before();
         options.serve = true;
         store = open_store(tcp_uri(port_), options);
-      } catch (const std::exception& e) {
-        answer = std::string("error: ") + e.what() + "\n";
-      }
+      } catch (const std::exception& e) { answer = std::string("error: ") + e.what() + "\n"; }
       (void)!::write(from_child[1], answer.data(), answer.size());
       char c = 0;
       while (::read(to_child[0], &c, 1) == 1) {

@@ -21,7 +21,6 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-
 StoreOptions rank_of(const std::string& id, int rank, bool serve = false) {
   StoreOptions o = job(id, "", serve);
   o.rank = rank;
@@ -40,7 +39,8 @@ struct Kind {
 void two_jobs_with_one_id(const Kind& kind) {
   SCOPED_TRACE(kind.name);
   std::vector<std::shared_ptr<Store>> first;
-  for (int r = 0; r < 3; ++r) first.push_back(open_store(kind.uri, rank_of("default", r, kind.served && r == 0)));
+  for (int r = 0; r < 3; ++r)
+    first.push_back(open_store(kind.uri, rank_of("default", r, kind.served && r == 0)));
   const std::string secret = first[0]->job_secret();
   EXPECT_EQ(secret.size(), 64u);
   for (const auto& s : first) EXPECT_EQ(s->job_secret(), secret);
@@ -59,9 +59,7 @@ void two_jobs_with_one_id(const Kind& kind) {
       std::string out = "opened";
       try {
         open_store(kind.uri, rank_of("default", r));
-      } catch (const JobConflictError& e) {
-        out = e.what();
-      } catch (const std::exception& e) {
+      } catch (const JobConflictError& e) { out = e.what(); } catch (const std::exception& e) {
         out = std::string("not a JobConflictError: ") + e.what();
       }
       (void)!::write(pipe_fds[1], out.data(), out.size());
@@ -70,7 +68,8 @@ void two_jobs_with_one_id(const Kind& kind) {
     ::close(pipe_fds[1]);
     std::string out;
     char buf[512];
-    for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+    for (ssize_t n; (n = ::read(pipe_fds[0], buf, sizeof buf)) > 0;)
+      out.append(buf, static_cast<size_t>(n));
     ::close(pipe_fds[0]);
     ::waitpid(pid, nullptr, 0);
     EXPECT_TRUE(has(out, "is in use by another job with the same id 'default': its rank " +
@@ -109,7 +108,9 @@ TEST(JobClaims, ATokenAndNoTokenDoNotMix) {
     open_store("file://" + dir.path(), job("a", "s3cret", false));
     ADD_FAILURE() << "a job with a token joined a token-less claim";
   } catch (const JobConflictError& e) {
-    EXPECT_TRUE(has(e.what(), "in use by another job with the id 'a' and a different token (that job has none)"))
+    EXPECT_TRUE(
+        has(e.what(),
+            "in use by another job with the id 'a' and a different token (that job has none)"))
         << e.what();
     EXPECT_FALSE(has(e.what(), "s3cret")) << "token shown";
   }
@@ -166,9 +167,7 @@ TEST(RedisStoreErrors, APasswordWithAnAtSignWorksAndIsNeverShown) {
   try {
     open_store("redis://:wrong@" + password + "@" + at + "/p");  // a wrong password, with '@'
     ADD_FAILURE() << "a wrong password was accepted";
-  } catch (const BackendError& e) {
-    EXPECT_FALSE(has(e.what(), "PW")) << e.what();
-  }
+  } catch (const BackendError& e) { EXPECT_FALSE(has(e.what(), "PW")) << e.what(); }
 }
 
 TEST(RedisStoreErrors, AFrozenServerIsATimeoutSayingItDidNotAnswer) {
@@ -191,9 +190,7 @@ TEST(RedisStoreErrors, AFrozenServerIsATimeoutSayingItDidNotAnswer) {
   try {
     open_store(redis.uri("frozen2"), o);
     ADD_FAILURE() << "opened a store on a frozen server";
-  } catch (const TimeoutError& e) {
-    EXPECT_TRUE(has(e.what(), "did not answer")) << e.what();
-  }
+  } catch (const TimeoutError& e) { EXPECT_TRUE(has(e.what(), "did not answer")) << e.what(); }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s + 30s) << "the frozen server held the open";
   redis.signal(SIGCONT);
 }

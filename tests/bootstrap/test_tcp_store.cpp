@@ -41,12 +41,11 @@ TEST(TcpStore, SixtyFourClientsSetWaitForAndReadEachOther) {
           for (const auto& k : want)
             if (text(s->get(k)) != "host-" + k.substr(5)) throw std::runtime_error("wrong " + k);
           if (s->has("addr/none")) throw std::runtime_error("has an unset key");
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }
-  for (int r = 0; r < kClients; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "client " << r;
+  for (int r = 0; r < kClients; ++r)
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "client " << r;
   // The serving process sees the clients' keys, and they see its.
   EXPECT_EQ(text(server->get("addr/63")), "host-63");
   server->set("from-rank-0", bytes("x"));
@@ -67,7 +66,8 @@ TEST(TcpStore, AWaitIsAnsweredWhenTheKeyIsSetAndNamesWhatIsStillMissing) {
     server->set("later", bytes("2"));  // set by the serving process itself
   });
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_EQ(a->wait_for(std::vector<std::string>{"late", "later"}, 30s), std::vector<std::string>{});
+  EXPECT_EQ(a->wait_for(std::vector<std::string>{"late", "later"}, 30s),
+            std::vector<std::string>{});
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
   // A key never set comes back missing at the timeout (and only it).
   const auto t1 = std::chrono::steady_clock::now();
@@ -118,7 +118,8 @@ TEST(TcpStore, AWaitWatchEndsAWaitOfThisThreadWhenItsKeyIsSet) {
       client->wait_for(std::vector<std::string>{"never"}, 60s);
       ADD_FAILURE() << "the wait did not end when the watched key was set";
     } catch (const AbortedError& e) {
-      EXPECT_NE(std::string(e.what()).find("epoch/0/failed is set (process 2 died)"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("epoch/0/failed is set (process 2 died)"),
+                std::string::npos)
           << e.what();
     }
   }
@@ -236,7 +237,10 @@ TEST(TcpStore, TheServerEndingIsNamedByItsClients) {
     (void)client->has("k");
     ADD_FAILURE() << "a request to a server that ended succeeded";
   } catch (const BackendError& e) {
-    EXPECT_NE(std::string(e.what()).find("the process serving it ended or failed: rank 0, or commgrid launch with --spares"), std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "the process serving it ended or failed: rank 0, or commgrid launch with --spares"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -256,7 +260,10 @@ TEST(TcpStore, EveryRequestAfterTheServerEndedSaysWhy) {
     } catch (const BackendError& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("tcp store " + tcp_uri(port) + ": "), std::string::npos) << what;
-      EXPECT_NE(what.find("(the process serving it ended or failed: rank 0, or commgrid launch with --spares)"), std::string::npos)
+      EXPECT_NE(
+          what.find(
+              "(the process serving it ended or failed: rank 0, or commgrid launch with --spares)"),
+          std::string::npos)
           << "request " << request << ": " << what;
       if (request > 0) {
         EXPECT_NE(what.find("not connected since an earlier request failed: "), std::string::npos)

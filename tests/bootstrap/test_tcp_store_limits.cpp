@@ -59,7 +59,8 @@ TEST(TcpStoreLimits, FortyThousandConnectCloseCyclesLeaveTheServerUp) {
         }
       });
   }
-  std::cout << connected.load() << " connections made, " << failed.load() << " refused by this side\n";
+  std::cout << connected.load() << " connections made, " << failed.load()
+            << " refused by this side\n";
   EXPECT_GE(connected.load(), 39000) << failed.load() << " connects failed";
   ASSERT_TRUE(server.alive()) << "the server ended: " << server.ending();
   EXPECT_LE(proc_status(server.pid(), "Threads"), 3) << "a thread per connection?";
@@ -120,7 +121,8 @@ TEST(TcpStoreLimits, TheConnectionLimitIsNamedInTheRefusedRanksError) {
     EXPECT_TRUE(has(what, "retried for")) << what;
     EXPECT_FALSE(has(what, "handshake failed")) << what;
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms + 30s) << "the timeout did not bound the retries";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms + 30s)
+      << "the timeout did not bound the retries";
   // Strangers cannot take the ranks' places: with every place held by a silent stranger, a
   // rank still gets in (the stranger waiting longest for its proof makes room).
   ranks.pop_back();
@@ -147,7 +149,8 @@ TEST(TcpStoreLimits, TheLimitFromTheEnvironmentIsNamedToo) {
     open_store(tcp_uri(port), job("j", "", false, 500ms));
     ADD_FAILURE() << "connection 3 of 2 was served";
   } catch (const BackendError& e) {
-    EXPECT_TRUE(has(e.what(), "2 connections in use, the limit set by COMMGRID_STORE_MAX_CONNECTIONS=2"))
+    EXPECT_TRUE(
+        has(e.what(), "2 connections in use, the limit set by COMMGRID_STORE_MAX_CONNECTIONS=2"))
         << e.what();
   }
   // A bad value is a clear error at the serving rank.
@@ -156,7 +159,8 @@ TEST(TcpStoreLimits, TheLimitFromTheEnvironmentIsNamedToo) {
     open_store(tcp_uri(free_port()), job("j", "", true));
     ADD_FAILURE() << "accepted COMMGRID_STORE_MAX_CONNECTIONS=many";
   } catch (const InvalidValueError& e) {
-    EXPECT_TRUE(has(e.what(), "COMMGRID_STORE_MAX_CONNECTIONS='many' is not a positive whole number"))
+    EXPECT_TRUE(
+        has(e.what(), "COMMGRID_STORE_MAX_CONNECTIONS='many' is not a positive whole number"))
         << e.what();
   }
   ::unsetenv("COMMGRID_STORE_MAX_CONNECTIONS");
@@ -175,15 +179,14 @@ TEST(TcpStoreLimits, UnderALowDescriptorLimitRanksAreToldWhichLimitItIs) {
   for (int r = 0; r < 130 && error.empty(); ++r) {
     try {
       ranks.push_back(open_store(server.uri(), job("j", "tok", false, 1s)));
-    } catch (const BackendError& e) {
-      error = e.what();
-    }
+    } catch (const BackendError& e) { error = e.what(); }
   }
   std::cout << ranks.size() << " ranks connected; then: " << error << "\n";
   EXPECT_GE(ranks.size(), 64u);
   EXPECT_LT(ranks.size(), 128u);
-  EXPECT_TRUE(has(error, "connections in use, the limit set by the serving process's descriptor "
-                         "limit (ulimit -n 128"))
+  EXPECT_TRUE(has(error,
+                  "connections in use, the limit set by the serving process's descriptor "
+                  "limit (ulimit -n 128"))
       << error;
   EXPECT_TRUE(server.alive()) << server.ending();
 }
@@ -218,7 +221,8 @@ TEST(TcpStoreLimits, OutOfDescriptorsTheServerRefusesWithoutSpinning) {
     open_store(server.uri(), job("j", "tok", false, 1500ms));
     ADD_FAILURE() << "served with no descriptor left";
   } catch (const BackendError& e) {
-    EXPECT_TRUE(has(e.what(), "refused: the serving process is out of file descriptors")) << e.what();
+    EXPECT_TRUE(has(e.what(), "refused: the serving process is out of file descriptors"))
+        << e.what();
     EXPECT_TRUE(has(e.what(), "ulimit -n is 256")) << e.what();
   }
   // Two seconds with strangers still connecting: the server uses a fraction of a core.
@@ -262,7 +266,8 @@ TEST(TcpStoreLimits, TheByteLimitCountsEachKeysBookkeeping) {
   }
   const long rss1 = proc_status(server.pid(), "VmRSS");
   std::cout << keys << " tiny keys fit in 4 MiB; resident growth " << (rss1 - rss0) << " kB\n";
-  EXPECT_TRUE(has(refusal, "its limit is 4194304 bytes, set by StoreOptions::max_bytes")) << refusal;
+  EXPECT_TRUE(has(refusal, "its limit is 4194304 bytes, set by StoreOptions::max_bytes"))
+      << refusal;
   EXPECT_TRUE(has(refusal, "bytes with its bookkeeping")) << refusal;
   // At least the bookkeeping is counted per key: no more keys than 4 MiB / 128 bytes.
   EXPECT_LE(keys, (size_t{4} << 20) / bootstrap::kTcpStoreKeyOverhead);

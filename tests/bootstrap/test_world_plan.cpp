@@ -33,16 +33,15 @@ TEST(DetectLauncher, EachLauncherByItsVariables) {
   EXPECT_EQ(t.size, 4);
   EXPECT_FALSE(t.store);
   EXPECT_EQ(t.describe(), "torchrun (RANK=3, WORLD_SIZE=4)");
-  const DetectedLauncher o = detect_launcher(
-      env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  const DetectedLauncher o =
+      detect_launcher(env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));
   EXPECT_EQ(o.launcher, Launcher::open_mpi);
   EXPECT_FALSE(o.store_launcher());
   EXPECT_EQ(detect_launcher(env({{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}})).launcher, Launcher::hydra);
   EXPECT_EQ(detect_launcher(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}})).launcher,
             Launcher::slurm);
-  const DetectedLauncher c = detect_launcher(env({{"COMMGRID_RANK", "0"},
-                                                  {"COMMGRID_WORLD_SIZE", "2"},
-                                                  {"COMMGRID_STORE", "file:///tmp/x"}}));
+  const DetectedLauncher c = detect_launcher(env(
+      {{"COMMGRID_RANK", "0"}, {"COMMGRID_WORLD_SIZE", "2"}, {"COMMGRID_STORE", "file:///tmp/x"}}));
   EXPECT_EQ(c.launcher, Launcher::commgrid_launch);
   EXPECT_TRUE(c.store);
   EXPECT_TRUE(c.store_launcher());
@@ -51,10 +50,13 @@ TEST(DetectLauncher, EachLauncherByItsVariables) {
 TEST(DetectLauncher, MalformedValuesAreConfigErrors) {
   EXPECT_THROW((void)detect_launcher(env({{"RANK", "0"}})), ConfigError);  // no WORLD_SIZE
   EXPECT_THROW((void)detect_launcher(env({{"RANK", "x"}, {"WORLD_SIZE", "2"}})), InvalidValueError);
-  EXPECT_THROW((void)detect_launcher(env({{"RANK", "2"}, {"WORLD_SIZE", "2"}})), RankOutOfRangeError);
+  EXPECT_THROW((void)detect_launcher(env({{"RANK", "2"}, {"WORLD_SIZE", "2"}})),
+               RankOutOfRangeError);
   // Two launchers that disagree (not a per-node inner launch).
-  EXPECT_THROW((void)detect_launcher(env({{"RANK", "0"}, {"WORLD_SIZE", "2"},
-                                          {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"}})),
+  EXPECT_THROW((void)detect_launcher(env({{"RANK", "0"},
+                                          {"WORLD_SIZE", "2"},
+                                          {"OMPI_COMM_WORLD_RANK", "1"},
+                                          {"OMPI_COMM_WORLD_SIZE", "3"}})),
                IncompatibleError);
 }
 
@@ -65,7 +67,8 @@ TEST(PlanWorld, BackendFollowsTheLauncher) {
   EXPECT_EQ(alone.engine, WorldEngine::mpi);
   EXPECT_EQ(alone.size, 1);
   EXPECT_TRUE(alone.alone());
-  const WorldPlan torchrun = plan_world(r, detect_launcher(env({{"RANK", "1"}, {"WORLD_SIZE", "4"}})));
+  const WorldPlan torchrun =
+      plan_world(r, detect_launcher(env({{"RANK", "1"}, {"WORLD_SIZE", "4"}})));
   EXPECT_EQ(torchrun.backend, "gloo");
   EXPECT_EQ(torchrun.engine, WorldEngine::store_ranks);
   EXPECT_EQ(torchrun.size, 4);
@@ -112,8 +115,8 @@ TEST(PlanWorld, BadRequestsNameTheFlag) {
   r.local = 2;
   EXPECT_THROW((void)plan_world(r, detect_launcher(env({}))), IncompatibleError);
   r.local.reset();
-  EXPECT_THROW((void)plan_world(r, detect_launcher(env({{"COMMGRID_RANK", "0"},
-                                                        {"COMMGRID_WORLD_SIZE", "2"}}))),
+  EXPECT_THROW((void)plan_world(
+                   r, detect_launcher(env({{"COMMGRID_RANK", "0"}, {"COMMGRID_WORLD_SIZE", "2"}}))),
                IncompatibleError);
   r = built_all();
   r.gloo_built = false;
@@ -123,7 +126,8 @@ TEST(PlanWorld, BadRequestsNameTheFlag) {
 
 TEST(PlanWorld, NoLauncherErrorSaysHowToStartRanks) {
   const WorldPlan alone = plan_world(built_all(), detect_launcher(env({})));
-  const ConfigError e = no_launcher_error(alone, "world_size 1 is not divisible by tp*pp*cp = 2*1*1 = 2");
+  const ConfigError e =
+      no_launcher_error(alone, "world_size 1 is not divisible by tp*pp*cp = 2*1*1 = 2");
   EXPECT_EQ(e.parameter(), "launcher");
   EXPECT_STREQ(e.what(),
                "no launcher found (world size 1 from no launcher variables): use --local N, mpirun "

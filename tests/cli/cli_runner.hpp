@@ -1,14 +1,14 @@
 // Runs the built commgrid command and captures its exit code, stdout and stderr.
 #pragma once
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <vector>
 
 namespace commgrid::test {
@@ -36,11 +36,11 @@ inline std::string slurp(const std::filesystem::path& p) {
 inline CliResult run_shell(const std::string& command) {
   static int serial = 0;
   const auto dir = std::filesystem::temp_directory_path();
-  const std::string stem = "commgrid-test-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(serial++);
+  const std::string stem =
+      "commgrid-test-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
   const auto out = dir / (stem + ".out"), err = dir / (stem + ".err");
-  const std::string cmd = "( " + command + " ) </dev/null >" + shell_quote(out.string()) +
-                          " 2>" + shell_quote(err.string());
+  const std::string cmd = "( " + command + " ) </dev/null >" + shell_quote(out.string()) + " 2>" +
+                          shell_quote(err.string());
   const auto t0 = std::chrono::steady_clock::now();
   const int status = std::system(cmd.c_str());
   CliResult r;

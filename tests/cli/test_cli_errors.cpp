@@ -34,28 +34,35 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, CliErrors,
     ::testing::Values(
         // The issue's own examples.
-        Case{{"plan", "--world-sise", "4096", "--tp", "8"},
-             "plan: unknown flag --world-sise (did you mean --world-size?); see commgrid plan --help"},
+        Case{
+            {"plan", "--world-sise", "4096", "--tp", "8"},
+            "plan: unknown flag --world-sise (did you mean --world-size?); see commgrid plan --help"},
         Case{{"plan", "--world-size", "8", "--tp", "--pp", "4"},
              "plan: --tp needs a value (got the flag --pp instead); see commgrid plan --help"},
-        Case{{"plan", "--world-size", "8", "--tp"}, "plan: --tp needs a value; see commgrid plan --help"},
+        Case{{"plan", "--world-size", "8", "--tp"},
+             "plan: --tp needs a value; see commgrid plan --help"},
         Case{{"plan", "--world-size", "8", "4"},
              "plan: unexpected argument \"4\"; see commgrid plan --help"},
         // Every subcommand.
-        Case{{"verify", "--local", "2", "--stratgy", "split"},
-             "verify: unknown flag --stratgy (did you mean --strategy?); see commgrid verify --help"},
-        Case{{"launch", "--nproc-per-nod", "2", "--", "true"},
-             "launch: unknown flag --nproc-per-nod (did you mean --nproc-per-node?); see commgrid launch --help"},
-        Case{{"bench", "layout", "--world", "8"},
-             "bench layout: unknown flag --world (did you mean --worlds?); see commgrid bench layout --help"},
+        Case{
+            {"verify", "--local", "2", "--stratgy", "split"},
+            "verify: unknown flag --stratgy (did you mean --strategy?); see commgrid verify --help"},
+        Case{
+            {"launch", "--nproc-per-nod", "2", "--", "true"},
+            "launch: unknown flag --nproc-per-nod (did you mean --nproc-per-node?); see commgrid launch --help"},
+        Case{
+            {"bench", "layout", "--world", "8"},
+            "bench layout: unknown flag --world (did you mean --worlds?); see commgrid bench layout --help"},
         // A flag of another subcommand, a program's flag read as launch's, a short flag.
         Case{{"plan", "--world-size", "8", "--local", "2"},
              "plan: unknown flag --local (a flag of commgrid verify); see commgrid plan --help"},
         Case{{"launch", "-n", "2", "python3", "train.py", "--lr", "1"},
              "launch: unknown flag --lr after the program \"python3\": put -- before the program "
              "(commgrid launch ... -- PROGRAM ARGS...); see commgrid launch --help"},
-        Case{{"launch", "-n", "--", "true"}, "launch: --nproc needs a value; see commgrid launch --help"},
-        Case{{"--versoin"}, "unknown flag --versoin (did you mean --version?); see commgrid --help"},
+        Case{{"launch", "-n", "--", "true"},
+             "launch: --nproc needs a value; see commgrid launch --help"},
+        Case{{"--versoin"},
+             "unknown flag --versoin (did you mean --version?); see commgrid --help"},
         Case{{"plna", "--world-size", "8"},
              "unknown command \"plna\" (did you mean plan?) (valid: plan, verify, launch, bench); "
              "see commgrid --help"}));
@@ -63,7 +70,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(CliVersion, NamesTheVersionAndTheBackendsBuiltIn) {
   const CliResult r = run_cli(COMMGRID_EXE, {"--version"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(std::regex_match(r.out, std::regex(R"(commgrid \d+\.\d+\.\d+ \(backends: ((gloo|mpi|nccl)(, (mpi|nccl))*|none)\)\n)")))
+  EXPECT_TRUE(std::regex_match(
+      r.out,
+      std::regex(
+          R"(commgrid \d+\.\d+\.\d+ \(backends: ((gloo|mpi|nccl)(, (mpi|nccl))*|none)\)\n)")))
       << r.out;
 }
 
@@ -85,9 +95,11 @@ TEST(JobFileErrors, HostileFilesAreExitTwoWithShortMessagesInPlanAndVerify) {
       {R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": 2}, {"name": "dp", "size": 4}],
           "groups": [["tp", "dp"], ["dp", "tp"]]}]})",
        "job.modules[0].groups[1]: the groups over dp-tp are listed twice (also groups[0])"},
-      {R"({"world_size": 8, "modules": [{"name": ")" + long_name + R"(", "dims": [{"name": "tp", "size": 2}]}]})",
+      {R"({"world_size": 8, "modules": [{"name": ")" + long_name +
+           R"(", "dims": [{"name": "tp", "size": 2}]}]})",
        "job.modules[0].name: expected a name of at most 64 characters"},
-      {R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": ")" + long_name + R"("}]}]})",
+      {R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": ")" +
+           long_name + R"("}]}]})",
        "(100002 characters)"},
       {"[" + long_name + "]", "not valid JSON"},
   };

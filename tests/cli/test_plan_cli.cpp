@@ -16,24 +16,27 @@ CliResult plan(std::vector<std::string> args) {
 }
 
 TEST(PlanCli, JsonWholeLayout) {
-  const CliResult r = plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2",
-                            "--format", "json"});
+  const CliResult r =
+      plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--format", "json"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err, "");
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["config"]["dp"], 2);
   EXPECT_EQ(j["config"]["expert_dp"], 4);
   EXPECT_TRUE(j["config"]["vpp"].is_null());
-  EXPECT_EQ(j["groups"]["mp"], nlohmann::json::parse("[[0,1,8,9],[2,3,10,11],[4,5,12,13],[6,7,14,15]]"));
+  EXPECT_EQ(j["groups"]["mp"],
+            nlohmann::json::parse("[[0,1,8,9],[2,3,10,11],[4,5,12,13],[6,7,14,15]]"));
   EXPECT_FALSE(j["groups"].contains("hcp"));
   EXPECT_FALSE(j["groups"].contains("inter_dist_opt"));
   EXPECT_EQ(j["groups"].size(), 19u);
 }
 
 TEST(PlanCli, JsonOneRankAndKinds) {
-  const CliResult r = plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2",
-                            "--format", "json", "--rank", "13", "--kinds", "pos_embd,tp,hcp"
-                            "", "--hcp", "2"});
+  const CliResult r = plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--format",
+                            "json", "--rank", "13", "--kinds",
+                            "pos_embd,tp,hcp"
+                            "",
+                            "--hcp", "2"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::ordered_json::parse(r.out);
   EXPECT_EQ(j["rank"], 13);
@@ -42,15 +45,46 @@ TEST(PlanCli, JsonOneRankAndKinds) {
 }
 
 TEST(PlanCli, MegatronLongNamesAreAliases) {
-  const CliResult a = plan({"--world-size", "16", "--tensor-model-parallel-size", "2",
-                            "--pipeline-model-parallel-size", "2", "--context-parallel-size", "2",
-                            "--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1",
-                            "--num-distributed-optimizer-instances", "2",
-                            "--virtual-pipeline-model-parallel-size", "3",
-                            "--hierarchical-context-parallel-sizes", "2", "--format", "json"});
-  const CliResult b = plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2",
-                            "--ep", "2", "--etp", "1", "--dist-opt-instances", "2", "--vpp", "3",
-                            "--hcp", "2", "--format", "json"});
+  const CliResult a = plan({"--world-size",
+                            "16",
+                            "--tensor-model-parallel-size",
+                            "2",
+                            "--pipeline-model-parallel-size",
+                            "2",
+                            "--context-parallel-size",
+                            "2",
+                            "--expert-model-parallel-size",
+                            "2",
+                            "--expert-tensor-parallel-size",
+                            "1",
+                            "--num-distributed-optimizer-instances",
+                            "2",
+                            "--virtual-pipeline-model-parallel-size",
+                            "3",
+                            "--hierarchical-context-parallel-sizes",
+                            "2",
+                            "--format",
+                            "json"});
+  const CliResult b = plan({"--world-size",
+                            "16",
+                            "--tp",
+                            "2",
+                            "--pp",
+                            "2",
+                            "--cp",
+                            "2",
+                            "--ep",
+                            "2",
+                            "--etp",
+                            "1",
+                            "--dist-opt-instances",
+                            "2",
+                            "--vpp",
+                            "3",
+                            "--hcp",
+                            "2",
+                            "--format",
+                            "json"});
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(nlohmann::json::parse(a.out)["config"]["vpp"], 3);
@@ -71,7 +105,8 @@ TEST(PlanCli, TableShowsConfigSummaryAndEveryRank) {
 }
 
 TEST(PlanCli, TableForOneRank) {
-  const CliResult r = plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--rank", "13"});
+  const CliResult r =
+      plan({"--world-size", "16", "--tp", "2", "--pp", "2", "--cp", "2", "--rank", "13"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("rank 13: tp 1, cp 0, dp 1, pp 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(not a member)"), std::string::npos);
@@ -79,9 +114,11 @@ TEST(PlanCli, TableForOneRank) {
 
 TEST(PlanCli, SparesShowWhereTheyAreAndEachRanksProcess) {
   // Table: the spares after the world; with nodes, whole nodes; with --rank, its process.
-  const CliResult t = plan({"--world-size", "8", "--tp", "2", "--spares", "4", "--gpus-per-node", "4"});
+  const CliResult t =
+      plan({"--world-size", "8", "--tp", "2", "--spares", "4", "--gpus-per-node", "4"});
   ASSERT_EQ(t.code, 0) << t.err;
-  EXPECT_NE(t.out.find("spares: 4 processes (8-11, node 2) hold no rank"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("spares: 4 processes (8-11, node 2) hold no rank"), std::string::npos)
+      << t.out;
   EXPECT_NE(t.out.find("12 processes in all"), std::string::npos) << t.out;
   const CliResult one = plan({"--world-size", "8", "--tp", "2", "--spares", "1", "--rank", "5"});
   ASSERT_EQ(one.code, 0) << one.err;
@@ -91,8 +128,9 @@ TEST(PlanCli, SparesShowWhereTheyAreAndEachRanksProcess) {
   const CliResult j = plan({"--world-size", "16", "--tp", "2", "--spares", "8", "--gpus-per-node",
                             "4", "--rank", "13", "--format", "json"});
   ASSERT_EQ(j.code, 0) << j.err;
-  EXPECT_EQ(nlohmann::json::parse(j.out)["processes"],
-            nlohmann::json::parse(R"({"total":24,"spares":[16,23],"spare_nodes":[4,5],"process":13})"));
+  EXPECT_EQ(
+      nlohmann::json::parse(j.out)["processes"],
+      nlohmann::json::parse(R"({"total":24,"spares":[16,23],"spare_nodes":[4,5],"process":13})"));
   // No spares: no processes section (the plan is the one without --spares).
   const CliResult none = plan({"--world-size", "8", "--spares", "0", "--format", "json"});
   const CliResult base = plan({"--world-size", "8", "--format", "json"});
@@ -162,55 +200,63 @@ std::vector<std::string> w8(std::vector<std::string> more) {
 // rules hold (one validator, two editions).
 INSTANTIATE_TEST_SUITE_P(
     Cases, PlanBadInput,
-    ::testing::ValuesIn(in_both_editions({
-        BadInput{{}, "subcommand"},
-        BadInput{{"frobnicate"}, "unknown command \"frobnicate\""},
-        BadInput{{"plan"}, "--world-size is required"},
-        BadInput{w8({"--foo", "1"}), "--foo", "", true},
-        BadInput{w8({"--tp"}), "--tp", "", true},
-        BadInput{w8({"--tp", "abc"}), "tp: expected an integer, got \"abc\"", "", true},
-        BadInput{w8({"--tp", "2.5"}), "\"2.5\"", "", true},
-        BadInput{w8({"--tp", "-2"}), "tp must be >= 1, got -2", "", true},
-        BadInput{w8({"--pp", "0"}), "pp must be >= 1, got 0", "", true},
-        BadInput{w8({"--cp", "1e3"}), "\"1e3\"", "", true},
-        BadInput{w8({"--ep", ""}), "ep"},  // "ep: expected an integer" or "--ep needs a value"
-        BadInput{{"plan", "--world-size", "99999999999999999999"}, "world_size", "", true},
-        BadInput{{"plan", "--world-size", "3000000000"}, "exceeds 2147483647", "", true},
-        BadInput{{"plan", "--world-size", "0"}, "world_size must be >= 1, got 0", "", true},
-        BadInput{w8({"--kinds", "tp,foo"}), "unknown group kind \"foo\"", "", true},
-        BadInput{w8({"--kinds", "hcp"}), "hcp", "", true},
-        BadInput{w8({"--kinds", "inter_dist_opt"}), "dist_opt_instances = 1", "", true},
-        BadInput{w8({"--format", "xml"}), "format", "", true},
-        BadInput{w8({"--rank", "8"}), "rank 8 out of range [0, 8)", "", true},
-        BadInput{w8({"--rank", "-1"}), "rank -1 out of range", "", true},
-        BadInput{w8({"--rank", "x"}), "rank: expected an integer", "", true},
-        BadInput{w8({"--order", ""}), "empty", "", true},
-        BadInput{w8({"--order", "tp-xx-dp"}), "unknown token \"xx\"", "", true},
-        BadInput{w8({"--order", "tp-dp-tp"}), "appears twice", "", true},
-        BadInput{w8({"--tp", "3"}), "world_size 8 is not divisible by tp*pp*cp = 3*1*1 = 3",
-                 "world_size 8 is not divisible by tp*pp*cp*gtp_remat = 3*1*1*1 = 3", true},
-        BadInput{w8({"--vpp", "2"}), "vpp = 2 requires pp > 1, got pp = 1", "", true},
-        BadInput{w8({"--tp", "1", "--ep", "16"}), "etp*ep*pp = 1*16*1 = 16", "etp*ep*pp*expert_gtp_remat = 1*16*1*1 = 16", true},
-        BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--order", "tp-cp-pp-ep-dp"}),
-                 "does not end with pp", "", true},
-        BadInput{w8({"--tp", "2", "--pp", "2", "--dist-opt-instances", "3"}),
-                 "dist_opt_instances = 3 must divide dp*cp = 2*1 = 2", "", true},
-        BadInput{w8({"--tp", "1", "--ep", "8", "--dist-opt-instances", "2"}),
-                 "must divide expert_dp", "", true},
-        BadInput{w8({"--cp", "4", "--hcp", "2,4"}), "hcp sizes [2,4] multiply to 8, but cp = 4", "", true},
-        BadInput{w8({"--cp", "4", "--hcp", "2,,2"}), "hcp[1]", "", true},
-        BadInput{w8({"--cp", "4", "--hcp", "2,-2"}), "hcp[1] must be >= 1, got -2", "", true},
-        BadInput{w8({"--tp", "2", "--ep", "2", "--order", "tp-cp-dp-pp"}), "omits \"ep\"", "", true},
-        BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--etp", "1", "--order", "tp-pp-ep-dp"}),
-                 "pipeline groups differ", "", true},
-        BadInput{w8({"--spares", "-1"}), "spares must be >= 0, got -1", "", true},
-        BadInput{w8({"--spares", "x"}), "spares: expected an integer", "", true},
-        BadInput{w8({"--spares", "2", "--format", "svg"}), "--spares is shown by --format table and json, not svg", "", true},
-        BadInput{w8({"--spares", "3", "--gpus-per-node", "4"}), "spares = 3 is not a whole number of nodes of 4", "", true},
-        BadInput{w8({"--spares", "4", "--gpus-per-node", "3"}), "world_size 8 is not a whole number of nodes of 3", "", true},
-        BadInput{{"plan", "--world-size", "4096", "--tp", "65536", "--pp", "65536"},
-                 "tp*pp*cp exceeds world_size 4096", "tp*pp*cp*gtp_remat exceeds world_size 4096", true}})));
-
+    ::testing::ValuesIn(in_both_editions(
+        {BadInput{{}, "subcommand"},
+         BadInput{{"frobnicate"}, "unknown command \"frobnicate\""},
+         BadInput{{"plan"}, "--world-size is required"},
+         BadInput{w8({"--foo", "1"}), "--foo", "", true},
+         BadInput{w8({"--tp"}), "--tp", "", true},
+         BadInput{w8({"--tp", "abc"}), "tp: expected an integer, got \"abc\"", "", true},
+         BadInput{w8({"--tp", "2.5"}), "\"2.5\"", "", true},
+         BadInput{w8({"--tp", "-2"}), "tp must be >= 1, got -2", "", true},
+         BadInput{w8({"--pp", "0"}), "pp must be >= 1, got 0", "", true},
+         BadInput{w8({"--cp", "1e3"}), "\"1e3\"", "", true},
+         BadInput{w8({"--ep", ""}), "ep"},  // "ep: expected an integer" or "--ep needs a value"
+         BadInput{{"plan", "--world-size", "99999999999999999999"}, "world_size", "", true},
+         BadInput{{"plan", "--world-size", "3000000000"}, "exceeds 2147483647", "", true},
+         BadInput{{"plan", "--world-size", "0"}, "world_size must be >= 1, got 0", "", true},
+         BadInput{w8({"--kinds", "tp,foo"}), "unknown group kind \"foo\"", "", true},
+         BadInput{w8({"--kinds", "hcp"}), "hcp", "", true},
+         BadInput{w8({"--kinds", "inter_dist_opt"}), "dist_opt_instances = 1", "", true},
+         BadInput{w8({"--format", "xml"}), "format", "", true},
+         BadInput{w8({"--rank", "8"}), "rank 8 out of range [0, 8)", "", true},
+         BadInput{w8({"--rank", "-1"}), "rank -1 out of range", "", true},
+         BadInput{w8({"--rank", "x"}), "rank: expected an integer", "", true},
+         BadInput{w8({"--order", ""}), "empty", "", true},
+         BadInput{w8({"--order", "tp-xx-dp"}), "unknown token \"xx\"", "", true},
+         BadInput{w8({"--order", "tp-dp-tp"}), "appears twice", "", true},
+         BadInput{w8({"--tp", "3"}), "world_size 8 is not divisible by tp*pp*cp = 3*1*1 = 3",
+                  "world_size 8 is not divisible by tp*pp*cp*gtp_remat = 3*1*1*1 = 3", true},
+         BadInput{w8({"--vpp", "2"}), "vpp = 2 requires pp > 1, got pp = 1", "", true},
+         BadInput{w8({"--tp", "1", "--ep", "16"}), "etp*ep*pp = 1*16*1 = 16",
+                  "etp*ep*pp*expert_gtp_remat = 1*16*1*1 = 16", true},
+         BadInput{w8({"--tp", "2", "--pp", "2", "--ep", "2", "--order", "tp-cp-pp-ep-dp"}),
+                  "does not end with pp", "", true},
+         BadInput{w8({"--tp", "2", "--pp", "2", "--dist-opt-instances", "3"}),
+                  "dist_opt_instances = 3 must divide dp*cp = 2*1 = 2", "", true},
+         BadInput{w8({"--tp", "1", "--ep", "8", "--dist-opt-instances", "2"}),
+                  "must divide expert_dp", "", true},
+         BadInput{w8({"--cp", "4", "--hcp", "2,4"}), "hcp sizes [2,4] multiply to 8, but cp = 4",
+                  "", true},
+         BadInput{w8({"--cp", "4", "--hcp", "2,,2"}), "hcp[1]", "", true},
+         BadInput{w8({"--cp", "4", "--hcp", "2,-2"}), "hcp[1] must be >= 1, got -2", "", true},
+         BadInput{w8({"--tp", "2", "--ep", "2", "--order", "tp-cp-dp-pp"}), "omits \"ep\"", "",
+                  true},
+         BadInput{
+             w8({"--tp", "2", "--pp", "2", "--ep", "2", "--etp", "1", "--order", "tp-pp-ep-dp"}),
+             "pipeline groups differ", "", true},
+         BadInput{w8({"--spares", "-1"}), "spares must be >= 0, got -1", "", true},
+         BadInput{w8({"--spares", "x"}), "spares: expected an integer", "", true},
+         BadInput{w8({"--spares", "2", "--format", "svg"}),
+                  "--spares is shown by --format table and json, not svg", "", true},
+         BadInput{w8({"--spares", "3", "--gpus-per-node", "4"}),
+                  "spares = 3 is not a whole number of nodes of 4", "", true},
+         BadInput{w8({"--spares", "4", "--gpus-per-node", "3"}),
+                  "world_size 8 is not a whole number of nodes of 3", "", true},
+         BadInput{{"plan", "--world-size", "4096", "--tp", "65536", "--pp", "65536"},
+                  "tp*pp*cp exceeds world_size 4096",
+                  "tp*pp*cp*gtp_remat exceeds world_size 4096",
+                  true}})));
 
 // The HEAD flags: each one's bad values under --compat head, and each one refused in the
 // seed edition, with the parameter named.
@@ -245,9 +291,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{w8({"--kinds", "gtp_remat"}), "only under compat head"}));
 
 TEST(PlanCli, HeadAllGatherWarningWhenOrderDiffers) {
-  const std::vector<std::string> base = {"--world-size", "16", "--tp", "2", "--pp", "2", "--ep",
-                                         "2", "--etp", "1", "--compat", "head",
-                                         "--all-gather-groups", "--format", "json"};
+  const std::vector<std::string> base = {"--world-size",
+                                         "16",
+                                         "--tp",
+                                         "2",
+                                         "--pp",
+                                         "2",
+                                         "--ep",
+                                         "2",
+                                         "--etp",
+                                         "1",
+                                         "--compat",
+                                         "head",
+                                         "--all-gather-groups",
+                                         "--format",
+                                         "json"};
   CliResult r = plan(base);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;

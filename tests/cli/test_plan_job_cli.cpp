@@ -43,7 +43,8 @@ TEST(PlanJobCli, TwoModules) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["modules"]["vision"]["groups"]["tp"][3], nlohmann::json::parse("[6,7]"));
   EXPECT_FALSE(j["modules"]["llm"]["groups"].contains("pp"));  // not asked for
-  EXPECT_EQ(j["modules"]["llm"]["groups"]["pp-tp"][0], nlohmann::json::parse("[8,9,10,11,36,37,38,39]"));
+  EXPECT_EQ(j["modules"]["llm"]["groups"]["pp-tp"][0],
+            nlohmann::json::parse("[8,9,10,11,36,37,38,39]"));
   const CliResult t = plan({"--job", job});
   EXPECT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.out.find("llm: ranks 8-63"), std::string::npos) << t.out;
@@ -56,7 +57,8 @@ TEST(PlanJobCli, BadFilesNameTheField) {
       {R"({"modules": []})", "job.world_size: missing"},
       {R"({"world_size": 0, "modules": []})", "job.world_size: expected an integer >= 1"},
       {R"({"world_size": 8, "modules": []})", "job.modules: expected a non-empty list"},
-      {R"({"world_size": 8, "modules": [{"dims": [{"name": "tp", "size": 2}]}]})", "job.modules[0].name: missing"},
+      {R"({"world_size": 8, "modules": [{"dims": [{"name": "tp", "size": 2}]}]})",
+       "job.modules[0].name: missing"},
       {R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": "x"}]}]})",
        "job.modules[0].dims[0].size"},
       {R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": 2}], "colour": 1}]})",
@@ -81,7 +83,9 @@ TEST(PlanJobCli, BadFilesNameTheField) {
     std::filesystem::remove(job);
   }
   expect_usage_error({"--job", "/nonexistent/job.json"}, "cannot read");
-  const std::string job = write_job("flags", R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": 2}]}]})");
+  const std::string job = write_job(
+      "flags",
+      R"({"world_size": 8, "modules": [{"name": "a", "dims": [{"name": "tp", "size": 2}]}]})");
   expect_usage_error({"--job", job, "--tp", "2"}, "--tp does not apply with --job");
   std::filesystem::remove(job);
 }
@@ -93,14 +97,16 @@ TEST(PlanJobCli, VerifyJobOnSixteenRankThreads) {
     {"name": "llm", "rank_offset": 8, "dims": [{"name": "tp", "size": 2}, {"name": "dp", "size": 2},
      {"name": "pp", "size": 2}], "groups": [["tp"], ["dp"], ["pp"], ["tp", "pp"]]}]})");
   const CliResult r = run_cli(COMMGRID_EXE, {"verify", "--job", job, "--local", "16"});
-  if (r.err.find("no Gloo backend") != std::string::npos) GTEST_SKIP() << "this build has no Gloo backend";
+  if (r.err.find("no Gloo backend") != std::string::npos)
+    GTEST_SKIP() << "this build has no Gloo backend";
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("llm pp-tp: 2 groups ok"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("verified 2 modules on 16 ranks"), std::string::npos) << r.out;
   const CliResult mismatch = run_cli(COMMGRID_EXE, {"verify", "--job", job, "--local", "8"});
   EXPECT_EQ(mismatch.code, 2);
   EXPECT_NE(mismatch.err.find("error: local: --local 8 differs from the job's world_size 16"),
-            std::string::npos) << mismatch.err;
+            std::string::npos)
+      << mismatch.err;
   const CliResult flags = run_cli(COMMGRID_EXE, {"verify", "--job", job, "--pp", "2"});
   EXPECT_EQ(flags.code, 2);
   EXPECT_NE(flags.err.find("--pp does not apply with --job"), std::string::npos) << flags.err;

@@ -18,8 +18,8 @@ CliResult plan(std::vector<std::string> args, int limit_s = 60) {
 
 // The issue's job: 4,096 GPUs, tp 8, pp 16, cp 2, ep 8, etp 1, vpp 4.
 std::vector<std::string> job(std::vector<std::string> more = {}) {
-  std::vector<std::string> a = {"--world-size", "4096", "--tp", "8", "--pp", "16", "--cp", "2",
-                                "--ep", "8", "--etp", "1", "--vpp", "4"};
+  std::vector<std::string> a = {"--world-size", "4096", "--tp",  "8", "--pp",  "16", "--cp", "2",
+                                "--ep",         "8",    "--etp", "1", "--vpp", "4"};
   a.insert(a.end(), more.begin(), more.end());
   return a;
 }
@@ -60,7 +60,8 @@ TEST(PlanScale, RankViewWithNodesAndLayers) {
                        "virtual stage 3: 59 (pipeline rank 11 of 16)"),
             std::string::npos)
       << r.out;
-  EXPECT_EQ(line_with(r.out, "tp "), "tp                   375       0     8  [3000-3007]; node 375");
+  EXPECT_EQ(line_with(r.out, "tp "),
+            "tp                   375       0     8  [3000-3007]; node 375");
   // The 4,096-member intra_dist_opt group as ranges, not a 19 KB list.
   const std::string ido = line_with(r.out, "intra_dist_opt");
   EXPECT_LT(ido.size(), 200u) << ido;
@@ -84,14 +85,16 @@ TEST(PlanScale, JsonKeepsFullListsAndAddsLayersAndNode) {
   const CliResult all = plan({"--world-size", "8", "--pp", "4", "--vpp", "2", "--num-layers", "16",
                               "--format", "json", "--kinds", "pp"});
   ASSERT_EQ(all.code, 0) << all.err;
-  EXPECT_EQ(nlohmann::json::parse(all.out)["layers"],
-            nlohmann::json::parse("[[[0,1],[8,9]],[[2,3],[10,11]],[[4,5],[12,13]],[[6,7],[14,15]]]"));
+  EXPECT_EQ(
+      nlohmann::json::parse(all.out)["layers"],
+      nlohmann::json::parse("[[[0,1],[8,9]],[[2,3],[10,11]],[[4,5],[12,13]],[[6,7],[14,15]]]"));
 }
 
 TEST(PlanScale, LayersWithoutVirtualPipeline) {
   const CliResult r = plan({"--world-size", "8", "--pp", "4", "--num-layers", "12"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("layers: 12 over pp 4, 3 layers per pipeline rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers: 12 over pp 4, 3 layers per pipeline rank"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("        3     9-11"), std::string::npos) << r.out;
 }
 
@@ -120,8 +123,10 @@ INSTANTIATE_TEST_SUITE_P(
         Refusal{{"--world-size", "2147483647"}, "--rank R"},
         Refusal{{"--world-size", "2147483647", "--format", "json"}, "--max-output-mib"},
         Refusal{{"--world-size", "2147483647", "--format", "json", "--kinds", "tp"}, "GiB"},
-        Refusal{{"--world-size", "65536", "--format", "json", "--max-output-mib", "1"}, "over the 1.0 MiB limit"},
-        Refusal{{"--world-size", "8", "--pp", "2", "--vpp", "2147483648"}, "vpp = 2147483648 exceeds 2147483647"},
+        Refusal{{"--world-size", "65536", "--format", "json", "--max-output-mib", "1"},
+                "over the 1.0 MiB limit"},
+        Refusal{{"--world-size", "8", "--pp", "2", "--vpp", "2147483648"},
+                "vpp = 2147483648 exceeds 2147483647"},
         Refusal{{"--world-size", "64", "--pp", "16", "--num-layers", "30"},
                 "num_layers = 30 is not divisible by pp = 16"},
         Refusal{{"--world-size", "64", "--pp", "4", "--vpp", "3", "--num-layers", "32"},
@@ -135,18 +140,20 @@ TEST(PlanScale, RefusalCreatesNoFile) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("commgrid-refused-" + std::to_string(::getpid()) + ".json");
   std::filesystem::remove(path);
-  const CliResult r = plan({"--world-size", "2147483647", "--format", "json", "--output", path.string()});
+  const CliResult r =
+      plan({"--world-size", "2147483647", "--format", "json", "--output", path.string()});
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_FALSE(std::filesystem::exists(path)) << path;
-  const CliResult bad = plan({"--world-size", "64", "--pp", "16", "--num-layers", "30", "--output", path.string()});
+  const CliResult bad =
+      plan({"--world-size", "64", "--pp", "16", "--num-layers", "30", "--output", path.string()});
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_FALSE(std::filesystem::exists(path)) << path;
 }
 
 // The limit is a flag: 0 lifts it.
 TEST(PlanScale, LimitCanBeLifted) {
-  const CliResult r = plan({"--world-size", "65536", "--format", "json", "--max-output-mib", "0",
-                            "--kinds", "tp,dp"});
+  const CliResult r = plan(
+      {"--world-size", "65536", "--format", "json", "--max-output-mib", "0", "--kinds", "tp,dp"});
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["groups"]["tp"].size(), 65536u);
@@ -155,22 +162,25 @@ TEST(PlanScale, LimitCanBeLifted) {
 
 // One rank of the largest world, table and JSON, answers at once without memory for it.
 TEST(PlanScale, OneRankOfTheLargestWorld) {
-  const CliResult t = plan({"--world-size", "2147483647", "--rank", "2147483646", "--kinds", "tp,pp,mp",
-                            "--gpus-per-node", "8"});
+  const CliResult t = plan({"--world-size", "2147483647", "--rank", "2147483646", "--kinds",
+                            "tp,pp,mp", "--gpus-per-node", "8"});
   ASSERT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.out.find("node 268435455, local device 6"), std::string::npos) << t.out;
   EXPECT_EQ(line_with(t.out, "tp "),
             "tp                2147483646           0           1  [2147483646]; node 268435455");
   // Groups of 2^24 members (and their nodes) are streamed, not held.
-  const CliResult d = plan({"--world-size", "16777216", "--rank", "16777215", "--kinds", "dp,intra_dist_opt",
-                            "--gpus-per-node", "8"});
+  const CliResult d = plan({"--world-size", "16777216", "--rank", "16777215", "--kinds",
+                            "dp,intra_dist_opt", "--gpus-per-node", "8"});
   ASSERT_EQ(d.code, 0) << d.err;
-  EXPECT_NE(line_with(d.out, "dp ").find("[0-16777215] (16777216 ranks); nodes [0-2097151] (2097152 nodes)"),
+  EXPECT_NE(line_with(d.out, "dp ")
+                .find("[0-16777215] (16777216 ranks); nodes [0-2097151] (2097152 nodes)"),
             std::string::npos)
       << d.out;
-  EXPECT_NE(line_with(d.out, "intra_dist_opt").find("16777215  16777216  [0-16777215]"), std::string::npos)
+  EXPECT_NE(line_with(d.out, "intra_dist_opt").find("16777215  16777216  [0-16777215]"),
+            std::string::npos)
       << d.out;
-  const CliResult j = plan({"--world-size", "2147483647", "--rank", "5", "--kinds", "tp", "--format", "json"});
+  const CliResult j =
+      plan({"--world-size", "2147483647", "--rank", "5", "--kinds", "tp", "--format", "json"});
   ASSERT_EQ(j.code, 0) << j.err;
   EXPECT_EQ(j.out, "{\"rank\":5,\"groups\":{\"tp\":[5]}}\n");
 }
@@ -181,14 +191,18 @@ TEST(PlanScale, OneRankOfTheLargestWorld) {
 TEST(PlanScale, TopologyAdviceConverges) {
   const CliResult d = plan(job({"--check-topology", "--strict", "--kinds", "tp,cp"}));
   EXPECT_EQ(d.code, 0) << d.err;
-  EXPECT_NE(d.err.find("tp\u00b7cp = 16 > 8 GPUs per node: cp groups must cross nodes; keeping tp inside"),
+  EXPECT_NE(d.err.find(
+                "tp\u00b7cp = 16 > 8 GPUs per node: cp groups must cross nodes; keeping tp inside"),
             std::string::npos)
       << d.err;
-  const CliResult c = plan(job({"--order", "cp-tp-ep-dp-pp", "--check-topology", "--strict", "--kinds", "tp"}));
+  const CliResult c =
+      plan(job({"--order", "cp-tp-ep-dp-pp", "--check-topology", "--strict", "--kinds", "tp"}));
   EXPECT_EQ(c.code, 3) << c.err;
-  EXPECT_NE(c.err.find("order \"tp-cp-ep-dp-pp\" keeps them inside; cp groups then cross"), std::string::npos)
+  EXPECT_NE(c.err.find("order \"tp-cp-ep-dp-pp\" keeps them inside; cp groups then cross"),
+            std::string::npos)
       << c.err;
-  const CliResult j = plan(job({"--order", "cp-tp-ep-dp-pp", "--check-topology", "--format", "json", "--kinds", "tp"}));
+  const CliResult j = plan(
+      job({"--order", "cp-tp-ep-dp-pp", "--check-topology", "--format", "json", "--kinds", "tp"}));
   ASSERT_EQ(j.code, 0) << j.err;
   const auto doc = nlohmann::json::parse(j.out);
   EXPECT_EQ(doc["best_order"], "tp-cp-ep-dp-pp");
@@ -200,7 +214,8 @@ TEST(PlanScale, TopologyAdviceConverges) {
 // need 32 MiB, the old JSON tree about 4 GB).
 TEST(PlanScale, MemoryStaysSmall) {
 #if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space, so ulimit -v cannot bound it";
+  GTEST_SKIP()
+      << "AddressSanitizer reserves terabytes of address space, so ulimit -v cannot bound it";
 #else
   const std::string exe = shell_quote(COMMGRID_EXE);
   const std::string w = " plan --world-size 4194304 --tp 8 --pp 8 --cp 2 --ep 8 --etp 1";

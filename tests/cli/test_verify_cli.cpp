@@ -19,8 +19,8 @@ const std::string kNoLauncher =
 
 CliResult run_with(const std::string& env, const std::string& exe,
                    const std::vector<std::string>& args, int time_limit_s = 120) {
-  std::string cmd = kNoLauncher + env + " timeout " + std::to_string(time_limit_s) + " " +
-                    shell_quote(exe);
+  std::string cmd =
+      kNoLauncher + env + " timeout " + std::to_string(time_limit_s) + " " + shell_quote(exe);
   for (const auto& a : args) cmd += " " + shell_quote(a);
   return run_shell(cmd);
 }
@@ -46,7 +46,8 @@ TEST(WorldRunnerCli, NoLauncherSaysHowToStartRanks) {
   const CliResult verify = run_with("", COMMGRID_EXE, {"verify", "--tp", "2"});
   expect_one_error_line(verify, 2, kNoLauncherText);
   EXPECT_NE(verify.err.find("world_size 1 is not divisible by tp*pp*cp = 2*1*1 = 2"),
-            std::string::npos) << verify.err;  // and why
+            std::string::npos)
+      << verify.err;  // and why
   EXPECT_EQ(verify.out, "");
   const CliResult bench = run_with("", COMMGRID_EXE, {"bench", "init", "--pp", "2"});
   expect_one_error_line(bench, 2, kNoLauncherText);
@@ -60,7 +61,8 @@ TEST(WorldRunnerCli, NoLauncherSaysHowToStartRanks) {
 // Bad input that is not about the world size keeps its own message; a launched world that
 // cannot hold the layout is not a missing launcher.
 TEST(WorldRunnerCli, OtherBadInputKeepsItsMessage) {
-  expect_one_error_line(run_with("", COMMGRID_EXE, {"verify", "--tp", "0"}), 2, "tp must be >= 1, got 0");
+  expect_one_error_line(run_with("", COMMGRID_EXE, {"verify", "--tp", "0"}), 2,
+                        "tp must be >= 1, got 0");
   const CliResult threads = run_with("", COMMGRID_EXE, {"verify", "--local", "2", "--tp", "4"});
   if (no_gloo(threads)) GTEST_SKIP() << "this build has no Gloo backend";
   expect_one_error_line(threads, 2, "world_size 2 is not divisible by tp*pp*cp = 4*1*1 = 4");
@@ -71,8 +73,9 @@ TEST(WorldRunnerCli, OtherBadInputKeepsItsMessage) {
 TEST(WorldRunnerCli, BackendAndLocalFlags) {
   expect_one_error_line(run_with("", COMMGRID_EXE, {"verify", "--backend", "tcp"}), 2,
                         "backend: expected mpi, gloo or nccl, got 'tcp'");
-  expect_one_error_line(run_with("", COMMGRID_EXE, {"bench", "init", "--backend", "mpi", "--local", "2"}),
-                        2, "local: --local runs ranks as threads");
+  expect_one_error_line(
+      run_with("", COMMGRID_EXE, {"bench", "init", "--backend", "mpi", "--local", "2"}), 2,
+      "local: --local runs ranks as threads");
   expect_one_error_line(run_with("", COMMGRID_EXE, {"verify", "--local", "x"}), 2,
                         "local: expected an integer");
   // commgrid launch's ranks are not one MPI job: --backend mpi there would be N singletons.
@@ -92,12 +95,14 @@ TEST(WorldRunnerCli, BackendAndLocalFlags) {
 
 // Exit codes on rank-threads: 0 verified, 1 a check failed (one rank lies about itself).
 TEST(WorldRunnerCli, RankThreadsExitCodes) {
-  const CliResult ok = run_with("", COMMGRID_EXE, {"verify", "--local", "4", "--tp", "2", "--kinds", "tp,dp"});
+  const CliResult ok =
+      run_with("", COMMGRID_EXE, {"verify", "--local", "4", "--tp", "2", "--kinds", "tp,dp"});
   if (no_gloo(ok)) GTEST_SKIP() << "this build has no Gloo backend";
   EXPECT_EQ(ok.code, 0) << ok.err;
   EXPECT_NE(ok.out.find("on 4 ranks"), std::string::npos) << ok.out;
-  const CliResult bad = run_with("", COMMGRID_EXE,
-                                 {"verify", "--local", "4", "--tp", "2", "--kinds", "tp", "--fault-rank", "1"});
+  const CliResult bad =
+      run_with("", COMMGRID_EXE,
+               {"verify", "--local", "4", "--tp", "2", "--kinds", "tp", "--fault-rank", "1"});
   EXPECT_EQ(bad.code, 1) << bad.err;
   EXPECT_NE(bad.err.find("error: verify failed: tp"), std::string::npos) << bad.err;
 }
@@ -105,8 +110,8 @@ TEST(WorldRunnerCli, RankThreadsExitCodes) {
 // Two processes started with torchrun's variables (RANK, WORLD_SIZE) and a store: verify
 // and train_gpt both take the world from them (train_gpt used to read COMMGRID_* only).
 TEST(WorldRunnerCli, TorchrunVariablesStartTheWorld) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("commgrid-runner-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("commgrid-runner-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto two_ranks = [&](const std::string& exe, const std::string& args, const std::string& job) {
@@ -114,20 +119,23 @@ TEST(WorldRunnerCli, TorchrunVariablesStartTheWorld) {
     for (int r = 0; r < 2; ++r)
       cmd += kNoLauncher + "RANK=" + std::to_string(r) + " WORLD_SIZE=2 COMMGRID_JOB_ID=" + job +
              " COMMGRID_STORE=" + shell_quote("file://" + (dir / job).string()) + " timeout 120 " +
-             shell_quote(exe) + " " + args + (r == 0 ? " > " + shell_quote((dir / "out0").string()) + " &" : "") + "\n";
+             shell_quote(exe) + " " + args +
+             (r == 0 ? " > " + shell_quote((dir / "out0").string()) + " &" : "") + "\n";
     // Rank 0 in the background, rank 1 in the foreground; the worse of the two codes.
     cmd += "r1=$?; wait $!; r0=$?; [ $r0 -gt $r1 ] && exit $r0; exit $r1";
     const CliResult r = run_shell(cmd);
     return std::pair{r, slurp(dir / "out0")};
   };
   std::filesystem::create_directories(dir / "verify");
-  const auto [verify, verify_out] = two_ranks(COMMGRID_EXE, "verify --tp 2 --kinds tp,dp", "verify");
+  const auto [verify, verify_out] =
+      two_ranks(COMMGRID_EXE, "verify --tp 2 --kinds tp,dp", "verify");
   if (no_gloo(verify)) GTEST_SKIP() << "this build has no Gloo backend";
   EXPECT_EQ(verify.code, 0) << verify.err;
   EXPECT_NE(verify_out.find("on 2 ranks"), std::string::npos) << verify_out << verify.err;
   if (!train_gpt().empty()) {
     std::filesystem::create_directories(dir / "train");
-    const auto [train, train_out] = two_ranks(train_gpt(), "--tp 2 --steps 1 --format json", "train");
+    const auto [train, train_out] =
+        two_ranks(train_gpt(), "--tp 2 --steps 1 --format json", "train");
     EXPECT_EQ(train.code, 0) << train.err;
     EXPECT_NE(train_out.find("\"world_size\": 2"), std::string::npos) << train_out << train.err;
   }

@@ -65,8 +65,7 @@ int run(int argc, char** argv) {
     so.token = launch->token;
     auto store = open_store(launch->store, so);
     const std::vector<std::string> keys{epoch_decision_key("resilience", 1)};
-    while (!store->wait_for(keys, 1s).empty()) {
-    }
+    while (!store->wait_for(keys, 1s).empty()) {}
     ::kill(static_cast<pid_t>(std::atoll(argv[2])), SIGCONT);
     return 0;
   }
@@ -85,8 +84,10 @@ int run(int argc, char** argv) {
   // With killlaunch, every process says it is up, and the launcher is killed only once all
   // are (the test's order of events: no process is still starting when the store dies).
   const auto up_key = [](std::int64_t p) { return "resilience-test/up/" + std::to_string(p); };
-  const bool kills_launch = std::any_of(faults.begin(), faults.end(), [](const Fault& f) { return f.launcher; });
-  if (kills_launch && launch->incarnation == 0) rec->store()->set(up_key(launch->process), std::span<const char>("1", 1));
+  const bool kills_launch =
+      std::any_of(faults.begin(), faults.end(), [](const Fault& f) { return f.launcher; });
+  if (kills_launch && launch->incarnation == 0)
+    rec->store()->set(up_key(launch->process), std::span<const char>("1", 1));
   ParallelConfig config;
   config.world_size = launch->world_size();
   config.tp = 2;
@@ -109,9 +110,7 @@ int run(int argc, char** argv) {
           ::raise(SIGKILL);
       try {
         return rec->build(factory, config);
-      } catch (const FencedError&) {
-        throw;
-      } catch (const BackendError&) {
+      } catch (const FencedError&) { throw; } catch (const BackendError&) {
         if (attempt + 1 >= rec->map().num_processes()) throw;
       }
     }
@@ -161,7 +160,8 @@ int run(int argc, char** argv) {
           // Its launcher's death ends this process too (launch's PR_SET_PDEATHSIG): a
           // process left waiting here is one that outlived its launcher.
           const auto parent = launch_parent();
-          if (!parent) throw ConfigError("killlaunch", "killlaunch: the parent is not commgrid launch");
+          if (!parent)
+            throw ConfigError("killlaunch", "killlaunch: the parent is not commgrid launch");
           std::vector<std::string> all;
           for (std::int64_t p = 0; p < launch->num_processes; ++p) all.push_back(up_key(p));
           if (!rec->store()->wait_for(all, 4 * rec->options().timeout).empty())
@@ -175,7 +175,8 @@ int run(int argc, char** argv) {
           // A helper wakes it once the others have declared it dead.
           if (::fork() == 0) {
             const std::string self = argv[0], pid = std::to_string(::getppid());
-            ::execl(self.c_str(), self.c_str(), "continue", pid.c_str(), static_cast<char*>(nullptr));
+            ::execl(self.c_str(), self.c_str(), "continue", pid.c_str(),
+                    static_cast<char*>(nullptr));
             ::_exit(127);
           }
         }
@@ -188,9 +189,7 @@ int run(int argc, char** argv) {
       g.world->barrier()->wait();
       sums.push_back(v);
       ++step;
-    } catch (const FencedError&) {
-      throw;
-    } catch (const BackendError& e) {
+    } catch (const FencedError&) { throw; } catch (const BackendError& e) {
       rec->mark_failed(e.what());
       g = EpochGroups{};  // close this epoch's connections: peers blocked on them fail now
       g = recover();

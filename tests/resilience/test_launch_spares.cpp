@@ -29,7 +29,8 @@ constexpr int kSteps = 6;
 
 CliResult launch(const std::vector<std::string>& flags, const std::vector<std::string>& worker,
                  const std::string& timeout_s = "20") {
-  std::string cmd = "COMMGRID_TIMEOUT=" + timeout_s + " timeout 200 " + shell_quote(COMMGRID_CLI) + " launch";
+  std::string cmd =
+      "COMMGRID_TIMEOUT=" + timeout_s + " timeout 200 " + shell_quote(COMMGRID_CLI) + " launch";
   for (const auto& f : flags) cmd += " " + shell_quote(f);
   cmd += " -- " + shell_quote(COMMGRID_RESILIENCE_WORKER);
   for (const auto& a : worker) cmd += " " + shell_quote(a);
@@ -54,21 +55,26 @@ void expect_right_sums(const CliResult& r, int expected_epoch) {
   ASSERT_EQ(got.size(), 4u) << r.out << r.err;
   for (int rank = 0; rank < 4; ++rank) {
     std::string want;
-    for (int s = 0; s < kSteps; ++s) want += " " + std::to_string((s + 1) * (rank % 2 == 0 ? 4 : 6));
+    for (int s = 0; s < kSteps; ++s)
+      want += " " + std::to_string((s + 1) * (rank % 2 == 0 ? 4 : 6));
     EXPECT_EQ(got[rank], want) << "rank " << rank;
   }
 }
 
 TEST(LaunchSpares, AKilledRankIsReplacedByTheSpareAndTheRunIsUnchanged) {
-  const CliResult r = launch({"-n", "5", "--spares", "1"}, {std::to_string(kSteps), "kill", "1", "2"});
+  const CliResult r =
+      launch({"-n", "5", "--spares", "1"}, {std::to_string(kSteps), "kill", "1", "2"});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   expect_right_sums(r, 1);
-  EXPECT_NE(r.err.find("rank 1 killed by signal 9 (SIGKILL); posted it to the job's store (epoch 0)"),
-            std::string::npos) << r.err;
+  EXPECT_NE(
+      r.err.find("rank 1 killed by signal 9 (SIGKILL); posted it to the job's store (epoch 0)"),
+      std::string::npos)
+      << r.err;
 }
 
 TEST(LaunchSpares, RankZeroDiesAndTheStoreLivesOnInLaunch) {
-  const CliResult r = launch({"-n", "5", "--spares", "1"}, {std::to_string(kSteps), "kill", "0", "3"});
+  const CliResult r =
+      launch({"-n", "5", "--spares", "1"}, {std::to_string(kSteps), "kill", "0", "3"});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   expect_right_sums(r, 1);
 }
@@ -96,11 +102,13 @@ TEST(LaunchSpares, ASpareThatDiesDuringTheRecoveryIsReplacedByTheNext) {
 TEST(LaunchSpares, AStoppedRankIsDeclaredDeadAndFencedWhenContinued) {
   // Process 2 stops itself (SIGSTOP); after its peers' timeout (6 s) they declare it dead;
   // continued, it finds itself fenced and exits 1 saying so. The job finishes.
-  const CliResult r = launch({"-n", "5", "--spares", "1"}, {std::to_string(kSteps), "stop", "2", "2"}, "6");
+  const CliResult r =
+      launch({"-n", "5", "--spares", "1"}, {std::to_string(kSteps), "stop", "2", "2"}, "6");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   expect_right_sums(r, 1);
   EXPECT_NE(r.err.find("process 2 was declared dead in epoch 1 and is fenced: it may not rejoin"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
 }
 
 // The test process as the subreaper of whatever it starts: a process whose parent dies is
@@ -201,7 +209,9 @@ std::string ended(int status) {
 bool killed_by(int status, int sig) { return WIFSIGNALED(status) && WTERMSIG(status) == sig; }
 
 // A failure: killed by a signal, or an exit code other than 0.
-bool failed(int status) { return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0); }
+bool failed(int status) {
+  return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
+}
 
 // A job under `commgrid launch --spares`: one launch of 5 processes (1 spare), or NODES
 // launches of 2 (loopback "nodes" sharing node 0's store at --master-port; the last node's
@@ -222,12 +232,16 @@ struct StoreDeath {
     const std::string stem = "commgrid-store-death-" + std::to_string(::getpid()) + "-";
     const std::vector<std::string> env{"COMMGRID_JOB_ID=store-death-" + port, "COMMGRID_TOKEN=sd"};
     for (int node = 0; node < nodes; ++node) {
-      std::vector<std::string> flags{"-n", nodes > 1 ? "2" : "5", "--spares", nodes > 1 ? "2" : "1",
-                                     "--timeout", "15", "--master-port", port};
+      std::vector<std::string> flags{
+          "-n", nodes > 1 ? "2" : "5", "--spares", nodes > 1 ? "2" : "1", "--timeout",
+          "15", "--master-port",       port};
       if (nodes > 1)
-        flags.insert(flags.end(), {"--nnodes", std::to_string(nodes), "--node-rank", std::to_string(node)});
-      flags.insert(flags.end(), {"--", COMMGRID_RESILIENCE_WORKER, std::to_string(kSteps), "killlaunch", "0", "2"});
-      const auto o = dir / (stem + std::to_string(node) + ".out"), e = dir / (stem + std::to_string(node) + ".err");
+        flags.insert(flags.end(),
+                     {"--nnodes", std::to_string(nodes), "--node-rank", std::to_string(node)});
+      flags.insert(flags.end(), {"--", COMMGRID_RESILIENCE_WORKER, std::to_string(kSteps),
+                                 "killlaunch", "0", "2"});
+      const auto o = dir / (stem + std::to_string(node) + ".out"),
+                 e = dir / (stem + std::to_string(node) + ".err");
       launchers.push_back(reaper.launch(flags, env, o, e));
       out.push_back(o.string());
       err.push_back(e.string());
@@ -261,12 +275,15 @@ struct StoreDeath {
     const std::vector<int> v = orphans();
     std::string statuses;
     for (int st : v) statuses += " " + ended(st);
-    EXPECT_GE(static_cast<std::size_t>(std::count_if(v.begin(), v.end(), failed)), orphans_of_node_0)
-        << statuses << "\n" << all();
+    EXPECT_GE(static_cast<std::size_t>(std::count_if(v.begin(), v.end(), failed)),
+              orphans_of_node_0)
+        << statuses << "\n"
+        << all();
   }
   [[nodiscard]] std::string all() const {
     std::string s;
-    for (std::size_t i = 0; i < err.size(); ++i) s += "--- node " + std::to_string(i) + ":\n" + out[i] + err[i];
+    for (std::size_t i = 0; i < err.size(); ++i)
+      s += "--- node " + std::to_string(i) + ":\n" + out[i] + err[i];
     return s;
   }
 };
@@ -300,19 +317,21 @@ TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
       EXPECT_NE(said[0].find(job.store), std::string::npos) << "names the store\n" << said[0];
       // and why, even where a first store error was caught on the way (Gloo's error path)
       EXPECT_NE(said[0].find("ended or failed"), std::string::npos) << "says why\n" << said[0];
-      EXPECT_NE(job.err[node].find("rank " + std::to_string(p) + " exited with code 1"), std::string::npos)
+      EXPECT_NE(job.err[node].find("rank " + std::to_string(p) + " exited with code 1"),
+                std::string::npos)
           << job.all();
     }
   }
 }
 
 TEST(LaunchSpares, BadFlagsExitTwo) {
-  for (const auto& flags : std::vector<std::vector<std::string>>{
-           {"-n", "4", "--spares", "1", "--max-restarts", "-1"},
-           {"-n", "4", "--spares", "4"},
-           {"-n", "4", "--spares", "-1"},
-           {"-n", "4", "--max-restarts", "1"},
-           {"-n", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", "29999", "--spares", "1"}}) {
+  for (const auto& flags :
+       std::vector<std::vector<std::string>>{{"-n", "4", "--spares", "1", "--max-restarts", "-1"},
+                                             {"-n", "4", "--spares", "4"},
+                                             {"-n", "4", "--spares", "-1"},
+                                             {"-n", "4", "--max-restarts", "1"},
+                                             {"-n", "2", "--nnodes", "2", "--node-rank", "0",
+                                              "--master-port", "29999", "--spares", "1"}}) {
     const CliResult r = launch(flags, {"1"});
     std::string all;
     for (const auto& f : flags) all += f + " ";

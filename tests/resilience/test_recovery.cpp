@@ -143,9 +143,7 @@ TEST(Agreement, TwoFailuresInARowAndADeclaredDeadProcessIsFenced) {
           r.mark_failed("test");
           texts[i] = r.agree().text;
           texts[i] += r.map().canonical();
-        } catch (const std::exception& e) {
-          errors[i] = e.what();
-        }
+        } catch (const std::exception& e) { errors[i] = e.what(); }
       });
     threads.clear();
     for (const auto& e : errors) ASSERT_EQ(e, "");
@@ -224,15 +222,18 @@ TEST(GlooRegroup, AWorldWhoseEpochIsMarkedFailedEndsAtOnceNotAtTheTimeout) {
   Recovery rec(store, RankMap(2, spares(0)), 0, fast(60s));
   std::jthread poster([&] {
     std::this_thread::sleep_for(300ms);
-    (void)store->set_if_absent(epoch_failed_key("resilience", 0), bytes("process 1: killed by signal 9"));
+    (void)store->set_if_absent(epoch_failed_key("resilience", 0),
+                               bytes("process 1: killed by signal 9"));
   });
   const auto t0 = std::chrono::steady_clock::now();
   try {
     (void)rec.build(gloo_worlds(store), tp_config(2, 1));
     ADD_FAILURE() << "the world was built without rank 1";
   } catch (const AbortedError& e) {
-    EXPECT_NE(std::string(e.what()).find("resilience/epoch/0/failed is set (process 1: killed by signal 9)"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "resilience/epoch/0/failed is set (process 1: killed by signal 9)"),
+              std::string::npos)
+        << e.what();
   }
   // Ended by the key at 300 ms, not by the world's 30 s timeout; room for a loaded machine.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
@@ -268,7 +269,9 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
               // ranks took part.
               const auto r = static_cast<double>(*rec.logical_rank());
               double v = (step + 1) * (r + 1);
-              g.groups->group(GroupKind::dp).allreduce(std::span<double>(&v, 1), ReduceOp::sum)->wait();
+              g.groups->group(GroupKind::dp)
+                  .allreduce(std::span<double>(&v, 1), ReduceOp::sum)
+                  ->wait();
               g.world->barrier()->wait();
               sums[static_cast<std::size_t>(p)].push_back(v);
               ++step;
@@ -284,9 +287,7 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
           }
           epochs[static_cast<std::size_t>(p)] = rec.epoch();
           if (*rec.logical_rank() == 0) rec.mark_done();
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(p)] = e.what();
-        }
+        } catch (const std::exception& e) { errors[static_cast<std::size_t>(p)] = e.what(); }
       });
   }
   for (std::size_t p = 0; p < 5; ++p) EXPECT_EQ(errors[p], "") << "process " << p;
@@ -428,7 +429,8 @@ TEST(Shrink, OptionsThatDoNotFitTheJobAreRefusedAtTheStartAndZeroSparesWork) {
   } catch (const IncompatibleError& e) {
     EXPECT_EQ(e.parameter(), "shrink");
     EXPECT_NE(std::string(e.what()).find("world_size 8 is not the map's world of 4"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   o.shrink = ShrinkOptions{tp_config(4, 2), 3};  // dp 2 does not divide 3
   EXPECT_THROW((void)make_recovery(launch, o), InvalidValueError);

@@ -41,17 +41,18 @@ void race(const std::function<std::shared_ptr<Store>()>& open) {
       for (int i = 0; i < kRacers; ++i)
         racers.emplace_back([&, i] {
           try {
-            if (stores[static_cast<size_t>(i)]->set_if_absent(key, bytes(mine[static_cast<size_t>(i)])))
+            if (stores[static_cast<size_t>(i)]->set_if_absent(key,
+                                                              bytes(mine[static_cast<size_t>(i)])))
               ++winners;
             seen[static_cast<size_t>(i)] = text(stores[static_cast<size_t>(i)]->get(key));
-          } catch (const std::exception& e) {
-            errors[static_cast<size_t>(i)] = e.what();
-          }
+          } catch (const std::exception& e) { errors[static_cast<size_t>(i)] = e.what(); }
         });
     }
-    for (int i = 0; i < kRacers; ++i) ASSERT_EQ(errors[static_cast<size_t>(i)], "") << "racer " << i;
+    for (int i = 0; i < kRacers; ++i)
+      ASSERT_EQ(errors[static_cast<size_t>(i)], "") << "racer " << i;
     EXPECT_EQ(winners.load(), 1) << "round " << round;
-    for (int i = 1; i < kRacers; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], seen[0]) << "round " << round;
+    for (int i = 1; i < kRacers; ++i)
+      EXPECT_EQ(seen[static_cast<size_t>(i)], seen[0]) << "round " << round;
     EXPECT_EQ(seen[0].rfind("racer ", 0), 0u);
   }
   // A key set by set() is present for set_if_absent too, and the reverse.
@@ -87,7 +88,8 @@ TEST(SetIfAbsent, TcpStoreHasExactlyOneWinnerDecidedByTheServer) {
 
 TEST(SetIfAbsent, RedisStoreHasExactlyOneWinner) {
   test::RedisServer redis;
-  if (!redis.available()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
+  if (!redis.available())
+    GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)";
   race([&] { return open_store(redis.uri("race"), job("race", "", false)); });
 }
 
@@ -107,7 +109,8 @@ TEST(Fence, TcpStoreRefusesAFencedProcessAndItsReconnection) {
     (void)p3->has("before");
     ADD_FAILURE() << "a fenced process's request was served";
   } catch (const FencedError& e) {
-    EXPECT_NE(std::string(e.what()).find("process 3 was declared dead in epoch 1"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("process 3 was declared dead in epoch 1"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_THROW(open_store(tcp_uri(port), as3), FencedError);

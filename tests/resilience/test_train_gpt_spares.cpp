@@ -6,9 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <utility>
-#include <nlohmann/json.hpp>
 
 #include "cli_runner.hpp"
 
@@ -38,7 +38,8 @@ std::vector<Step> steps_of(const CliResult& r) {
     ADD_FAILURE() << "no JSON on stdout:\n" << r.out << r.err;
     return out;
   }
-  for (const auto& s : j["steps"]) out.push_back({s["loss"].get<double>(), s["grad_norm"].get<double>()});
+  for (const auto& s : j["steps"])
+    out.push_back({s["loss"].get<double>(), s["grad_norm"].get<double>()});
   return out;
 }
 
@@ -46,7 +47,8 @@ void expect_same(const std::vector<Step>& a, const std::vector<Step>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
     EXPECT_LE(std::abs(a[i].loss - b[i].loss), 1e-9 * std::abs(b[i].loss)) << "step " << i + 1;
-    EXPECT_LE(std::abs(a[i].grad_norm - b[i].grad_norm), 1e-9 * std::abs(b[i].grad_norm)) << "step " << i + 1;
+    EXPECT_LE(std::abs(a[i].grad_norm - b[i].grad_norm), 1e-9 * std::abs(b[i].grad_norm))
+        << "step " << i + 1;
   }
 }
 
@@ -62,7 +64,8 @@ std::vector<Step> reference(int world, const std::vector<std::string>& layout) {
 // The same layout as rank-threads of one process (--local): the reference of the buddy
 // tests (a second path to the same losses).
 std::vector<Step> reference_local(int world, const std::vector<std::string>& layout) {
-  std::string cmd = "timeout 300 " + shell_quote(COMMGRID_TRAIN_GPT) + kModel + " --local " + std::to_string(world);
+  std::string cmd = "timeout 300 " + shell_quote(COMMGRID_TRAIN_GPT) + kModel + " --local " +
+                    std::to_string(world);
   for (const auto& a : layout) cmd += " " + shell_quote(a);
   const CliResult r = run_shell(cmd + " --steps 6 --format json --timeout 60");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -77,14 +80,15 @@ CliResult run_with_failure(int processes, int spares, const std::vector<std::str
   train.insert(train.end(), {"--steps", "6", "--format", "json", "--spares", std::to_string(spares),
                              "--snapshot-every", "2", "--fault-kill", kills});
   train.insert(train.end(), extra.begin(), extra.end());
-  std::vector<std::string> flags{"-n", std::to_string(processes), "--spares", std::to_string(spares),
-                                 "--output", "raw"};
+  std::vector<std::string> flags{
+      "-n", std::to_string(processes), "--spares", std::to_string(spares), "--output", "raw"};
   flags.insert(flags.end(), launch_extra.begin(), launch_extra.end());
   return launch(flags, train);
 }
 
 std::vector<Step> with_failure(int processes, int spares, const std::vector<std::string>& layout,
-                               const std::string& kills, int* code = nullptr, std::string* err = nullptr,
+                               const std::string& kills, int* code = nullptr,
+                               std::string* err = nullptr,
                                const std::vector<std::string>& extra = {}) {
   const CliResult r = run_with_failure(processes, spares, layout, kills, extra);
   if (code != nullptr) {
@@ -142,8 +146,9 @@ TEST(TrainGptSpares, ABuddyKilledDuringTheRecoveryLosesTheStateItHeld) {
 TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
   // dp groups {0, 2} and {1, 3}: both of {0, 2} die at step 2; two spares take their
   // places, but nobody holds their state.
-  expect_ends_saying(6, 2, {"--tp", "2"}, "0:2,2:2",
-                     "the state of logical rank 0 is lost: every replica in its data-parallel group died");
+  expect_ends_saying(
+      6, 2, {"--tp", "2"}, "0:2,2:2",
+      "the state of logical rank 0 is lost: every replica in its data-parallel group died");
 }
 
 // A process and a step drawn at random (printed on failure, with the seed: set
@@ -152,10 +157,12 @@ TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
 // whose state is a new Trainer's).
 std::pair<int, int> random_kill(int world) {
   const char* fixed = std::getenv("COMMGRID_TEST_SEED");
-  const unsigned seed = fixed != nullptr ? static_cast<unsigned>(std::stoul(fixed)) : std::random_device{}();
+  const unsigned seed =
+      fixed != nullptr ? static_cast<unsigned>(std::stoul(fixed)) : std::random_device{}();
   std::cerr << "random kill: COMMGRID_TEST_SEED=" << seed << "\n";
   std::mt19937 gen(seed);
-  return {std::uniform_int_distribution<int>(0, world - 1)(gen), std::uniform_int_distribution<int>(3, 5)(gen)};
+  return {std::uniform_int_distribution<int>(0, world - 1)(gen),
+          std::uniform_int_distribution<int>(3, 5)(gen)};
 }
 
 std::string kill_text(std::pair<int, int> kill) {
@@ -182,7 +189,8 @@ TEST(TrainGptSpares, BuddyCopiesMoeWithExpertsShardedOverEp) {
 }
 
 TEST(TrainGptSpares, BuddyCopiesCpAndInterleavedPipelineARandomRankAtARandomStep) {
-  const std::vector<std::string> layout{"--cp", "2", "--pp", "2", "--vpp", "2", "--micro-batches", "2"};
+  const std::vector<std::string> layout{"--cp", "2", "--pp", "2", "--vpp", "2", "--micro-batches",
+                                        "2"};
   const auto kill = random_kill(4);
   SCOPED_TRACE("--fault-kill " + kill_text(kill));
   expect_same(with_failure(5, 1, layout, kill_text(kill)), reference_local(4, layout));
@@ -223,8 +231,8 @@ TEST(TrainGptSpares, ShrinkMoeMovesExpertsAndReshardsBothOptimizers) {
   // rank 0 dies: dp 4 -> 2 keeps old ranks 2-5 as new ranks 0-3, whose ep coordinates
   // change (old 2, 3, 0, 1 -> new 0, 1, 2, 3): each takes its new experts from old ranks
   // that held them, and reshards dense and expert optimizer states.
-  const std::vector<std::string> layout{"--moe", "--tp", "2", "--etp", "1", "--ep", "4",
-                                        "--sequence-parallel", "--dist-opt"};
+  const std::vector<std::string> layout{
+      "--moe", "--tp", "2", "--etp", "1", "--ep", "4", "--sequence-parallel", "--dist-opt"};
   expect_same(with_failure(8, 0, layout, "0:3"), reference_local(8, layout));
 }
 
@@ -258,29 +266,33 @@ TEST(TrainGptSpares, ARestartedProcessTakesARankOfTheShrunkLayout) {
   const std::vector<std::string> layout{"--tp", "2"};
   const CliResult r = run_with_failure(4, 0, layout, "0:1,2:4", {}, {"--max-restarts", "1"});
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("train_gpt: process 0 is logical rank 0 of epoch"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train_gpt: process 0 is logical rank 0 of epoch"), std::string::npos)
+      << r.err;
   expect_same(steps_of(r), reference_local(4, layout));
 }
 
 TEST(TrainGptSpares, NoSmallerLayoutEndsTheJobSayingWhy) {
   // tp 2 x pp 2 has one replica: losing a rank leaves no layout to shrink to.
-  expect_ends_saying(4, 0, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3",
-                     "cannot go on without a spare: cannot shrink after logical rank [1] failed: every one "
-                     "of the 1 data-parallel replicas lost a rank");
+  expect_ends_saying(
+      4, 0, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3",
+      "cannot go on without a spare: cannot shrink after logical rank [1] failed: every one "
+      "of the 1 data-parallel replicas lost a rank");
 }
 
 TEST(TrainGptSpares, BadInputExitsTwo) {
   // Replicas asked for on a layout without them, a bad --state-from, and --spares without
   // launch --spares.
-  const CliResult no_replica =
-      launch({"-n", "3", "--spares", "1"}, {"--tp", "2", "--spares", "1", "--state-from", "replica"});
+  const CliResult no_replica = launch({"-n", "3", "--spares", "1"},
+                                      {"--tp", "2", "--spares", "1", "--state-from", "replica"});
   EXPECT_EQ(no_replica.code, 2) << no_replica.err;
-  EXPECT_NE(no_replica.err.find("--state-from replica: dp 1 (no data-parallel replica)"), std::string::npos)
+  EXPECT_NE(no_replica.err.find("--state-from replica: dp 1 (no data-parallel replica)"),
+            std::string::npos)
       << no_replica.err;
   const CliResult bad_source =
       launch({"-n", "5", "--spares", "1"}, {"--tp", "2", "--spares", "1", "--state-from", "disk"});
   EXPECT_EQ(bad_source.code, 2) << bad_source.err;
-  EXPECT_NE(bad_source.err.find("state_from: expected auto, replica or buddy, got \"disk\""), std::string::npos)
+  EXPECT_NE(bad_source.err.find("state_from: expected auto, replica or buddy, got \"disk\""),
+            std::string::npos)
       << bad_source.err;
   const CliResult no_launch = run_shell(shell_quote(COMMGRID_TRAIN_GPT) + " --spares 1 --local 2");
   EXPECT_EQ(no_launch.code, 2) << no_launch.err;

@@ -53,7 +53,8 @@ TEST(Config, Rule2Sizes) {
   expect_error<InvalidValueError>(c, "pp must be >= 1, got -1", "pp");
   c = cfg(8);
   c.dist_opt_instances = -2;
-  expect_error<InvalidValueError>(c, "dist_opt_instances must be >= 1, got -2", "dist_opt_instances");
+  expect_error<InvalidValueError>(c, "dist_opt_instances must be >= 1, got -2",
+                                  "dist_opt_instances");
   c = cfg(8);
   c.etp = 0;
   expect_error<InvalidValueError>(c, "etp must be >= 1, got 0", "etp");
@@ -137,8 +138,7 @@ TEST(Config, Rule8DistOpt) {
   c.tp = 1;
   c.ep = 8;
   c.dist_opt_instances = 2;
-  expect_error<DivisibilityError>(c,
-                                  "dist_opt_instances = 2 must divide expert_dp = 8/(1*8*1) = 1",
+  expect_error<DivisibilityError>(c, "dist_opt_instances = 2 must divide expert_dp = 8/(1*8*1) = 1",
                                   "dist_opt_instances");
 }
 
@@ -151,8 +151,7 @@ TEST(Config, Rule9Hcp) {
   EXPECT_NO_THROW(c.validate());
   c.hcp = {4611686018427387904, 4611686018427387904};  // product overflows int64
   expect_error<IncompatibleError>(
-      c, "hcp sizes [4611686018427387904,4611686018427387904] multiply to more than cp = 4",
-      "hcp");
+      c, "hcp sizes [4611686018427387904,4611686018427387904] multiply to more than cp = 4", "hcp");
 }
 
 TEST(Config, Rule10OmittedAxes) {
@@ -160,8 +159,8 @@ TEST(Config, Rule10OmittedAxes) {
   c.tp = 2;
   c.ep = 2;
   c.order = "tp-cp-dp-pp";
-  expect_error<OrderError>(c, "order \"tp-cp-dp-pp\" omits \"ep\", but ep = 2; add \"ep\" to the order",
-                           "order");
+  expect_error<OrderError>(
+      c, "order \"tp-cp-dp-pp\" omits \"ep\", but ep = 2; add \"ep\" to the order", "order");
   c = cfg(8);
   c.tp = 2;
   c.order = "tp-cp-ep-pp";
@@ -198,8 +197,8 @@ TEST(Config, Rule12Overflow) {
   ParallelConfig c = cfg(4096);
   c.tp = 65536;
   c.pp = 65536;
-  expect_error<OverflowError>(c, "tp*pp*cp exceeds world_size 4096 (tp = 65536, pp = 65536, cp = 1)",
-                              "tp");
+  expect_error<OverflowError>(
+      c, "tp*pp*cp exceeds world_size 4096 (tp = 65536, pp = 65536, cp = 1)", "tp");
   c = cfg(3000000000);
   expect_error<OverflowError>(
       c, "world_size 3000000000 exceeds 2147483647, the largest rank count MPI/NCCL can address",

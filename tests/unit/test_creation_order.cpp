@@ -105,9 +105,7 @@ TEST_P(HeadCreationOrder, MatchesRecordFromMegatronHead) {
   EXPECT_EQ(pos, got.size()) << GetParam() << ": commgrid makes more calls than HEAD";
   EXPECT_GT(pos, 0u);
   // HEAD's Gloo twins exist exactly when its create_gloo_process_groups stays on (no gtp).
-  if (layout.config().gtp_remat == 1) {
-    EXPECT_GT(gloo, 0u) << GetParam();
-  }
+  if (layout.config().gtp_remat == 1) { EXPECT_GT(gloo, 0u) << GetParam(); }
 }
 
 INSTANTIATE_TEST_SUITE_P(Records, HeadCreationOrder, ::testing::ValuesIn(data_files()),
@@ -137,16 +135,21 @@ TEST(SeedCreationOrder, ExampleAIsTheSeedSequence) {
   const Layout layout(test::make_config(16, 2, 2, 2));
   const std::vector<CreationStep> steps = creation_sequence(layout);
   EXPECT_EQ(steps.size(), 107u);
-  std::vector<std::pair<std::string, int>> want = {{"dp", 8}, {"dp_cp", 4}, {"cp", 8},
-                                                   {"mp", 4}, {"tp", 8}};
+  std::vector<std::pair<std::string, int>> want = {
+      {"dp", 8}, {"dp_cp", 4}, {"cp", 8}, {"mp", 4}, {"tp", 8}};
   for (int i = 0; i < 8; ++i) {
     want.emplace_back("pp", 1);
     want.emplace_back("embd", 1);
     want.emplace_back("pos_embd", 1);
   }
-  for (auto r : std::vector<std::pair<std::string, int>>{{"tp_dp_cp", 2}, {"tp_dp", 4}, {"tp_cp", 4},
-                                                         {"ep", 16}, {"expt_tp", 8}, {"tp_ep", 8},
-                                                         {"tp_ep_pp", 4}, {"expt_dp", 4},
+  for (auto r : std::vector<std::pair<std::string, int>>{{"tp_dp_cp", 2},
+                                                         {"tp_dp", 4},
+                                                         {"tp_cp", 4},
+                                                         {"ep", 16},
+                                                         {"expt_tp", 8},
+                                                         {"tp_ep", 8},
+                                                         {"tp_ep_pp", 4},
+                                                         {"expt_dp", 4},
                                                          {"intra_dist_opt", 1}})
     want.push_back(r);
   EXPECT_EQ(runs(steps), want);
@@ -178,8 +181,10 @@ TEST(SeedCreationOrder, ExampleBInterleavesThePartialGroups) {
   const auto tail = std::vector<std::pair<std::string, int>>(r.end() - 13, r.end());
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(tail[3 * static_cast<std::size_t>(i)], (std::pair<std::string, int>{"expt_dp", 1}));
-    EXPECT_EQ(tail[3 * static_cast<std::size_t>(i) + 1], (std::pair<std::string, int>{"intra_expt_dp", 2}));
-    EXPECT_EQ(tail[3 * static_cast<std::size_t>(i) + 2], (std::pair<std::string, int>{"inter_dist_opt", 2}));
+    EXPECT_EQ(tail[3 * static_cast<std::size_t>(i) + 1],
+              (std::pair<std::string, int>{"intra_expt_dp", 2}));
+    EXPECT_EQ(tail[3 * static_cast<std::size_t>(i) + 2],
+              (std::pair<std::string, int>{"inter_dist_opt", 2}));
   }
   EXPECT_EQ(tail.back(), (std::pair<std::string, int>{"intra_dist_opt", 2}));
 }

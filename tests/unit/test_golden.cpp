@@ -43,8 +43,14 @@ Vector load(const std::filesystem::path& p) {
   const auto args = v.want["args"].get<std::vector<std::string>>();
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
-    if (flag == "--hybrid-context-parallel") { c.hybrid_context_parallel = true; continue; }
-    if (flag == "--all-gather-groups") { c.all_gather_groups = true; continue; }
+    if (flag == "--hybrid-context-parallel") {
+      c.hybrid_context_parallel = true;
+      continue;
+    }
+    if (flag == "--all-gather-groups") {
+      c.all_gather_groups = true;
+      continue;
+    }
     const std::string val = i + 1 < args.size() ? args[++i] : "";
     if (flag == "--world-size") c.world_size = std::stoll(val);
     else if (flag == "--tp") c.tp = std::stoll(val);
@@ -146,14 +152,10 @@ TEST_P(Golden, MatchesLibrary) {
         }
       }
       // hcp is one JSON list of levels; hybrid_dp_cp one JSON key per level.
-      if (k == GroupKind::hcp)
-        got.push_back(level);
-      else
-        EXPECT_EQ(level, want_groups[name]) << file << " kind " << name;
+      if (k == GroupKind::hcp) got.push_back(level);
+      else EXPECT_EQ(level, want_groups[name]) << file << " kind " << name;
     }
-    if (k == GroupKind::hcp) {
-      EXPECT_EQ(got, want_groups["hcp"]) << file << " kind hcp";
-    }
+    if (k == GroupKind::hcp) { EXPECT_EQ(got, want_groups["hcp"]) << file << " kind hcp"; }
   }
   EXPECT_EQ(want_kinds, got_kinds) << file;
   if (!v.rank) {
@@ -164,15 +166,14 @@ TEST_P(Golden, MatchesLibrary) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vectors, Golden, ::testing::ValuesIn(all_cases()),
-                         [](const auto& info) {
-                           const Case& c = info.param;
-                           std::string n = (c.dir == COMMGRID_HEAD_VECTOR_DIR ? "Head_" : "Seed_") +
-                                           c.file.substr(0, c.file.size() - 5);
-                           for (char& ch : n)
-                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return n;
-                         });
+INSTANTIATE_TEST_SUITE_P(Vectors, Golden, ::testing::ValuesIn(all_cases()), [](const auto& info) {
+  const Case& c = info.param;
+  std::string n =
+      (c.dir == COMMGRID_HEAD_VECTOR_DIR ? "Head_" : "Seed_") + c.file.substr(0, c.file.size() - 5);
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+});
 
 TEST(GoldenSet, HasEveryVector) {
   EXPECT_EQ(names_in(COMMGRID_SEED_VECTOR_DIR).size(), 15u);

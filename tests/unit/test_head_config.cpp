@@ -54,11 +54,10 @@ TEST(HeadConfig, SeedHasNoHeadKindsAndSameCanonicalText) {
   c.tp = 2;
   const Layout l(c);
   for (GroupKind k : all_kinds()) {
-    EXPECT_EQ(l.has_kind(k), !is_head_kind(k) && k != GroupKind::hcp && k != GroupKind::inter_dist_opt)
+    EXPECT_EQ(l.has_kind(k),
+              !is_head_kind(k) && k != GroupKind::hcp && k != GroupKind::inter_dist_opt)
         << kind_name(k);
-    if (is_head_kind(k)) {
-      EXPECT_THROW((void)l.groups(k), UnknownKindError);
-    }
+    if (is_head_kind(k)) { EXPECT_THROW((void)l.groups(k), UnknownKindError); }
   }
   EXPECT_EQ(c.canonical(),
             "world_size=8 tp=2 pp=1 cp=1 ep=1 etp=none hcp=[] dist_opt_instances=1 vpp=none "

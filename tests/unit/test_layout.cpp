@@ -135,9 +135,7 @@ TEST(Layout, Errors) {
   try {
     (void)l.group_of(GroupKind::tp, 8);
     FAIL();
-  } catch (const RankOutOfRangeError& e) {
-    EXPECT_STREQ(e.what(), "rank 8 out of range [0, 8)");
-  }
+  } catch (const RankOutOfRangeError& e) { EXPECT_STREQ(e.what(), "rank 8 out of range [0, 8)"); }
   EXPECT_THROW((void)l.group_of(GroupKind::tp, -1), RankOutOfRangeError);
   EXPECT_THROW((void)l.groups(GroupKind::inter_dist_opt), UnknownKindError);
   EXPECT_THROW((void)l.groups(GroupKind::hcp), UnknownKindError);

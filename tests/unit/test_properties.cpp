@@ -55,8 +55,9 @@ ParallelConfig random_config(std::mt19937& rng) {
   if (c.pp > 1 && rng() % 3 == 0) c.vpp = pick(rng, small);
   std::vector<std::string> tokens = {"tp", "cp", "ep", "dp", "pp"};
   std::shuffle(tokens.begin(), tokens.end(), rng);
-  if (rng() % 3 == 0) std::rotate(tokens.begin(), std::find(tokens.begin(), tokens.end(), "pp") + 1,
-                                    tokens.end());  // pp last, the common case
+  if (rng() % 3 == 0)
+    std::rotate(tokens.begin(), std::find(tokens.begin(), tokens.end(), "pp") + 1,
+                tokens.end());  // pp last, the common case
   c.order.clear();
   for (const auto& t : tokens) c.order += (c.order.empty() ? "" : "-") + t;
   return c;
@@ -72,8 +73,7 @@ std::vector<ParallelConfig> valid_configs(std::size_t n, ParallelConfig (*make)(
     try {
       c.validate();
       out.push_back(c);
-    } catch (const ConfigError&) {
-    }
+    } catch (const ConfigError&) {}
   }
   return out;
 }
@@ -168,12 +168,14 @@ TEST_F(Properties, EveryKindPartitionsAndQueriesMatchEnumeration) {
           const auto want = groups[static_cast<std::size_t>(owner[r])];
           ASSERT_EQ(ref->index, owner[r]) << "rank " << r;
           ASSERT_EQ(ref->position, pos[r]) << "rank " << r;
-          ASSERT_TRUE(std::equal(ref->members.begin(), ref->members.end(), want.begin(), want.end()))
+          ASSERT_TRUE(
+              std::equal(ref->members.begin(), ref->members.end(), want.begin(), want.end()))
               << "rank " << r;
           std::vector<Rank> sorted(want.begin(), want.end());
           std::sort(sorted.begin(), sorted.end());
           ASSERT_EQ(ref->comm_rank,
-                    std::lower_bound(sorted.begin(), sorted.end(), static_cast<Rank>(r)) - sorted.begin());
+                    std::lower_bound(sorted.begin(), sorted.end(), static_cast<Rank>(r)) -
+                        sorted.begin());
         }
       }
     }
@@ -242,7 +244,8 @@ ParallelConfig random_head_config(std::mt19937& rng) {
   if (c.gtp_remat > 1 || c.expert_gtp_remat > 1) c.dist_opt_instances = 1;
   // Sometimes the gtp_remat token is in the order, at a random place.
   if (rng() % 3 == 0) {
-    const std::size_t dashes = static_cast<std::size_t>(std::count(c.order.begin(), c.order.end(), '-'));
+    const std::size_t dashes =
+        static_cast<std::size_t>(std::count(c.order.begin(), c.order.end(), '-'));
     std::size_t at = rng() % (dashes + 2), seen = 0, pos = 0;
     for (; pos < c.order.size() && seen < at; ++pos) seen += c.order[pos] == '-';
     if (at == 0) c.order = "gtp_remat-" + c.order;
@@ -372,8 +375,8 @@ TEST_F(HeadProperties, GridKindsMatchAReferenceGenerator) {
     const Layout l(c);
     for (const HeadGridKind& g : kHeadGridKinds) {
       const std::vector<std::string> order = c.head_order(g.expert);
-      const auto want = reference_groups(order, head_sizes(c, order, g.expert), tokens(g.mask),
-                                         c.rank_offset);
+      const auto want =
+          reference_groups(order, head_sizes(c, order, g.expert), tokens(g.mask), c.rank_offset);
       ASSERT_EQ(l.groups(g.kind).to_vectors(), want) << kind_name(g.kind);
     }
     if (l.has_kind(GroupKind::dp_cp_ag)) {
@@ -381,8 +384,9 @@ TEST_F(HeadProperties, GridKindsMatchAReferenceGenerator) {
       ParallelConfig d;
       d.compat = Compat::head;
       const std::vector<std::string> dense = d.head_order(false), expert = d.head_order(true);
-      EXPECT_EQ(l.groups(GroupKind::dp_cp_ag).to_vectors(),
-                reference_groups(dense, head_sizes(c, dense, false, c.gtp_remat), tokens("dp-cp"), 0));
+      EXPECT_EQ(
+          l.groups(GroupKind::dp_cp_ag).to_vectors(),
+          reference_groups(dense, head_sizes(c, dense, false, c.gtp_remat), tokens("dp-cp"), 0));
       if (c.ep > 1) {
         EXPECT_EQ(l.groups(GroupKind::expt_dp_ag).to_vectors(),
                   reference_groups(expert, head_sizes(c, expert, true, c.expert_gtp_remat),
@@ -412,14 +416,17 @@ TEST_F(HeadProperties, DerivedKindsFollowTheirParents) {
       EXPECT_EQ(static_cast<std::int64_t>(intra.size()), c.dist_opt_instances);
     }
     // hybrid_dp_cp level n: consecutive slices of n of each dp_cp group, the last shorter.
-    for (int level = 0; l.has_kind(GroupKind::hybrid_dp_cp) && level < l.levels(GroupKind::hybrid_dp_cp); ++level) {
+    for (int level = 0;
+         l.has_kind(GroupKind::hybrid_dp_cp) && level < l.levels(GroupKind::hybrid_dp_cp);
+         ++level) {
       const std::int64_t n = l.hybrid_sizes()[static_cast<std::size_t>(level)];
       std::vector<std::vector<Rank>> want;
       for (std::size_t q = 0; q < dp_cp.size(); ++q)
         for (std::size_t s = 0; s < dp_cp[q].size(); s += static_cast<std::size_t>(n))
-          want.emplace_back(dp_cp[q].begin() + static_cast<std::ptrdiff_t>(s),
-                            dp_cp[q].begin() + static_cast<std::ptrdiff_t>(
-                                std::min(s + static_cast<std::size_t>(n), dp_cp[q].size())));
+          want.emplace_back(
+              dp_cp[q].begin() + static_cast<std::ptrdiff_t>(s),
+              dp_cp[q].begin() + static_cast<std::ptrdiff_t>(
+                                     std::min(s + static_cast<std::size_t>(n), dp_cp[q].size())));
       EXPECT_EQ(l.groups(GroupKind::hybrid_dp_cp, level).to_vectors(), want) << "n " << n;
     }
   }
@@ -439,9 +446,7 @@ TEST_F(HeadProperties, EveryKindPartitionsQueriesAndPiecesMatchEnumeration) {
         const auto size = l.group_size(k, level);
         std::vector<std::int64_t> owner(W, -1), pos(W, -1);
         for (std::size_t g = 0; g < groups.size(); ++g) {
-          if (size) {
-            ASSERT_EQ(static_cast<std::int64_t>(groups[g].size()), *size);
-          }
+          if (size) { ASSERT_EQ(static_cast<std::int64_t>(groups[g].size()), *size); }
           for (std::size_t i = 0; i < groups[g].size(); ++i) {
             const Rank r = groups[g][i];
             ASSERT_TRUE(r >= 0 && r < c.world_size);
@@ -463,7 +468,8 @@ TEST_F(HeadProperties, EveryKindPartitionsQueriesAndPiecesMatchEnumeration) {
           ASSERT_EQ(index, std::optional<std::int64_t>(owner[r])) << "rank " << r;
           ASSERT_EQ(ref->position, pos[r]) << "rank " << r;
           const auto want = groups[static_cast<std::size_t>(owner[r])];
-          ASSERT_TRUE(std::equal(ref->members.begin(), ref->members.end(), want.begin(), want.end()))
+          ASSERT_TRUE(
+              std::equal(ref->members.begin(), ref->members.end(), want.begin(), want.end()))
               << "rank " << r;
         }
         // Pieces of 5 entries, starting anywhere inside groups, equal the whole list.

@@ -69,8 +69,8 @@ void expect_closed_forms_match_enumeration(const RankGrid& g) {
 }
 
 TEST(RankGrid, ClosedFormsMatchEnumerationForEveryMask) {
-  expect_closed_forms_match_enumeration(
-      RankGrid({3, 2, 1, 2, 2, 1}, {Axis::dp, Axis::tp, Axis::pp, Axis::cp, Axis::ep, Axis::gtp_remat}));
+  expect_closed_forms_match_enumeration(RankGrid(
+      {3, 2, 1, 2, 2, 1}, {Axis::dp, Axis::tp, Axis::pp, Axis::cp, Axis::ep, Axis::gtp_remat}));
 }
 
 // HEAD's sixth axis inside the order, and a rank offset: the grid covers [5, 5 + 48).

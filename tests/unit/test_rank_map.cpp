@@ -25,9 +25,7 @@ void expect_consistent(const RankMap& m) {
   std::int64_t spares = 0;
   for (std::int64_t p = 0; p < m.num_processes(); ++p) {
     if (m.role(p) == ProcessRole::spare) ++spares;
-    if (m.role(p) != ProcessRole::active) {
-      ASSERT_FALSE(m.logical_rank(p).has_value());
-    }
+    if (m.role(p) != ProcessRole::active) { ASSERT_FALSE(m.logical_rank(p).has_value()); }
   }
   EXPECT_EQ(spares, m.spares_left());
   EXPECT_EQ(static_cast<std::int64_t>(m.spare_processes().size()), spares);
@@ -108,7 +106,8 @@ TEST(RankMap, BadPlacementsAreClearErrors) {
   } catch (const IncompatibleError& e) {
     EXPECT_EQ(e.parameter(), "spares");
     EXPECT_NE(std::string(e.what()).find("spares = 4 is not a whole number of nodes of 8"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW((RankMap{12, {8, 8}}), IncompatibleError);  // 12 ranks are not whole nodes
   EXPECT_THROW((RankMap{kMaxWorldSize, {1, std::nullopt}}), OverflowError);
@@ -129,12 +128,12 @@ TEST(RankMap, RandomFailureSequencesKeepTheMapABijection) {
     while (true) {
       std::vector<std::int64_t> failed;
       const int k = 1 + static_cast<int>(rng() % 2);
-      for (int i = 0; i < k; ++i) failed.push_back(static_cast<std::int64_t>(rng() % static_cast<unsigned>(m.num_processes())));
+      for (int i = 0; i < k; ++i)
+        failed.push_back(
+            static_cast<std::int64_t>(rng() % static_cast<unsigned>(m.num_processes())));
       try {
         m = m.replace(failed);
-      } catch (const NoSpareError&) {
-        break;
-      }
+      } catch (const NoSpareError&) { break; }
       dead.insert(failed.begin(), failed.end());
       expect_consistent(m);
       for (std::int64_t p : dead) ASSERT_EQ(m.role(p), ProcessRole::dead);
@@ -197,7 +196,8 @@ TEST(Shrink, NoValidSmallerLayoutIsAClearError) {
     EXPECT_EQ(e.parameter(), "dp");
     EXPECT_NE(std::string(e.what()).find("logical rank [3]"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("every one of the 1 data-parallel replicas"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   // The expert grid cannot shrink below ep: world 16, ep 8, etp 1 needs W' % 8 == 0.
   ParallelConfig moe = config(16, 1, 1);
@@ -255,7 +255,8 @@ TEST(RankMapShrink, BadPlansAndTooFewSparesAreClearErrors) {
   } catch (const IncompatibleError& e) {
     EXPECT_EQ(e.parameter(), "plan");
     EXPECT_NE(std::string(e.what()).find("a world of 4 ranks, the map's world has 8"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   ShrinkPlan twice = p;
   twice.new_rank[1] = 0;
@@ -274,9 +275,7 @@ TEST(RankMapShrink, BadPlansAndTooFewSparesAreClearErrors) {
   try {
     (void)m.shrink(p, Processes{1, 3});
     FAIL() << "no error";
-  } catch (const NoSpareError& e) {
-    EXPECT_EQ(e.ranks(), std::vector<Rank>{1});
-  }
+  } catch (const NoSpareError& e) { EXPECT_EQ(e.ranks(), std::vector<Rank>{1}); }
   EXPECT_THROW((void)m.shrink(p, Processes{4}), RankOutOfRangeError);
 }
 
@@ -292,11 +291,11 @@ TEST(ReplaceOrShrink, SparesFirstThenTheReplicasWithFewestDeadRanks) {
   const EpochChange three = replace_or_shrink(m, Processes{0, 1, 2}, c);
   ASSERT_TRUE(three.shrink);
   EXPECT_EQ(three.shrink->kept_dp, (Processes{1, 2, 3}));
-  EXPECT_EQ(three.map.canonical(), "epoch=1 world=6 processes=10 map=8,3,4,5,6,7 spare=9 dead=0,1,2");
+  EXPECT_EQ(three.map.canonical(),
+            "epoch=1 world=6 processes=10 map=8,3,4,5,6,7 spare=9 dead=0,1,2");
   expect_consistent(three.map);
   // One spare, two replicas with one dead rank each: the lower one is filled.
-  const EpochChange two =
-      replace_or_shrink(RankMap(8, {1, std::nullopt}), Processes{2, 1}, c);
+  const EpochChange two = replace_or_shrink(RankMap(8, {1, std::nullopt}), Processes{2, 1}, c);
   ASSERT_TRUE(two.shrink);
   EXPECT_EQ(two.map.canonical(), "epoch=1 world=6 processes=9 map=0,8,4,5,6,7 spare=3 dead=1,2");
   // Without spares (S = 0) the dropped replica's survivor is the spare.
@@ -330,7 +329,8 @@ TEST(ReplaceOrShrink, NoValidSmallerLayoutNamesEveryDeadRank) {
   } catch (const IncompatibleError& e) {
     EXPECT_EQ(e.parameter(), "dp");
     EXPECT_NE(std::string(e.what()).find("cannot shrink after logical rank [3] failed"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   // Two distributed-optimizer instances need an even dp. Four replicas lose a rank each and
   // the one spare fills one: dp 1 is not valid, and the error names all four dead ranks.

@@ -62,7 +62,8 @@ TEST(RuntimeNames, TypesOpsAndStrategies) {
     (void)parse_strategy("all");
     FAIL() << "unknown strategy must throw";
   } catch (const InvalidValueError& e) {
-    EXPECT_STREQ(e.what(), "strategy: unknown creation strategy \"all\"; valid: split, member, per-group");
+    EXPECT_STREQ(e.what(),
+                 "strategy: unknown creation strategy \"all\"; valid: split, member, per-group");
   }
 }
 
@@ -73,8 +74,9 @@ TEST(ProcessGroupsState, EveryCallBeforeInitializeNamesItself) {
     (void)pg.pipeline_first_rank();
     FAIL();
   } catch (const StateError& e) {
-    EXPECT_STREQ(e.what(), "ProcessGroups::pipeline_first_rank: parallel state is not "
-                           "initialized; call initialize() first");
+    EXPECT_STREQ(e.what(),
+                 "ProcessGroups::pipeline_first_rank: parallel state is not "
+                 "initialized; call initialize() first");
   }
   EXPECT_THROW((void)pg.amax_reduction_group(), StateError);
   EXPECT_THROW((void)pg.creation_stats(), StateError);
@@ -86,27 +88,62 @@ TEST(ProcessGroupsState, EveryCallBeforeInitializeNamesItself) {
 // A communicator that only has a name and a size: the collections never communicate.
 class NamedGroup final : public Communicator {
  public:
-  NamedGroup(std::string name, int size) : Communicator(std::move(name), kDefaultTimeout), size_(size) {}
+  NamedGroup(std::string name, int size)
+      : Communicator(std::move(name), kDefaultTimeout), size_(size) {}
   [[nodiscard]] std::string_view backend() const noexcept override { return "none"; }
   [[nodiscard]] int rank() const noexcept override { return 0; }
   [[nodiscard]] int size() const noexcept override { return size_; }
 
  protected:
-  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t, std::string) override { return fail(); }
-  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override { return fail(); }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>, std::string) override { return fail(); }
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t,
+                                         std::string) override {
+    return fail();
+  }
+  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override {
+    return fail();
+  }
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>,
+                                                           std::string) override {
+    return fail();
+  }
   std::unique_ptr<Work> do_barrier() override { return fail_work(); }
-  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override { return fail_work(); }
-  std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail_work(); }
-  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail_work(); }
-  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override { return fail_work(); }
-  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>, DataType) override { return fail_work(); }
-  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp, int) override { return fail_work(); }
-  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
-  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override { return fail_work(); }
+  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType,
+                                          ReduceOp) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*,
+                                     std::span<const std::size_t>, DataType) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>,
+                                      DataType) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp,
+                                  int) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override {
+    return fail_work();
+  }
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override {
+    return fail_work();
+  }
 
  private:
   static std::unique_ptr<Communicator> fail() { throw BackendError("none: no communication"); }
@@ -114,7 +151,9 @@ class NamedGroup final : public Communicator {
   int size_;
 };
 
-GroupHandle named(std::string name, int size) { return std::make_shared<NamedGroup>(std::move(name), size); }
+GroupHandle named(std::string name, int size) {
+  return std::make_shared<NamedGroup>(std::move(name), size);
+}
 
 TEST(Collections, ThreeFieldStatesAndTheSummary) {
   const GroupHandle tp = named("tp#3", 2);
@@ -134,14 +173,17 @@ TEST(Collections, ThreeFieldStatesAndTheSummary) {
     (void)m.pos_embd()->size();
     FAIL() << "no group: -> must throw";
   } catch (const NoGroupError& e) {
-    EXPECT_STREQ(e.what(), "ModelCommProcessGroups.pos_embd: this rank has no group (rank 8 is in no pos_embd group)");
+    EXPECT_STREQ(
+        e.what(),
+        "ModelCommProcessGroups.pos_embd: this rank has no group (rank 8 is in no pos_embd group)");
   }
   try {
     (void)m.ep();
     FAIL() << "unset: reading must throw";
   } catch (const UnsetFieldError& e) {
-    EXPECT_STREQ(e.what(), "ModelCommProcessGroups.ep is unset; set it with set(\"ep\", group), "
-                           "construct with {\"ep\", group}, or take it from_state()");
+    EXPECT_STREQ(e.what(),
+                 "ModelCommProcessGroups.ep is unset; set it with set(\"ep\", group), "
+                 "construct with {\"ep\", group}, or take it from_state()");
   }
   EXPECT_EQ(m.summary(),
             "ModelCommProcessGroups{tp: tp#3 (2 ranks), pos_embd: none (rank 8 is in no pos_embd "
@@ -167,12 +209,14 @@ TEST(Collections, UnknownNamesAreListedWithTheValidOnes) {
     GradCommProcessGroups g{{"dp", named("dp#0", 4)}, {"tp", named("tp#0", 2)}};
     FAIL() << "tp is not a field of GradCommProcessGroups";
   } catch (const UnknownKindError& e) {
-    EXPECT_STREQ(e.what(), "unknown group kind \"tp\" for GradCommProcessGroups; valid: dp, dp_cp, "
-                           "expt_dp, intra_dp_cp, intra_expt_dp, inter_dist_opt");
+    EXPECT_STREQ(e.what(),
+                 "unknown group kind \"tp\" for GradCommProcessGroups; valid: dp, dp_cp, "
+                 "expt_dp, intra_dp_cp, intra_expt_dp, inter_dist_opt");
   }
   GradCommProcessGroups g;
-  EXPECT_EQ(g.summary(), "GradCommProcessGroups{unset: dp, dp_cp, expt_dp, intra_dp_cp, "
-                         "intra_expt_dp, inter_dist_opt}");
+  EXPECT_EQ(g.summary(),
+            "GradCommProcessGroups{unset: dp, dp_cp, expt_dp, intra_dp_cp, "
+            "intra_expt_dp, inter_dist_opt}");
   EXPECT_THROW(g.set("pp", named("pp#0", 2)), UnknownKindError);
   g.set("inter_dist_opt", GroupHandle());
   EXPECT_EQ(g.inter_dist_opt().reason(), "set to a null handle");

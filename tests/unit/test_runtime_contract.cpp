@@ -3,9 +3,9 @@
 // backend), and ProcessGroups::initialize on a world too large to enumerate.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -83,21 +83,53 @@ class CountingComm final : public Communicator {
   int reached = 0;
 
  protected:
-  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t, std::string) override { return hit<Communicator>(); }
-  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override { return hit<Communicator>(); }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>, std::string) override { return hit<Communicator>(); }
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t,
+                                         std::string) override {
+    return hit<Communicator>();
+  }
+  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override {
+    return hit<Communicator>();
+  }
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>,
+                                                           std::string) override {
+    return hit<Communicator>();
+  }
   std::unique_ptr<Work> do_barrier() override { return work(); }
   std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override { return work(); }
-  std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override { return work(); }
-  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override { return work(); }
-  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override { return work(); }
-  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override { return work(); }
-  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override { return work(); }
-  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>, DataType) override { return work(); }
-  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp, int) override { return work(); }
-  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override { return work(); }
-  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override { return work(); }
-  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override { return work(); }
+  std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType,
+                                          ReduceOp) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*,
+                                     std::span<const std::size_t>, DataType) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>,
+                                      DataType) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp,
+                                  int) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override {
+    return work();
+  }
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override {
+    return work();
+  }
 
  private:
   template <class T>
@@ -118,7 +150,8 @@ TEST(CommunicatorContract, RefusedCallsNeverReachTheBackendAndValidOnesDo) {
   EXPECT_THROW((void)c.allreduce(nullptr, buf, 1, DataType::int64, ReduceOp::sum), ConfigError);
   EXPECT_THROW((void)c.broadcast(buf, 1, DataType::int64, 4), RankOutOfRangeError);
   EXPECT_THROW((void)c.isend(buf, 1, DataType::int64, 1, -1), InvalidValueError);
-  EXPECT_THROW((void)c.allgather(buf + 2, buf, 1, DataType::int64), ConfigError);  // recv covers send
+  EXPECT_THROW((void)c.allgather(buf + 2, buf, 1, DataType::int64),
+               ConfigError);  // recv covers send
   EXPECT_THROW((void)c.split(std::int64_t{1} << 31, 0, "x#0"), InvalidValueError);
   const int backwards[] = {2, 1};
   EXPECT_THROW((void)c.create_group_collective(backwards, "x#0"), ConfigError);
@@ -129,7 +162,8 @@ TEST(CommunicatorContract, RefusedCallsNeverReachTheBackendAndValidOnesDo) {
   (void)c.allgather(buf, buf + 1, 1, DataType::int64);
   (void)c.alltoall(nullptr, nullptr, 0, DataType::int64);
   (void)c.isend(buf, 1, DataType::int64, 0, 7);  // to itself: fine when nonblocking
-  const P2POp apart[] = {P2POp::send(buf, 2, DataType::int64, 1), P2POp::send(buf + 1, 2, DataType::int64, 2),
+  const P2POp apart[] = {P2POp::send(buf, 2, DataType::int64, 1),
+                         P2POp::send(buf + 1, 2, DataType::int64, 2),
                          P2POp::recv(buf + 3, 2, DataType::int64, 3)};
   (void)c.batch_isend_irecv(apart);  // sends may share memory; the receive does not
   (void)c.split(std::int64_t{3}, -5, "x#3");
@@ -156,8 +190,9 @@ TEST(CommunicatorContract, RefusedCallsNeverReachTheBackendAndValidOnesDo) {
     FAIL() << "overlapping reduce on root must throw";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.parameter(), "recv");
-    EXPECT_STREQ(e.what(), "counting reduce on count#0: send and recv buffers overlap; pass the "
-                           "very same buffer (in place) or two that do not");
+    EXPECT_STREQ(e.what(),
+                 "counting reduce on count#0: send and recv buffers overlap; pass the "
+                 "very same buffer (in place) or two that do not");
   }
 }
 
@@ -175,8 +210,10 @@ class AgreeingWorld final : public Communicator {
   std::int64_t largest_group = 0;
 
  protected:
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members, std::string name) override {
-    largest_group = std::max<std::int64_t>(largest_group, static_cast<std::int64_t>(members.size()));
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                std::string name) override {
+    largest_group =
+        std::max<std::int64_t>(largest_group, static_cast<std::int64_t>(members.size()));
     const auto at = std::lower_bound(members.begin(), members.end(), rank_) - members.begin();
     return std::make_unique<AgreeingWorld>(std::move(name), static_cast<int>(at),
                                            static_cast<int>(members.size()));
@@ -186,22 +223,52 @@ class AgreeingWorld final : public Communicator {
     if (send != recv) std::memcpy(recv, send, count * element_size(type));
     return std::make_unique<Work>();
   }
-  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t, std::string) override { return none(); }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>, std::string) override { return none(); }
+  std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t,
+                                         std::string) override {
+    return none();
+  }
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>,
+                                                           std::string) override {
+    return none();
+  }
   std::unique_ptr<Work> do_barrier() override { return std::make_unique<Work>(); }
   std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override { return fail(); }
-  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override { return fail(); }
-  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType, ReduceOp) override { return fail(); }
-  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override { return fail(); }
-  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*, std::span<const std::size_t>, DataType) override { return fail(); }
-  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>, DataType) override { return fail(); }
-  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp, int) override { return fail(); }
-  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override { return fail(); }
-  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override { return fail(); }
-  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override { return fail(); }
+  std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_reduce_scatter(const void*, void*, std::size_t, DataType,
+                                          ReduceOp) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_alltoall(const void*, void*, std::size_t, DataType) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_alltoallv(const void*, std::span<const std::size_t>, void*,
+                                     std::span<const std::size_t>, DataType) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_allgatherv(const void*, std::size_t, void*, std::span<const std::size_t>,
+                                      DataType) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp,
+                                  int) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override {
+    return fail();
+  }
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override {
+    return fail();
+  }
 
  private:
-  static std::unique_ptr<Communicator> none() { throw BackendError("agreeing: only create_group here"); }
+  static std::unique_ptr<Communicator> none() {
+    throw BackendError("agreeing: only create_group here");
+  }
   static std::unique_ptr<Work> fail() { throw BackendError("agreeing: only allreduce here"); }
   int rank_, size_;
 };
@@ -219,9 +286,9 @@ TEST(ProcessGroupsScale, InitializeOnOneRankOfTwoToTheThirtyNeverEnumeratesTheWo
   c.ep = 8;
   InitOptions o;
   o.strategy = CreationStrategy::member;
-  o.kinds = {GroupKind::tp, GroupKind::pp, GroupKind::mp, GroupKind::embd, GroupKind::pos_embd,
-             GroupKind::cp, GroupKind::tp_cp, GroupKind::ep, GroupKind::expt_tp, GroupKind::tp_ep,
-             GroupKind::tp_ep_pp};
+  o.kinds = {GroupKind::tp,       GroupKind::pp,    GroupKind::mp,      GroupKind::embd,
+             GroupKind::pos_embd, GroupKind::cp,    GroupKind::tp_cp,   GroupKind::ep,
+             GroupKind::expt_tp,  GroupKind::tp_ep, GroupKind::tp_ep_pp};
   for (const int rank : {0, 123456789, (1 << 30) - 1}) {
     AgreeingWorld world("world", rank, 1 << 30);
     ProcessGroups pg;

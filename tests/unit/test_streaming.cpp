@@ -35,8 +35,7 @@ std::vector<ParallelConfig> configs() {
     try {
       c.validate();
       out.push_back(c);
-    } catch (const ConfigError&) {
-    }
+    } catch (const ConfigError&) {}
   }
   return out;
 }
@@ -98,9 +97,7 @@ TEST(Streaming, LargeAxesMatchTheClosedForm) {
     std::optional<Layout> l;
     try {
       l.emplace(c);
-    } catch (const ConfigError&) {
-      continue;
-    }
+    } catch (const ConfigError&) { continue; }
     for (GroupKind k : l->kinds()) {
       const GroupList all = l->groups(k);
       for (Rank r = 0; r < l->world_size(); r += 4099) {
@@ -129,7 +126,8 @@ TEST(Streaming, RangeOutsideTheListIsAnError) {
 TEST(Streaming, CustomPolicyOfUnequalSizes) {
   EmbeddingPolicies p;
   p.embedding = [](std::span<const Rank> g) {
-    return g.front() % 2 == 0 ? std::vector<Rank>{g.front()} : std::vector<Rank>(g.begin(), g.end());
+    return g.front() % 2 == 0 ? std::vector<Rank>{g.front()}
+                              : std::vector<Rank>(g.begin(), g.end());
   };
   const Layout l(test::make_config(8, 1, 2), p);
   EXPECT_EQ(l.group_size(GroupKind::embd), std::nullopt);
@@ -164,7 +162,8 @@ TEST(Streaming, ManyHcpLevelsAreLinear) {
   std::vector<Rank> buf(2);
   for (int level = 0; level < l.levels(GroupKind::hcp); ++level) {
     l.members(GroupKind::hcp, level, 0, buf);
-    sum += buf[1] + *l.group_index(GroupKind::hcp, 1, level) + l.group_of(GroupKind::hcp, 1, level)->index;
+    sum += buf[1] + *l.group_index(GroupKind::hcp, 1, level) +
+           l.group_of(GroupKind::hcp, 1, level)->index;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(sum, 200000 * 3);

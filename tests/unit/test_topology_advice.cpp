@@ -55,8 +55,10 @@ TEST(TopologyAdvice, FollowingAnyAdviceStopsAtOnce) {
   const std::vector<std::string> orders = {"tp-cp-ep-dp-pp", "cp-tp-ep-dp-pp", "dp-tp-cp-ep-pp",
                                            "ep-dp-tp-cp-pp", "dp-cp-ep-tp-pp", "cp-ep-dp-tp-pp"};
   const std::vector<ParallelConfig> jobs = {big_job("tp-cp-ep-dp-pp"), make_config(64, 4, 1, 2, 2),
-                                            make_config(128, 2, 2, 4, 4), make_config(64, 8, 1, 1, 8)};
-  const std::vector<GroupKind> priority = {GroupKind::tp, GroupKind::cp, GroupKind::ep, GroupKind::expt_tp};
+                                            make_config(128, 2, 2, 4, 4),
+                                            make_config(64, 8, 1, 1, 8)};
+  const std::vector<GroupKind> priority = {GroupKind::tp, GroupKind::cp, GroupKind::ep,
+                                           GroupKind::expt_tp};
   for (const ParallelConfig& job : jobs)
     for (const std::string& order : orders) {
       ParallelConfig c = job;
@@ -64,9 +66,7 @@ TEST(TopologyAdvice, FollowingAnyAdviceStopsAtOnce) {
       std::optional<Layout> l;
       try {
         l.emplace(c);
-      } catch (const ConfigError&) {
-        continue;
-      }
+      } catch (const ConfigError&) { continue; }
       const NodeMap nodes(8);
       const TopologyReport r = check_topology(*l, {}, nodes);
       ParallelConfig next = c;
@@ -109,16 +109,15 @@ TEST(TopologyAdvice, CrossesNodesMatchesBruteForce) {
     std::optional<Layout> l;
     try {
       l.emplace(c);
-    } catch (const ConfigError&) {
-      continue;
-    }
+    } catch (const ConfigError&) { continue; }
     ++checked;
     for (std::int64_t g : {1, 2, 3, 4, 5, 8, 12, 16}) {
       const NodeMap nodes(g);
       for (GroupKind k : {GroupKind::tp, GroupKind::cp, GroupKind::ep, GroupKind::expt_tp}) {
         const GroupList groups = l->groups(k);
         bool brute = false;
-        for (std::size_t i = 0; i < groups.size(); ++i) brute = brute || nodes.nodes_spanned(groups[i]) > 1;
+        for (std::size_t i = 0; i < groups.size(); ++i)
+          brute = brute || nodes.nodes_spanned(groups[i]) > 1;
         ASSERT_EQ(crosses_nodes(*l, k, nodes), brute)
             << c.canonical() << " kind " << kind_name(k) << " gpus_per_node " << g;
       }
@@ -162,9 +161,7 @@ TEST(TopologyAdvice, RunShortcutMatchesWholeLists) {
       std::optional<Layout> l;
       try {
         l.emplace(c);
-      } catch (const ConfigError&) {
-        continue;
-      }
+      } catch (const ConfigError&) { continue; }
       for (std::int64_t g : {3, 8, 1000}) {
         const NodeMap nodes(g);
         for (GroupKind k : l->kinds()) {
@@ -176,8 +173,10 @@ TEST(TopologyAdvice, RunShortcutMatchesWholeLists) {
             most = std::max(most, spanned);
           }
           const KindSpan s = kind_span(*l, k, 0, nodes);
-          EXPECT_EQ(s.crossing_groups, crossing) << c.canonical() << " " << kind_name(k) << " g " << g;
-          EXPECT_EQ(s.max_nodes_spanned, most) << c.canonical() << " " << kind_name(k) << " g " << g;
+          EXPECT_EQ(s.crossing_groups, crossing)
+              << c.canonical() << " " << kind_name(k) << " g " << g;
+          EXPECT_EQ(s.max_nodes_spanned, most)
+              << c.canonical() << " " << kind_name(k) << " g " << g;
         }
       }
     }
@@ -199,10 +198,11 @@ TEST(TopologyAdvice, MoeWithTheDefaultEtpOffersEtpOne) {
   const TopologyReport r = check_topology(Layout(c), {}, nodes);
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_EQ(r.warnings[0].kind, GroupKind::ep);
-  EXPECT_EQ(r.warnings[0].message(),
-            "ep groups cross nodes (64 of 64 groups span up to 4 nodes); order \"cp-ep-tp-dp-pp\" "
-            "keeps them inside; expt_tp groups then cross (ep\u00b7expt_tp = 32 > 8 GPUs per node); "
-            "or --etp 1 keeps ep and expt_tp inside (expert dp 8 -> 64)");
+  EXPECT_EQ(
+      r.warnings[0].message(),
+      "ep groups cross nodes (64 of 64 groups span up to 4 nodes); order \"cp-ep-tp-dp-pp\" "
+      "keeps them inside; expt_tp groups then cross (ep\u00b7expt_tp = 32 > 8 GPUs per node); "
+      "or --etp 1 keeps ep and expt_tp inside (expert dp 8 -> 64)");
   ParallelConfig fixed = c;
   fixed.etp = 1;
   EXPECT_TRUE(check_topology(Layout(fixed), {}, nodes).warnings.empty());
@@ -211,11 +211,13 @@ TEST(TopologyAdvice, MoeWithTheDefaultEtpOffersEtpOne) {
   const TopologyReport big = check_topology(Layout(make_config(256, 16, 1, 1, 2)), {}, nodes);
   bool offered = false;
   for (const TopologyWarning& w : big.warnings)
-    offered = offered || w.message().find("--etp 1 keeps ep and expt_tp inside") != std::string::npos;
+    offered =
+        offered || w.message().find("--etp 1 keeps ep and expt_tp inside") != std::string::npos;
   EXPECT_TRUE(offered) << big.warnings.size();
 
   // An ep group larger than a node: etp 1 cannot help, so it is not offered.
-  for (const TopologyWarning& w : check_topology(Layout(make_config(256, 2, 1, 1, 16)), {}, nodes).warnings)
+  for (const TopologyWarning& w :
+       check_topology(Layout(make_config(256, 2, 1, 1, 16)), {}, nodes).warnings)
     EXPECT_EQ(w.message().find("--etp"), std::string::npos) << w.message();
 }
 
@@ -223,7 +225,8 @@ TEST(TopologyAdvice, MoeWithTheDefaultEtpOffersEtpOne) {
 // proportional to the world.
 TEST(TopologyAdvice, LargestWorldAdviceIsCheap) {
   const ParallelConfig c = make_config(kMaxWorldSize, 1);
-  const TopologyReport r = check_topology(Layout(c), std::vector<GroupKind>{GroupKind::tp}, NodeMap(8));
+  const TopologyReport r =
+      check_topology(Layout(c), std::vector<GroupKind>{GroupKind::tp}, NodeMap(8));
   EXPECT_TRUE(r.warnings.empty());
   EXPECT_EQ(r.kinds.at(0).max_nodes_spanned, 1);
   EXPECT_EQ(best_order(c, NodeMap(8)), c.order);

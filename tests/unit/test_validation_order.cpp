@@ -26,9 +26,7 @@ ParallelConfig cfg(std::int64_t w, std::int64_t tp, std::int64_t pp, std::int64_
 std::string first_error(const ParallelConfig& c) {
   try {
     c.validate();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
+  } catch (const ConfigError& e) { return e.what(); }
   return "valid";
 }
 
@@ -87,7 +85,8 @@ TEST(ValidationOrder, VppAboveIntIsOverflow) {
   ParallelConfig c = cfg(8, 1, 2, 1, 1, "tp-cp-ep-dp-pp");
   c.vpp = 2147483648LL;
   EXPECT_THROW(c.validate(), OverflowError);
-  EXPECT_EQ(first_error(c), "vpp = 2147483648 exceeds 2147483647, the largest virtual pipeline size");
+  EXPECT_EQ(first_error(c),
+            "vpp = 2147483648 exceeds 2147483647, the largest virtual pipeline size");
   c.vpp = 2147483647LL;
   EXPECT_EQ(first_error(c), "valid");
 }
@@ -97,10 +96,9 @@ TEST(ValidationOrder, VppAboveIntIsOverflow) {
 // independently of validate().
 TEST(ValidationOrder, FirstFailingRuleOfRandomConfigs) {
   std::mt19937 rng(2189);
-  const std::vector<std::string> orders = {"tp-cp-ep-dp-pp", "tp-cp-pp-ep-dp", "tp-pp-ep-dp",
-                                           "tp-cp-dp-pp",    "tp-ep-dp-pp",    "cp-ep-dp-pp",
-                                           "tp-cp-ep-pp",    "tp-dp-cp-ep-pp", "pp-tp-cp-ep-dp",
-                                           "tp-ep"};
+  const std::vector<std::string> orders = {
+      "tp-cp-ep-dp-pp", "tp-cp-pp-ep-dp", "tp-pp-ep-dp",    "tp-cp-dp-pp",    "tp-ep-dp-pp",
+      "cp-ep-dp-pp",    "tp-cp-ep-pp",    "tp-dp-cp-ep-pp", "pp-tp-cp-ep-dp", "tp-ep"};
   const std::int64_t sizes[] = {1, 2, 3, 4, 8};
   int invalid = 0;
   for (int trial = 0; trial < 20000; ++trial) {
@@ -116,7 +114,9 @@ TEST(ValidationOrder, FirstFailingRuleOfRandomConfigs) {
     if (rng() % 4 == 0) c.hcp = {sizes[rng() % 4], sizes[rng() % 3]};
     c.order = orders[rng() % orders.size()];
     const std::int64_t W = c.world_size, e = c.expert_tp();
-    auto in = [&](const char* t) { return ("-" + c.order + "-").find(std::string("-") + t + "-") != std::string::npos; };
+    auto in = [&](const char* t) {
+      return ("-" + c.order + "-").find(std::string("-") + t + "-") != std::string::npos;
+    };
     const bool dense_ok = W % (c.tp * c.pp * c.cp) == 0;
     const std::int64_t dp = dense_ok ? W / (c.tp * c.pp * c.cp) : 0;
     const bool expert_ok = W % (e * c.ep * c.pp) == 0;
@@ -150,7 +150,8 @@ TEST(ValidationOrder, FirstFailingRuleOfRandomConfigs) {
         {"omits \"tp\", but etp", !in("tp") && e != 1},
         {"omits \"dp\", but expert_dp", !in("dp") && edp != 1},
         {"omits \"ep\"", !in("ep") && c.ep != 1},
-        {"does not end with pp", c.order.substr(c.order.size() - 2) != "pp" && c.pp != 1 && edp != dp},
+        {"does not end with pp",
+         c.order.substr(c.order.size() - 2) != "pp" && c.pp != 1 && edp != dp},
         {"pipeline groups differ", c.pp != 1 && stride(false) != stride(true)},
         {"must divide dp*cp", (dp * c.cp) % c.dist_opt_instances != 0},
         {"hcp sizes", !c.hcp.empty() && hcp_product != c.cp},
@@ -168,7 +169,8 @@ TEST(ValidationOrder, FirstFailingRuleOfRandomConfigs) {
       continue;
     }
     ++invalid;
-    ASSERT_NE(got.find(want), std::string::npos) << c.canonical() << "\n want rule \"" << want << "\"\n got " << got;
+    ASSERT_NE(got.find(want), std::string::npos)
+        << c.canonical() << "\n want rule \"" << want << "\"\n got " << got;
   }
   EXPECT_GT(invalid, 10000);
 }

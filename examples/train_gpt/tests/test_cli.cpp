@@ -181,9 +181,9 @@ TEST(TrainGptCli, LaunchDistOptTwoInstancesMatchesOneRank) {
 
 // MoE (issue 11) under mpirun: ep 2 over 4 processes with the all-to-all dispatcher, cp 2
 // (token counts over tp_cp) and dist-opt, equal to one rank's MoE run, aux loss included.
-const std::vector<std::string> kMoeModel = {"--moe", "--vocab", "32", "--hidden", "16",
-                                            "--heads", "2", "--seq", "16", "--layers", "2",
-                                            "--aux-loss-coeff", "0.1", "--format", "json"};
+const std::vector<std::string> kMoeModel = {
+    "--moe", "--vocab",  "32", "--hidden",         "16",  "--heads",  "2",   "--seq",
+    "16",    "--layers", "2",  "--aux-loss-coeff", "0.1", "--format", "json"};
 
 std::vector<std::string> with_moe(std::vector<std::string> args) {
   args.insert(args.end(), kMoeModel.begin(), kMoeModel.end());

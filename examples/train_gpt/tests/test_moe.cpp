@@ -120,7 +120,8 @@ TEST_P(TrainGptMoeLayouts, MatchesOneRank) {
     EXPECT_LE(rel(got[i].loss, ref[i].loss), kRelTolerance)
         << "step " << got[i].step << ": loss " << got[i].loss << ", one rank " << ref[i].loss;
     EXPECT_LE(rel(got[i].aux_loss, ref[i].aux_loss), kRelTolerance)
-        << "step " << got[i].step << ": aux " << got[i].aux_loss << ", one rank " << ref[i].aux_loss;
+        << "step " << got[i].step << ": aux " << got[i].aux_loss << ", one rank "
+        << ref[i].aux_loss;
     EXPECT_LE(rel(got[i].grad_norm, ref[i].grad_norm), kRelTolerance)
         << "step " << got[i].step << ": grad_norm " << got[i].grad_norm << ", one rank "
         << ref[i].grad_norm;
@@ -203,7 +204,9 @@ std::vector<MoeCase> moe_layouts() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, TrainGptMoeLayouts, testing::ValuesIn(moe_layouts()),
-                         [](const testing::TestParamInfo<MoeCase>& info) { return info.param.name; });
+                         [](const testing::TestParamInfo<MoeCase>& info) {
+                           return info.param.name;
+                         });
 
 // A wrong expert group is caught by the comparison with one rank; the same layout without
 // the fault matches (TrainGptMoeLayouts).

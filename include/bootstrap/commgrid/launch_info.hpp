@@ -67,9 +67,9 @@ bool launched();
 /// The rank, size, store and timeout that commgrid launch (or a user's own script) put in
 /// COMMGRID_* variables: the store-based launcher's part of LaunchInfo.
 struct WorldEnv {
-  int rank = 0;              ///< COMMGRID_RANK, 0 ... size-1
-  int size = 1;              ///< COMMGRID_WORLD_SIZE, >= 1
-  std::string store;         ///< COMMGRID_STORE, e.g. file:///tmp/x or redis://host:6379
+  int rank = 0;       ///< COMMGRID_RANK, 0 ... size-1
+  int size = 1;       ///< COMMGRID_WORLD_SIZE, >= 1
+  std::string store;  ///< COMMGRID_STORE, e.g. file:///tmp/x or redis://host:6379
   /// COMMGRID_TIMEOUT in seconds (a positive decimal), when set.
   std::optional<std::chrono::milliseconds> timeout;
 };

@@ -52,11 +52,11 @@ struct RecoveryOptions {
 
 /// What one epoch's decision said.
 struct EpochDecision {
-  std::int64_t epoch = 0;                 ///< the epoch it starts
-  std::vector<std::int64_t> dead;         ///< processes declared dead (and fenced)
-  std::vector<std::int64_t> revived;      ///< restarted processes back as spares
-  std::int64_t decider = -1;              ///< the process whose write won
-  std::string text;                       ///< as stored
+  std::int64_t epoch = 0;             ///< the epoch it starts
+  std::vector<std::int64_t> dead;     ///< processes declared dead (and fenced)
+  std::vector<std::int64_t> revived;  ///< restarted processes back as spares
+  std::int64_t decider = -1;          ///< the process whose write won
+  std::string text;                   ///< as stored
   /// Set when the epoch shrank the world: its layout (shrink->config, world_size W'), each
   /// old logical rank's new rank (shrink->new_rank) and each new rank's old one
   /// (shrink->old_ranks()), the old ranks being the previous epoch's.
@@ -143,7 +143,8 @@ class Recovery {
  private:
   std::string key(std::int64_t epoch, const std::string& name) const;
   void adopt(const std::string& text);
-  std::string decide(const std::vector<std::int64_t>& dead, const std::vector<std::int64_t>& revived);
+  std::string decide(const std::vector<std::int64_t>& dead,
+                     const std::vector<std::int64_t>& revived);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
   [[nodiscard]] bool dead_known(std::int64_t process);
 

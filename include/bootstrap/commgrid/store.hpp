@@ -120,8 +120,8 @@ struct StoreOptions {
   bool serve = false;
   /// The rank this process joins the job as (-1: none, e.g. ranks that are threads sharing
   /// a store object, or a tool); make_gloo_world_from_env sets it. The rank claims its place
-  /// in the store (key "commgrid-job/rank/R", a value unique to the process), so that a second job with
-  /// the same id on the same store fails at once, in each of its ranks whose place is taken,
+  /// in the store (key "commgrid-job/rank/R", a value unique to the process), so that a second job
+  /// with the same id on the same store fails at once, in each of its ranks whose place is taken,
   /// with JobConflictError "... is in use by another job with the same id ..." instead of
   /// merging. The same process may open the store again as the same rank.
   int rank = -1;
@@ -165,8 +165,7 @@ std::shared_ptr<Store> make_memory_store();
 /// system. The folder must exist; use a fresh, empty one per job.
 /// The folder is claimed for options.job_id (a 0600 file "commgrid-job" holding the id and
 /// a keyed hash of the token); key files are 0600.
-std::shared_ptr<Store> make_file_store(const std::string& folder,
-                                       const StoreOptions& options = {});
+std::shared_ptr<Store> make_file_store(const std::string& folder, const StoreOptions& options = {});
 /// A Redis store (hiredis) for machines that share nothing but the network.
 /// Keys are prefixed with `prefix` so that jobs sharing one server do not collide: give
 /// every job its own prefix. Connecting times out after 5 seconds (TimeoutError).

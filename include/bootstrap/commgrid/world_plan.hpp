@@ -50,7 +50,8 @@ DetectedLauncher detect_launcher();
 /// How the ranks of a world come together.
 enum class WorldEngine {
   rank_threads,  ///< N ranks as threads of this process over an in-memory store (Gloo)
-  store_ranks,   ///< this process is one launched rank; the ranks meet in the launcher's store (Gloo)
+  store_ranks,   ///< this process is one launched rank; the ranks meet in the launcher's store
+                 ///< (Gloo)
   mpi,           ///< this process is one rank of an MPI job (or an MPI singleton)
 };
 
@@ -72,7 +73,7 @@ struct WorldRequest {
 /// (for nccl: the bootstrap world's engine), and the world size when it is known before
 /// the world exists.
 struct WorldPlan {
-  std::string backend;                       ///< "mpi", "gloo" or "nccl"
+  std::string backend;  ///< "mpi", "gloo" or "nccl"
   WorldEngine engine = WorldEngine::mpi;
   /// Ranks: --local N, the launcher's size, or 1 without a launcher. An MPI job's size is
   /// MPI's own once it has started (it agrees with the launcher's variables).

@@ -20,8 +20,7 @@ inline constexpr int kNumAxes = 6;
 inline constexpr std::array<Axis, kNumAxes> kAllAxes = {Axis::tp, Axis::cp, Axis::ep,
                                                         Axis::dp, Axis::pp, Axis::gtp_remat};
 /// The five axes of Megatron-core at the seed (the tokens its order accepts).
-inline constexpr std::array<Axis, 5> kSeedAxes = {Axis::tp, Axis::cp, Axis::ep, Axis::dp,
-                                                  Axis::pp};
+inline constexpr std::array<Axis, 5> kSeedAxes = {Axis::tp, Axis::cp, Axis::ep, Axis::dp, Axis::pp};
 
 /// The order token of an axis: "tp", "cp", "ep", "dp", "pp" or "gtp_remat".
 constexpr std::string_view axis_name(Axis a) noexcept {

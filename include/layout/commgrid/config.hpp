@@ -28,23 +28,23 @@ const char* compat_name(Compat c) noexcept;
 /// The inputs of Megatron-core's initialize_model_parallel that shape the groups.
 /// Sizes are 64-bit so that out-of-range input is reported, never wrapped.
 struct ParallelConfig {
-  std::int64_t world_size = 1;                ///< W, the number of ranks
-  std::int64_t tp = 1;                        ///< tensor parallel
-  std::int64_t pp = 1;                        ///< pipeline parallel
-  std::int64_t cp = 1;                        ///< context parallel
-  std::int64_t ep = 1;                        ///< expert parallel
-  std::optional<std::int64_t> etp;            ///< expert tensor parallel; defaults to tp
-  std::vector<std::int64_t> hcp;              ///< hierarchical cp sizes; empty = none
-  std::int64_t dist_opt_instances = 1;        ///< N, distributed-optimizer instances
-  std::optional<std::int64_t> vpp;            ///< virtual pipeline size; recorded only
-  std::string order = kDefaultOrder;          ///< innermost axis first
+  std::int64_t world_size = 1;          ///< W, the number of ranks
+  std::int64_t tp = 1;                  ///< tensor parallel
+  std::int64_t pp = 1;                  ///< pipeline parallel
+  std::int64_t cp = 1;                  ///< context parallel
+  std::int64_t ep = 1;                  ///< expert parallel
+  std::optional<std::int64_t> etp;      ///< expert tensor parallel; defaults to tp
+  std::vector<std::int64_t> hcp;        ///< hierarchical cp sizes; empty = none
+  std::int64_t dist_opt_instances = 1;  ///< N, distributed-optimizer instances
+  std::optional<std::int64_t> vpp;      ///< virtual pipeline size; recorded only
+  std::string order = kDefaultOrder;    ///< innermost axis first
   // HEAD only (compat == head); under seed they must keep their defaults.
-  Compat compat = Compat::seed;               ///< which Megatron-core to reproduce
-  std::int64_t gtp_remat = 1;                 ///< HEAD's gtp_remat_size (dense sixth axis)
-  std::int64_t expert_gtp_remat = 1;          ///< HEAD's expert_gtp_remat_size
-  bool hybrid_context_parallel = false;       ///< build hybrid_dp_cp_<n> groups
-  bool all_gather_groups = false;             ///< build dp_cp_ag / expt_dp_ag
-  std::int64_t rank_offset = 0;               ///< added to every rank of the layout
+  Compat compat = Compat::seed;                  ///< which Megatron-core to reproduce
+  std::int64_t gtp_remat = 1;                    ///< HEAD's gtp_remat_size (dense sixth axis)
+  std::int64_t expert_gtp_remat = 1;             ///< HEAD's expert_gtp_remat_size
+  bool hybrid_context_parallel = false;          ///< build hybrid_dp_cp_<n> groups
+  bool all_gather_groups = false;                ///< build dp_cp_ag / expt_dp_ag
+  std::int64_t rank_offset = 0;                  ///< added to every rank of the layout
   std::optional<std::int64_t> local_world_size;  ///< L, the ranks laid out; default world_size
 
   /// Checks every rule of docs/layout.md ("Errors"): sizes >= 1, a well-formed order,

@@ -33,8 +33,8 @@ struct CreationAlias {
 };
 
 /// Called once per creation call, in order. `members` is valid during the call only.
-using CreationVisitor =
-    std::function<void(GroupKind kind, int level, std::int64_t index, std::span<const Rank> members)>;
+using CreationVisitor = std::function<void(GroupKind kind, int level, std::int64_t index,
+                                           std::span<const Rank> members)>;
 
 /// Visits every group of `kinds` (kinds of the layout, in any order; empty: every kind the
 /// layout has) in Megatron-core's creation order:

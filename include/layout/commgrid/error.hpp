@@ -172,15 +172,15 @@ class RankFailedError : public Error {
 };
 
 namespace detail {
-[[noreturn]] void enforce_failed(const char* condition, const std::string& detail,
-                                 const char* file, int line);
+[[noreturn]] void enforce_failed(const char* condition, const std::string& detail, const char* file,
+                                 int line);
 }  // namespace detail
 
 }  // namespace commgrid
 
 /// Checks an internal invariant; on failure throws InternalError with the condition, the
 /// message and file:line.
-#define COMMGRID_ENFORCE(cond, msg)                                            \
-  do {                                                                         \
+#define COMMGRID_ENFORCE(cond, msg)                                                    \
+  do {                                                                                 \
     if (!(cond)) ::commgrid::detail::enforce_failed(#cond, (msg), __FILE__, __LINE__); \
   } while (false)

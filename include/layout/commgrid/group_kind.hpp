@@ -51,9 +51,7 @@ inline constexpr int kNumKinds = 30;
 inline constexpr int kNumSeedKinds = 21;
 
 /// Whether the kind exists only under compat head.
-constexpr bool is_head_kind(GroupKind k) noexcept {
-  return static_cast<int>(k) >= kNumSeedKinds;
-}
+constexpr bool is_head_kind(GroupKind k) noexcept { return static_cast<int>(k) >= kNumSeedKinds; }
 
 /// Every kind in reference order.
 const std::array<GroupKind, kNumKinds>& all_kinds() noexcept;

@@ -48,13 +48,15 @@ class HyperGrid {
 
   /// Every group over `dims` (in any order; a set) of the view ("" = the base grid).
   /// Throws ConfigError ("dims") for an unknown or repeated dim, ("view") an unknown view.
-  [[nodiscard]] GroupList groups(const std::vector<std::string>& dims, std::string_view view = "") const;
+  [[nodiscard]] GroupList groups(const std::vector<std::string>& dims,
+                                 std::string_view view = "") const;
   /// r's group over dims, or nullopt when r is outside the grid. O(group size).
-  [[nodiscard]] std::optional<std::vector<Rank>> group_of(const std::vector<std::string>& dims, Rank r,
-                                                          std::string_view view = "") const;
+  [[nodiscard]] std::optional<std::vector<Rank>> group_of(const std::vector<std::string>& dims,
+                                                          Rank r, std::string_view view = "") const;
   /// The key a group set is stored under: dims joined by '-' outermost first, as HEAD
   /// (a view's groups over shared dims only are the base grid's, under the base key).
-  [[nodiscard]] std::string key(const std::vector<std::string>& dims, std::string_view view = "") const;
+  [[nodiscard]] std::string key(const std::vector<std::string>& dims,
+                                std::string_view view = "") const;
 
  private:
   struct View {

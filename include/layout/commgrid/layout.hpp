@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "commgrid/config.hpp"
@@ -35,19 +35,19 @@ struct EmbeddingPolicies {
 
 /// One rank's group of one kind.
 struct GroupRef {
-  std::int64_t index = 0;     ///< index of the group in the kind's enumeration order
-  std::int64_t position = 0;  ///< index of the rank in `members`
-  std::int64_t comm_rank = 0; ///< the rank's rank in a communicator of the group (its
-                              ///< position among the members sorted ascending)
-  std::vector<Rank> members;  ///< in the kind's member order
+  std::int64_t index = 0;      ///< index of the group in the kind's enumeration order
+  std::int64_t position = 0;   ///< index of the rank in `members`
+  std::int64_t comm_rank = 0;  ///< the rank's rank in a communicator of the group (its
+                               ///< position among the members sorted ascending)
+  std::vector<Rank> members;   ///< in the kind's member order
   bool operator==(const GroupRef&) const = default;
 };
 
 /// A rank's coordinates on both grids.
 struct RankCoordinates {
-  std::int64_t tp = 0, cp = 0, dp = 0, pp = 0;          ///< dense grid
-  std::int64_t etp = 0, ep = 0, expert_dp = 0;          ///< expert grid (pp is shared)
-  std::int64_t gtp_remat = 0, expert_gtp_remat = 0;     ///< HEAD's sixth axis (0 at the seed)
+  std::int64_t tp = 0, cp = 0, dp = 0, pp = 0;       ///< dense grid
+  std::int64_t etp = 0, ep = 0, expert_dp = 0;       ///< expert grid (pp is shared)
+  std::int64_t gtp_remat = 0, expert_gtp_remat = 0;  ///< HEAD's sixth axis (0 at the seed)
   bool operator==(const RankCoordinates&) const = default;
 };
 
@@ -95,8 +95,7 @@ class Layout {
   [[nodiscard]] std::optional<GroupRef> group_of(GroupKind k, Rank r, int level = 0) const;
   /// Only the index of r's group (GroupRef::index), in O(1) without listing members (a
   /// custom embedding policy is called once); nullopt when r is in no group of the kind.
-  [[nodiscard]] std::optional<std::int64_t> group_index(GroupKind k, Rank r,
-                                                        int level = 0) const;
+  [[nodiscard]] std::optional<std::int64_t> group_index(GroupKind k, Rank r, int level = 0) const;
 
   /// The size every group of the kind has (at that level), or nullopt when the groups
   /// differ in size (possible only with a custom embedding policy). O(1).

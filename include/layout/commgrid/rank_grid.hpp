@@ -21,8 +21,8 @@ class RankGrid {
  public:
   /// sizes: indexed by Axis; order: all six axes, innermost first. The product of the
   /// sizes plus the offset must not exceed kMaxWorldSize (the caller validated the config).
-  RankGrid(const std::array<std::int64_t, kNumAxes>& sizes,
-           const std::array<Axis, kNumAxes>& order, Rank offset = 0);
+  RankGrid(const std::array<std::int64_t, kNumAxes>& sizes, const std::array<Axis, kNumAxes>& order,
+           Rank offset = 0);
 
   /// The number of ranks the grid lays out (the product of the sizes).
   [[nodiscard]] std::int64_t world_size() const noexcept { return core_.count(); }

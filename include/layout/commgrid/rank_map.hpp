@@ -104,7 +104,7 @@ class RankMap {
   SparePlacement placement_;
   std::vector<std::int64_t> process_of_;  ///< per logical rank
   std::vector<Rank> logical_;             ///< per process: its logical rank, or -1
-  std::vector<ProcessRole> role_;          ///< per process
+  std::vector<ProcessRole> role_;         ///< per process
 };
 
 /// A failure found too few spares: names the logical ranks left without a process.
@@ -125,8 +125,8 @@ class NoSpareError : public ConfigError {
 /// replica keeps its coordinates with its dp coordinate renumbered among the kept ones.
 /// Ranks of dropped replicas that survived become spares.
 struct ShrinkPlan {
-  ParallelConfig config;                ///< the smaller layout (world_size = its W')
-  std::vector<std::int64_t> kept_dp;    ///< the old dp coordinates kept, ascending
+  ParallelConfig config;                      ///< the smaller layout (world_size = its W')
+  std::vector<std::int64_t> kept_dp;          ///< the old dp coordinates kept, ascending
   std::vector<std::optional<Rank>> new_rank;  ///< per old logical rank: its rank in the new
                                               ///< layout, nullopt when dropped or dead
   /// The inverse of new_rank: per new rank (0 ... config.world_size-1), the old logical
@@ -157,8 +157,8 @@ struct EpochChange {
 /// naming every dead logical rank) when no valid smaller layout exists, IncompatibleError
 /// ("world_size") when config is not the map's world, and RankOutOfRangeError for a
 /// process outside the job.
-[[nodiscard]] EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> dead,
-                                            const ParallelConfig& config,
-                                            std::optional<std::int64_t> global_batch = std::nullopt);
+[[nodiscard]] EpochChange replace_or_shrink(
+    const RankMap& map, std::span<const std::int64_t> dead, const ParallelConfig& config,
+    std::optional<std::int64_t> global_batch = std::nullopt);
 
 }  // namespace commgrid

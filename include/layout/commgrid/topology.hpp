@@ -126,8 +126,8 @@ struct TopologyReport {
 /// Returns config.order itself when k already stays inside. At most 120 candidates, each
 /// checked in O(W / group size) per node-local kind. k must be one of tp, cp, ep, expt_tp
 /// (else ConfigError). config must be valid (throws its ConfigError otherwise).
-[[nodiscard]] std::optional<std::string> suggest_order(const ParallelConfig& config,
-                                                       GroupKind k, const NodeMap& nodes);
+[[nodiscard]] std::optional<std::string> suggest_order(const ParallelConfig& config, GroupKind k,
+                                                       const NodeMap& nodes);
 
 /// The order that serves the node-local kinds best, by importance tp > cp > ep > expt_tp:
 /// among the valid permutations of config.order's tokens, the one that keeps tp inside

@@ -128,9 +128,9 @@ class ModelCommProcessGroups : public GroupCollection {
  public:
   /// The 13 fields, in Megatron-core's order.
   static constexpr std::array<GroupKind, 13> kFields = {
-      GroupKind::tp,    GroupKind::pp,      GroupKind::mp,    GroupKind::embd,
-      GroupKind::pos_embd, GroupKind::cp,   GroupKind::tp_cp, GroupKind::hcp,
-      GroupKind::ep,    GroupKind::expt_tp, GroupKind::tp_ep, GroupKind::tp_ep_pp,
+      GroupKind::tp,       GroupKind::pp,      GroupKind::mp,    GroupKind::embd,
+      GroupKind::pos_embd, GroupKind::cp,      GroupKind::tp_cp, GroupKind::hcp,
+      GroupKind::ep,       GroupKind::expt_tp, GroupKind::tp_ep, GroupKind::tp_ep_pp,
       GroupKind::expt_dp};
 
   /// Every field unset.
@@ -143,7 +143,8 @@ class ModelCommProcessGroups : public GroupCollection {
   /// as none); the others stay unset. Throws UnknownKindError listing every invalid name
   /// before reading anything, StateError when `state` is not initialized.
   static ModelCommProcessGroups from_state(
-      const ProcessGroups& state, const std::optional<std::vector<std::string>>& required = std::nullopt);
+      const ProcessGroups& state,
+      const std::optional<std::vector<std::string>>& required = std::nullopt);
   /// The same with the required fields as kinds: from_state(pg, {GroupKind::tp, GroupKind::pp}).
   /// A kind that is not a field of this collection is an UnknownKindError.
   static ModelCommProcessGroups from_state(const ProcessGroups& state,
@@ -170,13 +171,14 @@ class GradCommProcessGroups : public GroupCollection {
  public:
   /// The 6 fields, in Megatron-core's order.
   static constexpr std::array<GroupKind, 6> kFields = {
-      GroupKind::dp,           GroupKind::dp_cp,         GroupKind::expt_dp,
-      GroupKind::intra_dp_cp,  GroupKind::intra_expt_dp, GroupKind::inter_dist_opt};
+      GroupKind::dp,          GroupKind::dp_cp,         GroupKind::expt_dp,
+      GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt};
 
   GradCommProcessGroups();
   GradCommProcessGroups(std::initializer_list<std::pair<std::string_view, GroupValue>> pairs);
   static GradCommProcessGroups from_state(
-      const ProcessGroups& state, const std::optional<std::vector<std::string>>& required = std::nullopt);
+      const ProcessGroups& state,
+      const std::optional<std::vector<std::string>>& required = std::nullopt);
   /// The same with the required fields as kinds.
   static GradCommProcessGroups from_state(const ProcessGroups& state,
                                           const std::vector<GroupKind>& required);

@@ -18,7 +18,16 @@
 namespace commgrid {
 
 /// Element types of communication buffers.
-enum class DataType : std::uint8_t { float32, float64, bfloat16, int32, int64, float16, int8, uint8 };
+enum class DataType : std::uint8_t {
+  float32,
+  float64,
+  bfloat16,
+  int32,
+  int64,
+  float16,
+  int8,
+  uint8
+};
 /// Reductions. bfloat16 and float16 buffers hold 16-bit values and are reduced in float32.
 /// avg is the sum divided by the group size (as NCCL's ncclAvg); on integer types the
 /// division truncates toward zero.
@@ -84,18 +93,44 @@ static_assert(sizeof(float16) == 2);
 /// The DataType of a C++ element type; defined for the eight element types only.
 template <class T>
 struct DataTypeOf;
-template <> struct DataTypeOf<float> { static constexpr DataType value = DataType::float32; };
-template <> struct DataTypeOf<double> { static constexpr DataType value = DataType::float64; };
-template <> struct DataTypeOf<bfloat16> { static constexpr DataType value = DataType::bfloat16; };
-template <> struct DataTypeOf<float16> { static constexpr DataType value = DataType::float16; };
-template <> struct DataTypeOf<std::int32_t> { static constexpr DataType value = DataType::int32; };
-template <> struct DataTypeOf<std::int64_t> { static constexpr DataType value = DataType::int64; };
-template <> struct DataTypeOf<std::int8_t> { static constexpr DataType value = DataType::int8; };
-template <> struct DataTypeOf<std::uint8_t> { static constexpr DataType value = DataType::uint8; };
+template <>
+struct DataTypeOf<float> {
+  static constexpr DataType value = DataType::float32;
+};
+template <>
+struct DataTypeOf<double> {
+  static constexpr DataType value = DataType::float64;
+};
+template <>
+struct DataTypeOf<bfloat16> {
+  static constexpr DataType value = DataType::bfloat16;
+};
+template <>
+struct DataTypeOf<float16> {
+  static constexpr DataType value = DataType::float16;
+};
+template <>
+struct DataTypeOf<std::int32_t> {
+  static constexpr DataType value = DataType::int32;
+};
+template <>
+struct DataTypeOf<std::int64_t> {
+  static constexpr DataType value = DataType::int64;
+};
+template <>
+struct DataTypeOf<std::int8_t> {
+  static constexpr DataType value = DataType::int8;
+};
+template <>
+struct DataTypeOf<std::uint8_t> {
+  static constexpr DataType value = DataType::uint8;
+};
 
 /// An element type a typed buffer may hold (const or not).
 template <class T>
-concept CommElement = requires { DataTypeOf<std::remove_cv_t<T>>::value; };
+concept CommElement = requires {
+  DataTypeOf<std::remove_cv_t<T>>::value;
+};
 
 /// The DataType of T: datatype_of<float> == DataType::float32.
 template <CommElement T>
@@ -147,8 +182,7 @@ struct P2POp {
     return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
-    requires(!std::is_const_v<T>)
-  static P2POp recv(std::span<T> buf, int peer, int tag = 0) {
+  requires(!std::is_const_v<T>) static P2POp recv(std::span<T> buf, int peer, int tag = 0) {
     return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
 };
@@ -165,24 +199,27 @@ struct P2POp {
 /// "<backend> <op> on <group>: <what is wrong, with the values>"; parameter() names the
 /// argument:
 ///
-/// | mistake                                                          | error                 | parameter()               |
+/// | mistake                                                          | error                 |
+/// parameter()               |
 /// |------------------------------------------------------------------|-----------------------|---------------------------|
-/// | null buffer with a count > 0                                     | ConfigError           | send, recv or buf         |
-/// | root, peer or member outside [0, size())                         | RankOutOfRangeError   | root, peer or members     |
-/// | tag < 0 or above max_tag()                                       | InvalidValueError     | tag                       |
-/// | a count above max_count(), a counts list of the wrong length,   | InvalidValueError     | count, send_counts,       |
-/// | allgatherv's count != recv_counts[rank()], alltoallv's block to  |                       | recv_counts               |
-/// | this rank sent and expected with different counts               |                       |                           |
-/// | a typed buffer of the wrong size                                 | InvalidValueError     | send or recv              |
-/// | a DataType or ReduceOp outside the enumeration                   | InvalidValueError     | type or op                |
-/// | send and recv overlapping (allreduce and reduce on root allow    | ConfigError           | recv                      |
-/// | the very same buffer); batch receives overlapping each other or  |                       |                           |
-/// | a send of the batch                                              |                       |                           |
-/// | a blocking send or recv to this rank itself (it could only hang) | ConfigError           | peer                      |
-/// | split color outside [0, 2^31), key outside int32                 | InvalidValueError     | color or key              |
-/// | members empty, not strictly ascending, or (create_group) without | ConfigError           | members                   |
-/// | this rank                                                        |                       |                           |
-/// | a timeout <= 0                                                   | InvalidValueError     | timeout                   |
+/// | null buffer with a count > 0                                     | ConfigError           |
+/// send, recv or buf         | | root, peer or member outside [0, size())                         |
+/// RankOutOfRangeError   | root, peer or members     | | tag < 0 or above max_tag() |
+/// InvalidValueError     | tag                       | | a count above max_count(), a counts list
+/// of the wrong length,   | InvalidValueError     | count, send_counts,       | | allgatherv's
+/// count != recv_counts[rank()], alltoallv's block to  |                       | recv_counts | |
+/// this rank sent and expected with different counts               |                       | | | a
+/// typed buffer of the wrong size                                 | InvalidValueError     | send or
+/// recv              | | a DataType or ReduceOp outside the enumeration                   |
+/// InvalidValueError     | type or op                | | send and recv overlapping (allreduce and
+/// reduce on root allow    | ConfigError           | recv                      | | the very same
+/// buffer); batch receives overlapping each other or  |                       | | | a send of the
+/// batch                                              |                       | | | a blocking send
+/// or recv to this rank itself (it could only hang) | ConfigError           | peer | | split color
+/// outside [0, 2^31), key outside int32                 | InvalidValueError     | color or key | |
+/// members empty, not strictly ascending, or (create_group) without | ConfigError           |
+/// members                   | | this rank                                                        |
+/// |                           | | a timeout <= 0 | InvalidValueError     | timeout |
 ///
 /// What only happens on the wire is the backend's and is BackendError (TimeoutError when the
 /// communicator's timeout passes, naming the ranks that did not arrive where the backend can
@@ -231,8 +268,8 @@ class Communicator {
   /// Collective over this whole group (Megatron's new_group): every rank calls it with the
   /// same members (ascending); members get the new communicator, others nullptr. Ranks that
   /// pass different members or names fail on every rank.
-  [[nodiscard]] std::unique_ptr<Communicator> create_group_collective(
-      std::span<const int> members, std::string name);
+  [[nodiscard]] std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
+                                                                      std::string name);
 
   /// Collective: returns when every rank has entered.
   [[nodiscard]] std::unique_ptr<Work> barrier();
@@ -249,8 +286,7 @@ class Communicator {
   /// Collective: reduces send (size()*count elements) and leaves block rank() (count
   /// elements) in recv.
   [[nodiscard]] std::unique_ptr<Work> reduce_scatter(const void* send, void* recv,
-                                                     std::size_t count, DataType type,
-                                                     ReduceOp op);
+                                                     std::size_t count, DataType type, ReduceOp op);
   /// Collective: block j (count elements) of send goes to rank j; block i of recv comes
   /// from rank i. Both hold size()*count elements.
   [[nodiscard]] std::unique_ptr<Work> alltoall(const void* send, void* recv, std::size_t count,
@@ -266,8 +302,7 @@ class Communicator {
                                                 DataType type);
   /// Collective: recv = every rank's send in rank order, rank i contributing
   /// recv_counts[i] elements (recv_counts[rank()] == count). Zeros allowed.
-  [[nodiscard]] std::unique_ptr<Work> allgatherv(const void* send, std::size_t count,
-                                                 void* recv,
+  [[nodiscard]] std::unique_ptr<Work> allgatherv(const void* send, std::size_t count, void* recv,
                                                  std::span<const std::size_t> recv_counts,
                                                  DataType type);
   /// Collective: root's recv = op over every rank's send (count elements). recv is only
@@ -291,16 +326,16 @@ class Communicator {
                                            int peer, int tag);
   /// Point to point, blocking: receives exactly count elements from peer (not this rank)
   /// with a tag.
-  [[nodiscard]] std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type,
-                                           int peer, int tag);
+  [[nodiscard]] std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
+                                           int tag);
   /// Point to point, nonblocking: posts the send and returns a pending Work. Messages
   /// between two ranks with the same tag are received in the order they were posted.
   /// peer may be this rank (matched with this rank's own irecv).
   [[nodiscard]] std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type,
                                             int peer, int tag);
   /// Point to point, nonblocking: posts the receive and returns a pending Work.
-  [[nodiscard]] std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type,
-                                            int peer, int tag);
+  [[nodiscard]] std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
+                                            int tag);
   /// Posts every operation of the batch, then returns one pending Work for all of them
   /// (torch's batch_isend_irecv, NCCL's group calls). Because nothing waits before
   /// everything is posted, any mix of sends and receives to any peers completes when the
@@ -347,8 +382,8 @@ class Communicator {
   }
   /// send holds size() * recv.size() elements.
   template <CommElement T>
-  [[nodiscard]] std::unique_ptr<Work> reduce_scatter(
-      std::type_identity_t<std::span<const T>> send, std::span<T> recv, ReduceOp op) {
+  [[nodiscard]] std::unique_ptr<Work> reduce_scatter(std::type_identity_t<std::span<const T>> send,
+                                                     std::span<T> recv, ReduceOp op) {
     check_typed("reduce_scatter", "send", send.size(), recv.size() * group_size());
     return reduce_scatter(send.data(), recv.data(), recv.size(), datatype_of<T>, op);
   }
@@ -403,8 +438,8 @@ class Communicator {
     return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
-    requires(!std::is_const_v<T>)
-  [[nodiscard]] std::unique_ptr<Work> recv(std::span<T> buf, int peer, int tag = 0) {
+  requires(!std::is_const_v<T>)
+      [[nodiscard]] std::unique_ptr<Work> recv(std::span<T> buf, int peer, int tag = 0) {
     return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
@@ -412,8 +447,8 @@ class Communicator {
     return isend(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
-    requires(!std::is_const_v<T>)
-  [[nodiscard]] std::unique_ptr<Work> irecv(std::span<T> buf, int peer, int tag = 0) {
+  requires(!std::is_const_v<T>)
+      [[nodiscard]] std::unique_ptr<Work> irecv(std::span<T> buf, int peer, int tag = 0) {
     return irecv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
 
@@ -432,8 +467,8 @@ class Communicator {
                                                  std::int64_t key, std::string name) = 0;
   virtual std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
                                                         std::string name) = 0;
-  virtual std::unique_ptr<Communicator> do_create_group_collective(
-      std::span<const int> members, std::string name) = 0;
+  virtual std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+                                                                   std::string name) = 0;
   virtual std::unique_ptr<Work> do_barrier() = 0;
   virtual std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
                                              int root) = 0;
@@ -441,14 +476,12 @@ class Communicator {
                                              DataType type, ReduceOp op) = 0;
   virtual std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
                                              DataType type) = 0;
-  virtual std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv,
-                                                  std::size_t count, DataType type,
-                                                  ReduceOp op) = 0;
+  virtual std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,
+                                                  DataType type, ReduceOp op) = 0;
   virtual std::unique_ptr<Work> do_alltoall(const void* send, void* recv, std::size_t count,
                                             DataType type) = 0;
   virtual std::unique_ptr<Work> do_alltoallv(const void* send,
-                                             std::span<const std::size_t> send_counts,
-                                             void* recv,
+                                             std::span<const std::size_t> send_counts, void* recv,
                                              std::span<const std::size_t> recv_counts,
                                              DataType type) = 0;
   virtual std::unique_ptr<Work> do_allgatherv(const void* send, std::size_t count, void* recv,

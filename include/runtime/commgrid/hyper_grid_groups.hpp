@@ -26,7 +26,8 @@ class HyperGridGroups {
                              std::string_view view = "");
   /// This rank's group over dims, or nullptr when outside the grid. Throws ConfigError
   /// ("dims") when the groups were never created.
-  [[nodiscard]] Communicator* group(const std::vector<std::string>& dims, std::string_view view = "") const;
+  [[nodiscard]] Communicator* group(const std::vector<std::string>& dims,
+                                    std::string_view view = "") const;
 
  private:
   HyperGrid grid_;

@@ -20,29 +20,47 @@ namespace commgrid {
 class ProcessGroupCollection : public GroupCollection {
  public:
   /// The 27 fields, in Megatron-core HEAD's order.
-  static constexpr std::array<GroupKind, 27> kFields = {
-      GroupKind::tp,         GroupKind::pp,         GroupKind::mp,
-      GroupKind::embd,       GroupKind::pos_embd,   GroupKind::cp,
-      GroupKind::tp_cp,      GroupKind::hcp,        GroupKind::ep,
-      GroupKind::expt_tp,    GroupKind::tp_ep,      GroupKind::tp_ep_pp,
-      GroupKind::tp_ep_pp_with_egtp_remat,          GroupKind::tp_dp_cp,
-      GroupKind::dp,         GroupKind::dp_cp,      GroupKind::dp_cp_gtp_remat,
-      GroupKind::dp_cp_ag,   GroupKind::gtp_remat,  GroupKind::expt_gtp_remat,
-      GroupKind::expt_dp,    GroupKind::expt_dp_gtp_remat, GroupKind::expt_dp_ag,
-      GroupKind::intra_dp_cp, GroupKind::intra_expt_dp, GroupKind::inter_dist_opt,
-      GroupKind::intra_dist_opt};
+  static constexpr std::array<GroupKind, 27> kFields = {GroupKind::tp,
+                                                        GroupKind::pp,
+                                                        GroupKind::mp,
+                                                        GroupKind::embd,
+                                                        GroupKind::pos_embd,
+                                                        GroupKind::cp,
+                                                        GroupKind::tp_cp,
+                                                        GroupKind::hcp,
+                                                        GroupKind::ep,
+                                                        GroupKind::expt_tp,
+                                                        GroupKind::tp_ep,
+                                                        GroupKind::tp_ep_pp,
+                                                        GroupKind::tp_ep_pp_with_egtp_remat,
+                                                        GroupKind::tp_dp_cp,
+                                                        GroupKind::dp,
+                                                        GroupKind::dp_cp,
+                                                        GroupKind::dp_cp_gtp_remat,
+                                                        GroupKind::dp_cp_ag,
+                                                        GroupKind::gtp_remat,
+                                                        GroupKind::expt_gtp_remat,
+                                                        GroupKind::expt_dp,
+                                                        GroupKind::expt_dp_gtp_remat,
+                                                        GroupKind::expt_dp_ag,
+                                                        GroupKind::intra_dp_cp,
+                                                        GroupKind::intra_expt_dp,
+                                                        GroupKind::inter_dist_opt,
+                                                        GroupKind::intra_dist_opt};
 
   /// Every field unset (reads as none).
   ProcessGroupCollection();
-  /// From name/value pairs; the others unset (read as none). Throws UnknownKindError listing every unknown
-  /// name and the valid ones.
+  /// From name/value pairs; the others unset (read as none). Throws UnknownKindError listing every
+  /// unknown name and the valid ones.
   ProcessGroupCollection(std::initializer_list<std::pair<std::string_view, GroupValue>> pairs);
   /// HEAD's use_mpu_process_groups(required_pgs): the required fields (all when nullopt)
   /// get this rank's group or none, the others stay unset; dp_cp_ag and expt_dp_ag, when
-  /// required, are none (HEAD leaves them to create_all_gather_groups and a later set()). Throws UnknownKindError listing
-  /// every invalid name before reading anything, StateError when `state` is not initialized.
+  /// required, are none (HEAD leaves them to create_all_gather_groups and a later set()). Throws
+  /// UnknownKindError listing every invalid name before reading anything, StateError when `state`
+  /// is not initialized.
   static ProcessGroupCollection from_state(
-      const ProcessGroups& state, const std::optional<std::vector<std::string>>& required = std::nullopt);
+      const ProcessGroups& state,
+      const std::optional<std::vector<std::string>>& required = std::nullopt);
 
   /// The field of a kind; a field never set reads as none. Throws UnknownKindError for a
   /// kind that is not one of the 27 fields.
@@ -71,8 +89,8 @@ struct OptimizerProcessGroups {
 
 /// What HEAD's setup_process_groups_for_ddp returns (a null handle is None).
 struct DdpProcessGroups {
-  GroupHandle dp, dp_cp, intra_dp_cp, expt_dp, intra_expt_dp, tp, gtp_remat, pp, ep,
-      expt_gtp_remat, inter_dist_opt, intra_dist_opt;
+  GroupHandle dp, dp_cp, intra_dp_cp, expt_dp, intra_expt_dp, tp, gtp_remat, pp, ep, expt_gtp_remat,
+      inter_dist_opt, intra_dist_opt;
 };
 
 /// HEAD's choice without a collection (parallel_state's groups). `ddp`: the model's

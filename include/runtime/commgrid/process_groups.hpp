@@ -24,8 +24,8 @@ namespace commgrid {
 /// backend calls each rank makes. With every strategy the kinds Megatron does not create
 /// but points at another kind's groups (creation_aliases) reuse that kind's communicator.
 enum class CreationStrategy : std::uint8_t {
-  split,      ///< one split per kind and level: color = group index, key = global rank
-  member,     ///< each rank creates only its own groups, with their members only
+  split,   ///< one split per kind and level: color = group index, key = global rank
+  member,  ///< each rank creates only its own groups, with their members only
   /// Megatron's way: every rank takes part in creating every group, in Megatron-core's own
   /// creation order (for_each_creation: the seed's, or HEAD's under compat head).
   per_group,
@@ -64,10 +64,10 @@ struct InitOptions {
 struct KindCreation {
   GroupKind kind = GroupKind::tp;
   int level = 0;
-  std::string label;                      ///< "tp", "hcp[1]"
-  std::chrono::nanoseconds time{0};       ///< wall time of this rank's creation calls
-  std::int64_t creation_calls = 0;        ///< backend creation calls this rank made
-  bool alias = false;                     ///< reuses another kind's communicator
+  std::string label;                 ///< "tp", "hcp[1]"
+  std::chrono::nanoseconds time{0};  ///< wall time of this rank's creation calls
+  std::int64_t creation_calls = 0;   ///< backend creation calls this rank made
+  bool alias = false;                ///< reuses another kind's communicator
 };
 
 /// One rank's communication groups: Megatron-core's parallel_state as an object, so that
@@ -163,8 +163,8 @@ class ProcessGroups {
   /// pp rank == pp-1; with a virtual stage also vstage == vpp-1.
   [[nodiscard]] bool is_pipeline_last_stage(std::optional<int> vstage = std::nullopt) const;
   /// Without vstage: whether this rank is in an embd group. With vstage, the virtual-aware
-  /// form of Megatron-core's getter: the list's first entry is in only at the first stage, its last entry
-  /// only at the last stage, any other entry always.
+  /// form of Megatron-core's getter: the list's first entry is in only at the first stage, its last
+  /// entry only at the last stage, any other entry always.
   [[nodiscard]] bool is_rank_in_embedding_group(std::optional<int> vstage = std::nullopt) const;
   /// Whether this rank is in a pos_embd group.
   [[nodiscard]] bool is_rank_in_position_embedding_group() const;
@@ -191,8 +191,8 @@ class ProcessGroups {
 
  private:
   struct Slot {
-    std::optional<GroupRef> ref;          ///< this rank's group, nullopt when none
-    std::shared_ptr<Communicator> comm;   ///< nullptr when none
+    std::optional<GroupRef> ref;         ///< this rank's group, nullopt when none
+    std::shared_ptr<Communicator> comm;  ///< nullptr when none
     std::string no_group_reason;
   };
   void require(const char* call) const;

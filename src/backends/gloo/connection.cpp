@@ -78,8 +78,8 @@ class MeshContext final : public ::gloo::Context {
 
 }  // namespace
 
-std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix,
-                                               int rank, const std::vector<int>& global_ranks,
+std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix, int rank,
+                                               const std::vector<int>& global_ranks,
                                                const std::string& op, const std::string& group,
                                                Ms timeout,
                                                std::chrono::steady_clock::time_point deadline) {
@@ -99,18 +99,19 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
       // A pair whose listener the gate closed to strangers fails: name them.
       const std::vector<std::string> refused = gate.refused();
       if (!refused.empty())
-        throw AuthenticationError("gloo " + op + " on " + group + ": " + refused.front() +
-                                  (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
+        throw AuthenticationError(
+            "gloo " + op + " on " + group + ": " + refused.front() +
+            (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
       // Peers still unconnected at the deadline (the gate ended this rank's wait for them).
       // A member that never published its addresses is named by the rendezvous' own error.
       const std::vector<int> late = gate.late_peers();
       if (late.empty() || !arrived) throw;
       std::vector<int> late_global;
       for (int p : late) late_global.push_back(global_ranks[static_cast<size_t>(p)]);
-      throw TimeoutError("gloo " + op + " on " + group + ": timed out after " + seconds_text(timeout) +
-                         " waiting for " + (late.size() == 1 ? "rank " : "ranks ") + join_ints(late) +
-                         " (global " + join_ints(late_global) + ") of " + std::to_string(size) +
-                         " to connect");
+      throw TimeoutError("gloo " + op + " on " + group + ": timed out after " +
+                         seconds_text(timeout) + " waiting for " +
+                         (late.size() == 1 ? "rank " : "ranks ") + join_ints(late) + " (global " +
+                         join_ints(late_global) + ") of " + std::to_string(size) + " to connect");
     }
   } catch (const AbortedError& e) {
     // Every member has arrived when Gloo connects, so a refused or reset connection means
@@ -123,11 +124,15 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
   prove_peers(*ctx, shared.token, prefix, rank, op, group, deadline);
   // A member returns from connecting once its own side of each pair is connected, possibly
   // while a peer is still finishing its handshake; a member that then ended at once
-  // (destroying the group) would make that peer fail. A barrier makes creation complete on all members.
+  // (destroying the group) would make that peer fail. A barrier makes creation complete on all
+  // members.
   if (size > 1) {
     ::gloo::BarrierOptions opts(ctx);
-    opts.setTimeout(std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));
-    guard(op, group, [&] { with_deadline(ctx, op, group, timeout, deadline, [&] { ::gloo::barrier(opts); }); });
+    opts.setTimeout(std::max(
+        Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));
+    guard(op, group, [&] {
+      with_deadline(ctx, op, group, timeout, deadline, [&] { ::gloo::barrier(opts); });
+    });
   }
   return ctx;
 }

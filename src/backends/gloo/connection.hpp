@@ -27,8 +27,8 @@ struct Shared {
 /// creation's: the world's covers its size check too); `timeout` is what errors name.
 /// Throws TimeoutError naming the ranks (group and global) that did not arrive or connect,
 /// AuthenticationError for a stranger on a pair, AbortedError when a member failed.
-std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix,
-                                               int rank, const std::vector<int>& global_ranks,
+std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix, int rank,
+                                               const std::vector<int>& global_ranks,
                                                const std::string& op, const std::string& group,
                                                std::chrono::milliseconds timeout,
                                                std::chrono::steady_clock::time_point deadline);

@@ -49,8 +49,7 @@ std::string GlooCommunicator::peer_named_in(const std::string& text) const {
 
 std::string GlooCommunicator::peer_text(int peer, int tag) const {
   return "peer rank " + std::to_string(peer) + " (global " +
-         std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " +
-         std::to_string(tag);
+         std::to_string(global_ranks_[static_cast<size_t>(peer)]) + "), tag " + std::to_string(tag);
 }
 
 std::string GlooCommunicator::census(std::string_view op, std::uint32_t tag, bool wait) {
@@ -69,11 +68,9 @@ std::string GlooCommunicator::census(std::string_view op, std::uint32_t tag, boo
   std::vector<std::string> missing_keys;
   try {
     missing_keys = store.wait_for(keys, grace);
-  } catch (const Error&) {
-    return "";
-  }
-  const std::string what = std::string(op) + " (collective " + std::to_string(tag) + " of " +
-                           name() + ")";
+  } catch (const Error&) { return ""; }
+  const std::string what =
+      std::string(op) + " (collective " + std::to_string(tag) + " of " + name() + ")";
   if (missing_keys.empty())
     return "; every rank of the group reached this " + what +
            ": a peer was too slow or stuck inside it";
@@ -115,8 +112,8 @@ std::unique_ptr<Communicator> GlooCommunicator::do_create_group(std::span<const 
   // every member agrees on; it lets a group be destroyed and created again.
   const int generation = created_by_name_[name]++;
   return make_group({members.begin(), members.end()}, name,
-                    prefix_ + "/group/" + name + "/" + std::to_string(generation),
-                    "create_group", Clock::now() + timeout());
+                    prefix_ + "/group/" + name + "/" + std::to_string(generation), "create_group",
+                    Clock::now() + timeout());
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::do_create_group_collective(
@@ -208,7 +205,8 @@ std::unique_ptr<Work> GlooCommunicator::do_alltoallv(const void* send,
   // Gloo wants a pointer even where a rank sends or receives nothing.
   std::uint8_t dummy_in = 0, dummy_out = 0;
   ::gloo::AlltoallvOptions opts(ctx_);
-  opts.setInput(send_total > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy_in, in);
+  opts.setInput(send_total > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy_in,
+                in);
   opts.setOutput(recv_total > 0 ? static_cast<std::uint8_t*>(recv) : &dummy_out, out);
   const std::uint32_t tag = next_tag();
   opts.setTag(tag);
@@ -232,7 +230,8 @@ std::unique_ptr<Work> GlooCommunicator::do_allgatherv(const void* send, std::siz
   for (auto& c : elements) c *= es;
   std::uint8_t dummy = 0;
   ::gloo::AllgathervOptions opts(ctx_);
-  opts.setInput(count > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy, count * es);
+  opts.setInput(count > 0 ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &dummy,
+                count * es);
   opts.setOutput(static_cast<std::uint8_t*>(recv), elements);
   const std::uint32_t tag = next_tag();
   opts.setTag(tag);
@@ -264,7 +263,8 @@ std::unique_ptr<Work> GlooCommunicator::do_scatter(const void* send, void* recv,
     std::memmove(recv, base + static_cast<size_t>(root) * block, block);
     for (int r = 0; r < size(); ++r)
       if (r != root)
-        ops.push_back(post_one(P2POp::Kind::send, const_cast<std::uint8_t*>(base) + static_cast<size_t>(r) * block,
+        ops.push_back(post_one(P2POp::Kind::send,
+                               const_cast<std::uint8_t*>(base) + static_cast<size_t>(r) * block,
                                block, r, 0, slot, "scatter"));
   } else {
     ops.push_back(post_one(P2POp::Kind::recv, recv, block, root, 0, slot, "scatter"));
@@ -279,7 +279,8 @@ std::unique_ptr<Work> GlooCommunicator::do_batch_isend_irecv(std::span<const P2P
   std::vector<PendingP2P> ops;
   ops.reserve(batch.size());
   for (const P2POp& o : batch)
-    ops.push_back(post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
+    ops.push_back(
+        post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
   return std::make_unique<GlooP2PWork>(*this, std::string(op), std::move(ops), deadline, timeout());
 }
 
@@ -295,13 +296,14 @@ PendingP2P GlooCommunicator::post_one(P2POp::Kind kind, void* buf, size_t nbytes
     p.self = self_.post(kind == P2POp::Kind::send, slot, buf, nbytes,
                         "gloo " + std::string(op) + " on " + name());
   } else {
-    call(op, [&] {
-      p.ub = ctx_->createUnboundBuffer(buf, nbytes);
-      if (kind == P2POp::Kind::send)
-        p.ub->send(peer, slot);
-      else
-        p.ub->recv(peer, slot);
-    }, peer_text(peer, tag));
+    call(
+        op,
+        [&] {
+          p.ub = ctx_->createUnboundBuffer(buf, nbytes);
+          if (kind == P2POp::Kind::send) p.ub->send(peer, slot);
+          else p.ub->recv(peer, slot);
+        },
+        peer_text(peer, tag));
   }
   return p;
 }
@@ -316,7 +318,8 @@ void GlooCommunicator::gather_bytes(std::string_view op, const void* send, void*
     std::memmove(base + static_cast<size_t>(root) * block, send, block);
     for (int r = 0; r < size(); ++r)
       if (r != root)
-        ops.push_back(post_one(P2POp::Kind::recv, base + static_cast<size_t>(r) * block, block, r, 0, slot, op));
+        ops.push_back(post_one(P2POp::Kind::recv, base + static_cast<size_t>(r) * block, block, r,
+                               0, slot, op));
   } else {
     ops.push_back(post_one(P2POp::Kind::send, const_cast<void*>(send), block, root, 0, slot, op));
   }
@@ -328,7 +331,8 @@ void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op) {
   ::gloo::AllreduceOptions opts(ctx_);
   opts.setOutput(static_cast<T*>(buf), count);
   opts.setReduceFunction([op](void* c, const void* a, const void* b, size_t n) {
-    detail::reduce_block(static_cast<T*>(c), static_cast<const T*>(a), static_cast<const T*>(b), n, op);
+    detail::reduce_block(static_cast<T*>(c), static_cast<const T*>(a), static_cast<const T*>(b), n,
+                         op);
   });
   const std::uint32_t tag = next_tag();
   opts.setTag(tag);
@@ -348,9 +352,8 @@ void GlooCommunicator::reduce_everywhere(void* buf, size_t count, DataType type,
     detail::narrow_half(wide.data(), buf, count, type);
     return;
   }
-  detail::dispatch_native(type, [&](auto zero) {
-    allreduce_typed<decltype(zero)>(buf, count, eop);
-  });
+  detail::dispatch_native(type,
+                          [&](auto zero) { allreduce_typed<decltype(zero)>(buf, count, eop); });
   if (op == ReduceOp::avg) detail::divide_by(buf, count, type, size());
 }
 
@@ -364,8 +367,8 @@ std::unique_ptr<Communicator> GlooCommunicator::make_group(const std::vector<int
   std::vector<int> global;
   for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
   // A new group starts with this communicator's timeout.
-  auto ctx = connect_group(*shared_, prefix, static_cast<int>(it - members.begin()), global,
-                           op, name, timeout(), deadline);
+  auto ctx = connect_group(*shared_, prefix, static_cast<int>(it - members.begin()), global, op,
+                           name, timeout(), deadline);
   return std::make_unique<GlooCommunicator>(std::move(name), shared_, std::move(ctx),
                                             std::move(global), prefix, timeout());
 }

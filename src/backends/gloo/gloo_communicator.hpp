@@ -32,9 +32,8 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::string name, std::shared_ptr<Shared> shared,
                    std::shared_ptr<::gloo::Context> ctx, std::vector<int> global_ranks,
                    std::string prefix, Ms timeout)
-      : Communicator(std::move(name), timeout), shared_(std::move(shared)),
-        ctx_(std::move(ctx)), global_ranks_(std::move(global_ranks)),
-        prefix_(std::move(prefix)) {
+      : Communicator(std::move(name), timeout), shared_(std::move(shared)), ctx_(std::move(ctx)),
+        global_ranks_(std::move(global_ranks)), prefix_(std::move(prefix)) {
     set_members({global_ranks_.begin(), global_ranks_.end()});
   }
   std::string_view backend() const noexcept override { return "gloo"; }
@@ -107,8 +106,8 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> do_barrier() override;
   std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
                                      int root) override;
-  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
-                                     DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count, DataType type,
+                                     ReduceOp op) override;
   std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
                                      DataType type) override {
     allgather_bytes("allgather", send, recv, bytes(count, type));
@@ -145,7 +144,8 @@ class GlooCommunicator final : public Communicator {
   // Gloo's collectives use slot prefixes 0x01-0x08 in the top byte; point-to-point uses its
   // own prefix so that a user's tag can never match a collective's message.
   static std::uint64_t p2p_slot(int tag) {
-    return (std::uint64_t{0x40} << 56) | (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag)) << 24);
+    return (std::uint64_t{0x40} << 56) |
+           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag)) << 24);
   }
 
   // Collectives run in the same order on every rank of a group, so a counter gives every

@@ -39,9 +39,7 @@ template <typename F>
 void guard(std::string_view op, const std::string& group, F&& fn, const std::string& hint = "") {
   try {
     std::forward<F>(fn)();
-  } catch (const Error&) {
-    throw;
-  } catch (const ::gloo::EnforceNotMet& e) {
+  } catch (const Error&) { throw; } catch (const ::gloo::EnforceNotMet& e) {
     rethrow_gloo(op, group, e.what(), hint);
   } catch (const ::gloo::Exception& e) {
     rethrow_gloo(op, group, e.what(), hint);

@@ -4,8 +4,7 @@
 
 namespace commgrid {
 
-LocalRunResult run_local_ranks_collect(int size,
-                                       const std::function<void(Communicator& world)>& fn,
+LocalRunResult run_local_ranks_collect(int size, const std::function<void(Communicator& world)>& fn,
                                        const GlooOptions& options) {
   return run_rank_threads_collect(
       size,

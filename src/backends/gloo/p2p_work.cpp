@@ -22,10 +22,9 @@ std::shared_ptr<SelfMessage> SelfMailbox::post(bool is_send, std::uint64_t slot,
   SelfMessage& send = is_send ? *msg : *other;
   SelfMessage& recv = is_send ? *other : *msg;
   if (send.bytes != recv.bytes)
-    throw InvalidValueError("count", where + ": a message to this rank itself carries " +
-                                         std::to_string(send.bytes) +
-                                         " bytes, its receive expects " +
-                                         std::to_string(recv.bytes));
+    throw InvalidValueError(
+        "count", where + ": a message to this rank itself carries " + std::to_string(send.bytes) +
+                     " bytes, its receive expects " + std::to_string(recv.bytes));
   if (send.bytes > 0) std::memcpy(recv.buf, send.buf, send.bytes);
   send.done = recv.done = true;
   return msg;
@@ -49,27 +48,30 @@ void GlooP2PWork::wait() {
       // This rank's own messages are matched when posted; one still open now can never
       // be (nothing else runs on this communicator while this thread waits).
       if (!op.self->done)
-        throw BackendError("gloo " + op_ + " on " + comm_.name() + ": a " + what +
-                           " this rank itself (tag " + std::to_string(op.tag) +
-                           ") has no matching " +
-                           (op.kind == P2POp::Kind::send ? "receive" : "send") +
-                           "; post both before waiting");
+        throw BackendError(
+            "gloo " + op_ + " on " + comm_.name() + ": a " + what + " this rank itself (tag " +
+            std::to_string(op.tag) + ") has no matching " +
+            (op.kind == P2POp::Kind::send ? "receive" : "send") + "; post both before waiting");
       op.done = true;
       continue;
     }
     const auto left = std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline_ - Clock::now()));
     try {
-      comm_.call(op_, [&] {
-        int peer = -1;
-        const bool ok = op.kind == P2POp::Kind::send ? op.ub->waitSend(&peer, left)
-                                                     : op.ub->waitRecv(&peer, left);
-        if (!ok)
-          throw AbortedError("gloo " + op_ + " on " + comm_.name() + ": aborted (" +
-                             comm_.peer_text(op.peer, op.tag) + ")");
-      }, comm_.peer_text(op.peer, op.tag));
+      comm_.call(
+          op_,
+          [&] {
+            int peer = -1;
+            const bool ok = op.kind == P2POp::Kind::send ? op.ub->waitSend(&peer, left)
+                                                         : op.ub->waitRecv(&peer, left);
+            if (!ok)
+              throw AbortedError("gloo " + op_ + " on " + comm_.name() + ": aborted (" +
+                                 comm_.peer_text(op.peer, op.tag) + ")");
+          },
+          comm_.peer_text(op.peer, op.tag));
     } catch (const Error&) {
       if (ran_out())
-        throw TimeoutError(deadline->timeout_text() + " (" + comm_.peer_text(op.peer, op.tag) + ")");
+        throw TimeoutError(deadline->timeout_text() + " (" + comm_.peer_text(op.peer, op.tag) +
+                           ")");
       throw;
     }
     op.done = true;

@@ -14,13 +14,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <thread>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "commgrid/store.hpp"
 
@@ -42,7 +42,7 @@ struct PairGateScope::State {
 
 namespace {
 
-constexpr std::size_t kProof = 64;                  // hex of HMAC-SHA256
+constexpr std::size_t kProof = 64;  // hex of HMAC-SHA256
 // A genuine connector sends its proof within a round trip of being accepted; a connection
 // silent this long is a stranger. After a refusal the genuine peer may still come: the gate
 // waits this much longer for it (within the deadline) before failing the pair.
@@ -86,9 +86,10 @@ std::atomic<std::size_t> g_count{0};  // registry().listeners.size(), read witho
 // group creation, the listening port and the end (one end's proof never passes as the other's).
 enum class End { listener, connector };
 std::string proof_for(const State& s, int port, End end) {
-  std::string p = token_proof(s.token, std::string(end == End::listener ? "commgrid gloo listener\n"
-                                                                         : "commgrid gloo connector\n") +
-                                           s.prefix + "\n" + std::to_string(port));
+  std::string p = token_proof(
+      s.token,
+      std::string(end == End::listener ? "commgrid gloo listener\n" : "commgrid gloo connector\n") +
+          s.prefix + "\n" + std::to_string(port));
   p.resize(kProof, '0');
   return p;
 }
@@ -114,7 +115,9 @@ int wait_ms(Clock::time_point until) {
   return static_cast<int>(std::clamp<long long>(left, 0, 60'000));
 }
 
-int real_listen(int fd, int backlog) { return static_cast<int>(::syscall(SYS_listen, fd, backlog)); }
+int real_listen(int fd, int backlog) {
+  return static_cast<int>(::syscall(SYS_listen, fd, backlog));
+}
 
 int real_connect(int fd, const sockaddr* addr, socklen_t len) {
   return static_cast<int>(::syscall(SYS_connect, fd, addr, len));
@@ -195,16 +198,16 @@ class Watcher {
   }
 
  private:
-  Watcher() { std::thread([this] { run(); }).detach(); }
+  Watcher() {
+    std::thread([this] { run(); }).detach();
+  }
 
   void run() {
     std::unique_lock lock(m_);
     for (;;) {
       std::optional<Clock::time_point> next = poke_due();
-      if (next)
-        cv_.wait_until(lock, *next);
-      else
-        cv_.wait(lock);
+      if (next) cv_.wait_until(lock, *next);
+      else cv_.wait(lock);
     }
   }
 
@@ -307,7 +310,8 @@ int gated_accept(int lfd, sockaddr* addr, socklen_t* addrlen, const Listener& l)
       if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
       if (r <= 0) {
         refuse(c, r == 0 ? "it closed the connection without proving the job's token"
-                         : std::string("it failed before proving the job's token: ") + std::strerror(errno));
+                         : std::string("it failed before proving the job's token: ") +
+                               std::strerror(errno));
         continue;
       }
       c.got.append(buf, static_cast<std::size_t>(r));
@@ -327,11 +331,13 @@ int gated_accept(int lfd, sockaddr* addr, socklen_t* addrlen, const Listener& l)
     if (fds[0].revents != 0) {
       for (;;) {
         Candidate c;
-        c.fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(&c.addr), &c.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        c.fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(&c.addr), &c.len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (c.fd < 0) break;
         c.since = Clock::now();
         // A fresh socket's buffer takes the 64 bytes at once; one that does not is refused.
-        if (::send(c.fd, l.mine.data(), kProof, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(kProof)) {
+        if (::send(c.fd, l.mine.data(), kProof, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+            static_cast<ssize_t>(kProof)) {
           refuse(c, "the listener's proof could not be sent to it");
           continue;
         }
@@ -370,7 +376,8 @@ int gated_connect(int fd, const sockaddr* addr, socklen_t len, State& scope) {
   }
   auto refuse = [&](const std::string& why) {
     std::lock_guard lock(scope.m);
-    scope.refused.push_back("unauthenticated peer at " + address_text(peer) + " (a listener of this group): " + why);
+    scope.refused.push_back("unauthenticated peer at " + address_text(peer) +
+                            " (a listener of this group): " + why);
     errno = ECONNREFUSED;
     return -1;
   };
@@ -398,7 +405,8 @@ int gated_connect(int fd, const sockaddr* addr, socklen_t len, State& scope) {
     if (errno != EAGAIN) return -1;
     if (!wait_ready(fd, POLLIN, scope.deadline)) return -1;
   }
-  if (CRYPTO_memcmp(got.data(), theirs.data(), kProof) != 0) return refuse("it did not prove the job's token");
+  if (CRYPTO_memcmp(got.data(), theirs.data(), kProof) != 0)
+    return refuse("it did not prove the job's token");
   std::size_t sent = 0;
   while (sent < kProof) {
     const ssize_t w = ::send(fd, mine.data() + sent, kProof - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -498,7 +506,8 @@ extern "C" int listen(int fd, int backlog) noexcept {
 
 extern "C" int connect(int fd, const sockaddr* addr, socklen_t len) {
   using namespace commgrid::gloo_backend;
-  if (t_scope == nullptr || t_paused != 0 || !is_stream_ip(fd, addr)) return real_connect(fd, addr, len);
+  if (t_scope == nullptr || t_paused != 0 || !is_stream_ip(fd, addr))
+    return real_connect(fd, addr, len);
   return gated_connect(fd, addr, len, *t_scope);
 }
 

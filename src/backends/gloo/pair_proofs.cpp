@@ -44,14 +44,13 @@ void prove_peers(::gloo::Context& ctx, const std::string& token, const std::stri
     }
   });
   auto left = [&] {
-    return std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now()));
+    return std::max(Ms(1),
+                    std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now()));
   };
   auto peer_address = [&](int peer) {
     try {
       return ctx.getPair(peer)->address().str();
-    } catch (const std::exception&) {
-      return std::string("rank ") + std::to_string(peer);
-    }
+    } catch (const std::exception&) { return std::string("rank ") + std::to_string(peer); }
   };
   for (size_t i = 0; i < recvs.size(); ++i) {
     const int peer = recv_peer[i];

@@ -69,9 +69,7 @@ std::string pair_address_text(const std::vector<char>& value) {
   if (value.size() != kRecord + 1) return "";  // the record and the gate mark
   try {
     return ::gloo::transport::tcp::Address(std::vector<char>(value.begin(), value.end() - 1)).str();
-  } catch (const std::exception&) {
-    return "";
-  }
+  } catch (const std::exception&) { return ""; }
 }
 
 RendezvousStore::RendezvousStore(commgrid::Store& store, std::string prefix, std::string op,
@@ -100,12 +98,15 @@ std::vector<char> RendezvousStore::take(const std::string& key) {
   const char theirs = value.empty() ? '?' : value.back();
   if (theirs != gate_mark()) {
     auto says = [](char mark) {
-      return mark == 'g' ? std::string("gates") : mark == 'n' ? std::string("does not gate") : std::string("gives no gate state for");
+      return mark == 'g'   ? std::string("gates")
+             : mark == 'n' ? std::string("does not gate")
+                           : std::string("gives no gate state for");
     };
-    throw IncompatibleError("gloo", "gloo " + op_ + " on " + group_ + ": rank " + address_key_owner(key) + " " + says(theirs) +
-                                        " its Gloo connections, this rank " + says(gate_mark()) +
-                                        " them: link every rank's program with commgrid the same way "
-                                        "(see docs/security.md)");
+    throw IncompatibleError(
+        "gloo", "gloo " + op_ + " on " + group_ + ": rank " + address_key_owner(key) + " " +
+                    says(theirs) + " its Gloo connections, this rank " + says(gate_mark()) +
+                    " them: link every rank's program with commgrid the same way "
+                    "(see docs/security.md)");
   }
   value.pop_back();
   return value;
@@ -120,8 +121,8 @@ void RendezvousStore::wait(const std::vector<std::string>& keys, const Ms& timeo
   for (const auto& k : keys) full_keys.push_back(full(k));
   // Gloo waits for its peers' keys one after another; one deadline for the whole
   // rendezvous keeps the total within the timeout, whatever the number of peers.
-  const Ms left = std::max(Ms(1), std::chrono::duration_cast<Ms>(
-                                      deadline_ - std::chrono::steady_clock::now()));
+  const Ms left =
+      std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline_ - std::chrono::steady_clock::now()));
   try {
     if (store_.wait_for(full_keys, std::min(timeout, left)).empty()) return;
   } catch (const AbortedError& e) {
@@ -138,12 +139,11 @@ void RendezvousStore::wait(const std::vector<std::string>& keys, const Ms& timeo
   std::string who = missing.empty()
                         ? "keys " + full_keys.front()
                         : std::string(missing.size() == 1 ? "rank " : "ranks ") +
-                              join_ints(missing) + " (global " + join_ints(missing_global) +
-                              ")";
+                              join_ints(missing) + " (global " + join_ints(missing_global) + ")";
   throw TimeoutError("gloo " + op_ + " on " + group_ + ": timed out after " +
                      seconds_text(timeout) + " waiting for " + who + " of " +
-                     std::to_string(global_ranks_.size()) + " to arrive (store " +
-                     store_.uri() + ", keys " + prefix_ + "/*)");
+                     std::to_string(global_ranks_.size()) + " to arrive (store " + store_.uri() +
+                     ", keys " + prefix_ + "/*)");
 }
 
 }  // namespace commgrid::gloo_backend

@@ -27,10 +27,11 @@ std::string pair_key(int from, int to);
 /// RendezvousStore::set stored it; "" when it is not a TCP address.
 std::string pair_address_text(const std::vector<char>& value);
 
-/// A group's rendezvous through commgrid's Store: the pair keys under the group's prefix, one deadline for the whole rendezvous, and, when a
-/// wait times out, TimeoutError naming every rank that has not arrived (its arrival key is
-/// missing) rather than a bare key list. Address values carry a gate mark, so that two
-/// ends linked with and without the connection gate refuse each other by name.
+/// A group's rendezvous through commgrid's Store: the pair keys under the group's prefix, one
+/// deadline for the whole rendezvous, and, when a wait times out, TimeoutError naming every rank
+/// that has not arrived (its arrival key is missing) rather than a bare key list. Address values
+/// carry a gate mark, so that two ends linked with and without the connection gate refuse each
+/// other by name.
 class RendezvousStore final : public ::gloo::rendezvous::Store {
  public:
   RendezvousStore(commgrid::Store& store, std::string prefix, std::string op, std::string group,
@@ -42,7 +43,8 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
   /// get() of a key already waited for: one store operation.
   std::vector<char> take(const std::string& key);
   void wait(const std::vector<std::string>& keys) override;
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override;
 
  private:
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }

@@ -130,8 +130,8 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
   using namespace gloo_backend;
   if (!store) throw ConfigError("store", "gloo world: no store given");
   if (size < 1)
-    throw InvalidValueError("world_size", "gloo world: world size must be >= 1, got " +
-                                              std::to_string(size));
+    throw InvalidValueError("world_size",
+                            "gloo world: world size must be >= 1, got " + std::to_string(size));
   if (rank < 0 || rank >= size)
     throw RankOutOfRangeError("rank", "gloo world: rank " + std::to_string(rank) +
                                           " is not in [0, " + std::to_string(size) + ")");
@@ -141,12 +141,14 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
   if (options.prefix.empty()) throw ConfigError("prefix", "gloo world: empty key prefix");
   auto shared = std::make_shared<Shared>();
   shared->store = std::move(store);
-  shared->token = effective_token(*shared->store, options.token);  // no token: the store's job secret
+  shared->token =
+      effective_token(*shared->store, options.token);  // no token: the store's job secret
   ::gloo::transport::tcp::attr attr;
   attr.hostname = options.hostname.empty() ? default_hostname(*shared->store) : options.hostname;
-  guard("create device", "world",
-        [&] { shared->device = ::gloo::transport::tcp::CreateDevice(attr); },
-        "hostname " + attr.hostname);
+  guard(
+      "create device", "world",
+      [&] { shared->device = ::gloo::transport::tcp::CreateDevice(attr); },
+      "hostname " + attr.hostname);
   std::vector<int> global(static_cast<size_t>(size));
   std::iota(global.begin(), global.end(), 0);
   // Gloo writes to peers' sockets without MSG_NOSIGNAL: a peer that died would kill this

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -56,8 +56,7 @@ void half_reduce(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   for (int i = 0; i < *len; ++i) {
     if constexpr (Bf16)
       b[i] = float_to_bf16(detail::combine<Op>(bf16_to_float(a[i]), bf16_to_float(b[i])));
-    else
-      b[i] = float_to_fp16(detail::combine<Op>(fp16_to_float(a[i]), fp16_to_float(b[i])));
+    else b[i] = float_to_fp16(detail::combine<Op>(fp16_to_float(a[i]), fp16_to_float(b[i])));
   }
 }
 
@@ -192,7 +191,8 @@ std::shared_ptr<void> end_stuck_init(std::chrono::milliseconds timeout) {
                               "rank of the job did not start or is stopped); ending this "
                               "rank\n",
                               static_cast<double>(timeout.count()) / 1000.0);
-  if (n > 0) [[maybe_unused]] auto w = ::write(2, line, static_cast<size_t>(n));
+  if (n > 0) [[maybe_unused]]
+    auto w = ::write(2, line, static_cast<size_t>(n));
   std::_Exit(1);
 }
 
@@ -251,8 +251,7 @@ void MpiEnvironment::abort(int code) noexcept {
 
 // ---- MpiCommunicator ---------------------------------------------------------------
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
-                                 std::chrono::milliseconds timeout)
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, std::chrono::milliseconds timeout)
     : Communicator(std::move(name), timeout), comm_(comm) {
   if (comm == MPI_COMM_NULL || comm == MPI_COMM_WORLD || comm == MPI_COMM_SELF)
     throw BackendError("mpi communicator " + this->name() +
@@ -284,14 +283,16 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm comm, std::
 
 int create_group_tag(std::string_view name, int tag_upper_bound) noexcept {
   const std::size_t hash_pos = name.rfind('#');
-  const std::string_view prefix = hash_pos == std::string_view::npos ? name : name.substr(0, hash_pos);
+  const std::string_view prefix =
+      hash_pos == std::string_view::npos ? name : name.substr(0, hash_pos);
   const std::uint64_t h = detail::fingerprint(prefix);
   const auto range = static_cast<std::uint64_t>(std::max(tag_upper_bound, 0)) + 1;
   return static_cast<int>(h % range);
 }
 
 void MpiCommunicator::check(int rc, const char* op) const {
-  if (rc != MPI_SUCCESS) throw BackendError("mpi " + std::string(op) + " on " + name() + ": " + error_text(rc));
+  if (rc != MPI_SUCCESS)
+    throw BackendError("mpi " + std::string(op) + " on " + name() + ": " + error_text(rc));
 }
 
 void MpiCommunicator::check_usable(const char* op) const {
@@ -390,7 +391,8 @@ std::unique_ptr<Communicator> MpiCommunicator::do_create_group(std::span<const i
       bound_creation(timeout(), "mpi create_group on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create_group(comm_, group.group, tag, &out);
   if (rc != MPI_SUCCESS)
-    throw BackendError("mpi create_group on " + this->name() + " for " + name + ": " + error_text(rc));
+    throw BackendError("mpi create_group on " + this->name() + " for " + name + ": " +
+                       error_text(rc));
   return adopt(out, std::move(name));
 }
 
@@ -400,8 +402,8 @@ std::unique_ptr<Communicator> MpiCommunicator::do_create_group_collective(
   GroupGuard group;
   group_of_members(members, "create_group_collective", group.group);
   MPI_Comm out = MPI_COMM_NULL;
-  const auto bound = bound_creation(
-      timeout(), "mpi create_group_collective on " + this->name() + " for " + name);
+  const auto bound =
+      bound_creation(timeout(), "mpi create_group_collective on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create(comm_, group.group, &out);
   if (rc != MPI_SUCCESS)
     throw BackendError("mpi create_group_collective on " + this->name() + " for " + name + ": " +
@@ -461,8 +463,9 @@ void MpiCommunicator::collective(const char* op, Blocking&& blocking, Start&& st
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_barrier() {
-  collective("barrier", [&] { return MPI_Barrier(comm_); },
-             [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+  collective(
+      "barrier", [&] { return MPI_Barrier(comm_); },
+      [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
   return std::make_unique<Work>();
 }
 
@@ -470,30 +473,32 @@ std::unique_ptr<Work> MpiCommunicator::do_broadcast(void* buf, std::size_t count
                                                     int root) {
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  collective("broadcast", [&] { return MPI_Bcast(buf, n, t, root, comm_); },
-             [&](MPI_Request* r) { return MPI_Ibcast(buf, n, t, root, comm_, r); });
+  collective(
+      "broadcast", [&] { return MPI_Bcast(buf, n, t, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Ibcast(buf, n, t, root, comm_, r); });
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::do_allreduce(const void* send, void* recv,
-                                                    std::size_t count, DataType type,
-                                                    ReduceOp op) {
+std::unique_ptr<Work> MpiCommunicator::do_allreduce(const void* send, void* recv, std::size_t count,
+                                                    DataType type, ReduceOp op) {
   const void* in = send == recv ? MPI_IN_PLACE : send;
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
   const MPI_Op o = mpi_op(op, type);
-  collective("allreduce", [&] { return MPI_Allreduce(in, recv, n, t, o, comm_); },
-             [&](MPI_Request* r) { return MPI_Iallreduce(in, recv, n, t, o, comm_, r); });
+  collective(
+      "allreduce", [&] { return MPI_Allreduce(in, recv, n, t, o, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallreduce(in, recv, n, t, o, comm_, r); });
   if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::do_allgather(const void* send, void* recv,
-                                                    std::size_t count, DataType type) {
+std::unique_ptr<Work> MpiCommunicator::do_allgather(const void* send, void* recv, std::size_t count,
+                                                    DataType type) {
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  collective("allgather", [&] { return MPI_Allgather(send, n, t, recv, n, t, comm_); },
-             [&](MPI_Request* r) { return MPI_Iallgather(send, n, t, recv, n, t, comm_, r); });
+  collective(
+      "allgather", [&] { return MPI_Allgather(send, n, t, recv, n, t, comm_); },
+      [&](MPI_Request* r) { return MPI_Iallgather(send, n, t, recv, n, t, comm_, r); });
   return std::make_unique<Work>();
 }
 
@@ -503,19 +508,20 @@ std::unique_ptr<Work> MpiCommunicator::do_reduce_scatter(const void* send, void*
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
   const MPI_Op o = mpi_op(op, type);
-  collective("reduce_scatter",
-             [&] { return MPI_Reduce_scatter_block(send, recv, n, t, o, comm_); },
-             [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, recv, n, t, o, comm_, r); });
+  collective(
+      "reduce_scatter", [&] { return MPI_Reduce_scatter_block(send, recv, n, t, o, comm_); },
+      [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(send, recv, n, t, o, comm_, r); });
   if (op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::do_alltoall(const void* send, void* recv,
-                                                   std::size_t count, DataType type) {
+std::unique_ptr<Work> MpiCommunicator::do_alltoall(const void* send, void* recv, std::size_t count,
+                                                   DataType type) {
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  collective("alltoall", [&] { return MPI_Alltoall(send, n, t, recv, n, t, comm_); },
-             [&](MPI_Request* r) { return MPI_Ialltoall(send, n, t, recv, n, t, comm_, r); });
+  collective(
+      "alltoall", [&] { return MPI_Alltoall(send, n, t, recv, n, t, comm_); },
+      [&](MPI_Request* r) { return MPI_Ialltoall(send, n, t, recv, n, t, comm_, r); });
   return std::make_unique<Work>();
 }
 
@@ -540,12 +546,15 @@ std::unique_ptr<Work> MpiCommunicator::do_alltoallv(const void* send,
   v_layout(send_counts, sc, sd);
   v_layout(recv_counts, rc, rd);
   const MPI_Datatype t = mpi_type(type);
-  collective("alltoallv",
-             [&] { return MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_); },
-             [&](MPI_Request* r) {
-               return MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t,
-                                     comm_, r);
-             });
+  collective(
+      "alltoallv",
+      [&] {
+        return MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_);
+      },
+      [&](MPI_Request* r) {
+        return MPI_Ialltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_,
+                              r);
+      });
   return std::make_unique<Work>();
 }
 
@@ -557,11 +566,12 @@ std::unique_ptr<Work> MpiCommunicator::do_allgatherv(const void* send, std::size
   v_layout(recv_counts, rc, rd);
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  collective("allgatherv",
-             [&] { return MPI_Allgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_); },
-             [&](MPI_Request* r) {
-               return MPI_Iallgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_, r);
-             });
+  collective(
+      "allgatherv",
+      [&] { return MPI_Allgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_); },
+      [&](MPI_Request* r) {
+        return MPI_Iallgatherv(send, n, t, recv, rc.data(), rd.data(), t, comm_, r);
+      });
   return std::make_unique<Work>();
 }
 
@@ -573,8 +583,9 @@ std::unique_ptr<Work> MpiCommunicator::do_reduce(const void* send, void* recv, s
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
   const MPI_Op o = mpi_op(op, type);
-  collective("reduce", [&] { return MPI_Reduce(in, out, n, t, o, root, comm_); },
-             [&](MPI_Request* r) { return MPI_Ireduce(in, out, n, t, o, root, comm_, r); });
+  collective(
+      "reduce", [&] { return MPI_Reduce(in, out, n, t, o, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Ireduce(in, out, n, t, o, root, comm_, r); });
   if (at_root && op == ReduceOp::avg) detail::divide_by(recv, count, type, size_);
   return std::make_unique<Work>();
 }
@@ -584,18 +595,20 @@ std::unique_ptr<Work> MpiCommunicator::do_gather(const void* send, void* recv, s
   void* out = rank_ == root ? recv : nullptr;
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  collective("gather", [&] { return MPI_Gather(send, n, t, out, n, t, root, comm_); },
-             [&](MPI_Request* r) { return MPI_Igather(send, n, t, out, n, t, root, comm_, r); });
+  collective(
+      "gather", [&] { return MPI_Gather(send, n, t, out, n, t, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Igather(send, n, t, out, n, t, root, comm_, r); });
   return std::make_unique<Work>();
 }
 
-std::unique_ptr<Work> MpiCommunicator::do_scatter(const void* send, void* recv,
-                                                  std::size_t count, DataType type, int root) {
+std::unique_ptr<Work> MpiCommunicator::do_scatter(const void* send, void* recv, std::size_t count,
+                                                  DataType type, int root) {
   const void* in = rank_ == root ? send : nullptr;
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
-  collective("scatter", [&] { return MPI_Scatter(in, n, t, recv, n, t, root, comm_); },
-             [&](MPI_Request* r) { return MPI_Iscatter(in, n, t, recv, n, t, root, comm_, r); });
+  collective(
+      "scatter", [&] { return MPI_Scatter(in, n, t, recv, n, t, root, comm_); },
+      [&](MPI_Request* r) { return MPI_Iscatter(in, n, t, recv, n, t, root, comm_, r); });
   return std::make_unique<Work>();
 }
 
@@ -733,7 +746,7 @@ class MpiP2PWork final : public Work {
 };
 
 std::unique_ptr<Work> MpiCommunicator::do_batch_isend_irecv(std::span<const P2POp> ops,
-                                                           std::string_view op_name) {
+                                                            std::string_view op_name) {
   const std::string op(op_name);
   check_usable(op.c_str());
   const auto deadline = Clock::now() + timeout();

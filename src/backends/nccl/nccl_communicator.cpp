@@ -180,9 +180,9 @@ std::string host_name() {
 // deadline; on timeout aborts it and throws TimeoutError naming the group and members. The
 // caller keeps `cfg` (its name) for as long as the returned communicator lives.
 OwnedComm init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int device,
-                     const std::string& op, const std::string& parent,
-                     const nccl_backend::CommConfig& cfg, Ms timeout,
-                     const std::vector<std::int64_t>& members) {
+                    const std::string& op, const std::string& parent,
+                    const nccl_backend::CommConfig& cfg, Ms timeout,
+                    const std::vector<std::int64_t>& members) {
   const std::string& name = *cfg.name;
   const DeviceGuard guard(device, op, parent);
   ncclConfig_t config = cfg.config;  // NCCL copies it, but keeps config.commName's pointer
@@ -195,7 +195,8 @@ OwnedComm init_comm(int nranks, const nccl_host::UniqueId& id, int rank, int dev
   if ((rc == ncclSuccess || rc == ncclInProgress) && comm) rc = settle_own(comm.get(), deadline).rc;
   if (rc == ncclSuccess && comm) return comm;
   const std::string target = parent == name ? "" : name;
-  if (rc == ncclInProgress) throw TimeoutError(timeout_message(op, parent, target, timeout, name, members));
+  if (rc == ncclInProgress)
+    throw TimeoutError(timeout_message(op, parent, target, timeout, name, members));
   throw BackendError("nccl " + op + " on " + parent + (target.empty() ? "" : " for " + target) +
                      ": " + nccl_text(rc) + " (members " + members_text(members) + ")");
 }
@@ -298,11 +299,13 @@ cudaMemPool_t make_pool(int device, const std::string& group) {
 
 // Device memory for work queued on `stream`, usable by that work at once: from `pool`, or
 // (nullptr: a device without pools) from the device's cache (then `cls` is the block's).
-nccl_host::BlockCache::Block device_alloc(std::size_t bytes, cudaStream_t stream, cudaMemPool_t pool,
-                                          int device, const std::string& op, const std::string& group) {
+nccl_host::BlockCache::Block device_alloc(std::size_t bytes, cudaStream_t stream,
+                                          cudaMemPool_t pool, int device, const std::string& op,
+                                          const std::string& group) {
   if (pool != nullptr) {
     void* p = nullptr;
-    check_cuda(cudaMallocFromPoolAsync(&p, bytes, pool, stream), op, group, "cudaMallocFromPoolAsync");
+    check_cuda(cudaMallocFromPoolAsync(&p, bytes, pool, stream), op, group,
+               "cudaMallocFromPoolAsync");
     return {p, 0};
   }
   return device_cache(device).take_or_make(nccl_host::size_class(bytes), make_device(op, group));
@@ -310,7 +313,8 @@ nccl_host::BlockCache::Block device_alloc(std::size_t bytes, cudaStream_t stream
 
 // Frees a device block after the work queued on `stream` so far. On failure the block is
 // lost rather than freed early.
-void device_free(nccl_host::BlockCache::Block b, cudaStream_t stream, bool pooled, int device) noexcept {
+void device_free(nccl_host::BlockCache::Block b, cudaStream_t stream, bool pooled,
+                 int device) noexcept {
   if (pooled) {
     (void)cudaFreeAsync(b.ptr, stream);
   } else {
@@ -393,10 +397,8 @@ struct NcclCommunicator::State {
       // Finalize flushes what is still queued; bounded by the timeout, then aborted.
       ncclResult_t rc = ncclCommFinalize(c);
       if (rc == ncclSuccess || rc == ncclInProgress) rc = settle_own(c, Clock::now() + timeout).rc;
-      if (rc == ncclSuccess)
-        (void)ncclCommDestroy(c);
-      else
-        (void)ncclCommAbort(c);
+      if (rc == ncclSuccess) (void)ncclCommDestroy(c);
+      else (void)ncclCommAbort(c);
     }
     release_memory();
   }
@@ -429,8 +431,8 @@ struct NcclCommunicator::State {
 
   void check_usable(const std::string& op) const {
     if (is_aborted())
-      throw BackendError("nccl " + op + " on " + name + ": the communicator was aborted: " +
-                         reason());
+      throw BackendError("nccl " + op + " on " + name +
+                         ": the communicator was aborted: " + reason());
   }
 
   /// An NCCL error from `op`: aborts the communicator and throws BackendError. No error is
@@ -575,18 +577,21 @@ class Staging {
     const std::size_t total = host_total + round_up(scratch_bytes_);
     if (total == 0) return;
     if (host_total > 0) {
-      pinned_ = pinned_cache().take_or_make(nccl_host::size_class(host_total), make_pinned(op, s.name));
+      pinned_ =
+          pinned_cache().take_or_make(nccl_host::size_class(host_total), make_pinned(op, s.name));
       for (const Slot& slot : slots_)
         if (slot.host && slot.in) std::memcpy(pinned_at(slot), slot.user, slot.bytes);
     }
     device_ = device_alloc(total, stream, pool_, device_id_, op, s.name);
     if (scratch_bytes_ > 0)
-      check_cuda(cudaMemsetAsync(static_cast<char*>(device_.ptr) + scratch_offset_, 0, scratch_bytes_, stream),
+      check_cuda(cudaMemsetAsync(static_cast<char*>(device_.ptr) + scratch_offset_, 0,
+                                 scratch_bytes_, stream),
                  op, s.name, "cudaMemsetAsync");
     for (const Slot& slot : slots_) {
       if (!slot.host || !slot.in) continue;
       pinned_in_flight_ = true;
-      check_cuda(cudaMemcpyAsync(device_at(slot), pinned_at(slot), slot.bytes, cudaMemcpyHostToDevice, stream),
+      check_cuda(cudaMemcpyAsync(device_at(slot), pinned_at(slot), slot.bytes,
+                                 cudaMemcpyHostToDevice, stream),
                  op, s.name, "cudaMemcpyAsync to the device");
     }
   }
@@ -598,7 +603,9 @@ class Staging {
       if (s.user == p && s.host) return static_cast<T*>(device_at(s));
     return p;
   }
-  [[nodiscard]] void* scratch_ptr() const { return static_cast<char*>(device_.ptr) + scratch_offset_; }
+  [[nodiscard]] void* scratch_ptr() const {
+    return static_cast<char*>(device_.ptr) + scratch_offset_;
+  }
 
   /// After the operation was enqueued: enqueues the copies of host outputs to the pinned block
   /// and the release of the device block, behind the operation on its stream.
@@ -607,7 +614,8 @@ class Staging {
     for (const Slot& slot : slots_) {
       if (!slot.host || !slot.out) continue;
       pinned_in_flight_ = true;
-      check_cuda(cudaMemcpyAsync(pinned_at(slot), device_at(slot), slot.bytes, cudaMemcpyDeviceToHost, stream_),
+      check_cuda(cudaMemcpyAsync(pinned_at(slot), device_at(slot), slot.bytes,
+                                 cudaMemcpyDeviceToHost, stream_),
                  op, group, "cudaMemcpyAsync to the host");
     }
     device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
@@ -618,7 +626,8 @@ class Staging {
   void finish() noexcept {
     if (pinned_.ptr == nullptr) return;
     for (const Slot& slot : slots_)
-      if (slot.host && slot.out) std::memcpy(const_cast<void*>(slot.user), pinned_at(slot), slot.bytes);
+      if (slot.host && slot.out)
+        std::memcpy(const_cast<void*>(slot.user), pinned_at(slot), slot.bytes);
     const nccl_host::BlockCache::Block b = std::exchange(pinned_, {});
     pinned_cache().give(b.ptr, b.cls);
   }
@@ -654,12 +663,11 @@ class Staging {
   // did not complete: copies still queued may read or write the pinned block, so it is
   // never reused (a few bytes of control data per failed operation).
   void release() noexcept {
-    if (device_.ptr != nullptr) device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
+    if (device_.ptr != nullptr)
+      device_free(std::exchange(device_, {}), stream_, pool_ != nullptr, device_id_);
     if (pinned_.ptr == nullptr) return;
-    if (pinned_in_flight_)
-      pinned_cache().lose(pinned_.cls);
-    else
-      pinned_cache().give(pinned_.ptr, pinned_.cls);
+    if (pinned_in_flight_) pinned_cache().lose(pinned_.cls);
+    else pinned_cache().give(pinned_.ptr, pinned_.cls);
     pinned_ = {};
   }
 
@@ -710,18 +718,13 @@ class NcclWork final : public Work {
     Backoff backoff;
     for (;;) {
       switch (look(true)) {
-        case nccl_host::WorkVerdict::pending:
-          backoff.pause();
-          break;
-        case nccl_host::WorkVerdict::complete:
-          complete();
-          return;
+        case nccl_host::WorkVerdict::pending: backoff.pause(); break;
+        case nccl_host::WorkVerdict::complete: complete(); return;
         case nccl_host::WorkVerdict::cuda_error:
           give_up(what() + "cudaEventQuery: " + cuda_text(cuda_error_));
         case nccl_host::WorkVerdict::aborted:
           give_up(what() + "the communicator was aborted: " + state_->reason(), false);
-        case nccl_host::WorkVerdict::nccl_error:
-          give_up(what() + nccl_text(nccl_error_));
+        case nccl_host::WorkVerdict::nccl_error: give_up(what() + nccl_text(nccl_error_));
         case nccl_host::WorkVerdict::timed_out: {
           const std::string msg =
               timeout_message(op_, state_->name, "", timeout_, state_->name, state_->members);
@@ -743,13 +746,9 @@ class NcclWork final : public Work {
     if (finished_) return true;
     const DeviceGuard guard(state_->device);
     switch (look(false)) {
-      case nccl_host::WorkVerdict::pending:
-        return false;
-      case nccl_host::WorkVerdict::complete:
-        complete();
-        return true;
-      default:
-        return true;
+      case nccl_host::WorkVerdict::pending: return false;
+      case nccl_host::WorkVerdict::complete: complete(); return true;
+      default: return true;
     }
   }
 
@@ -859,7 +858,8 @@ nccl_host::MemoryKind nccl_backend::memory_kind(const void* p, int* device, cons
     case cudaMemoryTypeHost: return nccl_host::MemoryKind::pinned_host;
     case cudaMemoryTypeUnregistered: return nccl_host::MemoryKind::host;
   }
-  throw BackendError("nccl " + op + " on " + group + ": cudaPointerGetAttributes: unknown memory type " +
+  throw BackendError("nccl " + op + " on " + group +
+                     ": cudaPointerGetAttributes: unknown memory type " +
                      std::to_string(static_cast<int>(a.type)));
 }
 
@@ -872,11 +872,11 @@ NcclCommunicator::NcclCommunicator(std::string name, std::shared_ptr<State> stat
 
 NcclCommunicator::~NcclCommunicator() = default;
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(std::shared_ptr<State> state,
-                                                          Ms timeout,
+std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(std::shared_ptr<State> state, Ms timeout,
                                                           std::vector<std::int64_t> members) {
   std::string name = state->name;
-  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(std::move(name), std::move(state), timeout));
+  std::unique_ptr<NcclCommunicator> c(
+      new NcclCommunicator(std::move(name), std::move(state), timeout));
   if (!members.empty()) {
     c->state_->members = members;
     c->set_members(std::move(members));
@@ -915,7 +915,8 @@ using Epoch = nccl_host::EpochMembers<State>;
 
 // A world's state begins an epoch of its own.
 void begin_epoch(const std::shared_ptr<State>& world) {
-  world->epoch = std::make_shared<Epoch>([](State& s, const std::string& why) { return s.abort_now(why); });
+  world->epoch =
+      std::make_shared<Epoch>([](State& s, const std::string& why) { return s.abort_now(why); });
   world->epoch->add(world);
 }
 
@@ -937,18 +938,21 @@ OwnedComm make_child(State& s, const std::string& op, const std::string& target,
   bool job_ended = false;
   OwnedComm child(nullptr, CommAborter{s.device});
   OnExit unwind([&] {
-    if (!job_ended) s.abort("nccl " + op + " on " + s.name + " for " + target + " did not complete");
+    if (!job_ended)
+      s.abort("nccl " + op + " on " + s.name + " for " + target + " did not complete");
     child.reset(__atomic_load_n(&slot, __ATOMIC_ACQUIRE));
   });
   auto on_parent = [&](ncclComm_t parent) { return call(parent, &slot); };
-  const std::optional<ncclResult_t> called = stopping ? s.use_stopping(on_parent) : s.use(on_parent);
+  const std::optional<ncclResult_t> called =
+      stopping ? s.use_stopping(on_parent) : s.use(on_parent);
   if (!called) s.check_usable(op);
   // The parent reports ncclInProgress until the job has ended (for a rank without color too:
   // it takes part in the exchange of colors).
   Settled st{called.value_or(ncclInvalidUsage), false};
   if (st.rc == ncclSuccess || st.rc == ncclInProgress)
-    st = settle([&s, stopping] { return stopping ? s.use_stopping(&async_state_of) : s.async_state(); },
-                deadline);
+    st = settle(
+        [&s, stopping] { return stopping ? s.use_stopping(&async_state_of) : s.async_state(); },
+        deadline);
   if (st.aborted) s.check_usable(op);
   if (st.rc == ncclInProgress) {
     const std::string msg = timeout_message(op, s.name, target, timeout, s.name, s.members);
@@ -979,13 +983,16 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
   s.check_usable("split");
   nccl_host::check_nccl_environment("nccl split on " + s.name + " for " + name);
   const DeviceGuard guard(s.device, "split", s.name);
-  const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);  // outlives the child
+  const nccl_backend::CommConfig cfg =
+      nccl_backend::nonblocking_config(name);  // outlives the child
   ncclConfig_t config = cfg.config;
   const int c = color ? static_cast<int>(*color) : NCCL_SPLIT_NOCOLOR;
-  const std::string target = name + (color ? " (color " + std::to_string(*color) + ")" : " (no color)");
-  OwnedComm child = make_child(s, "split", target, name, timeout(), false, [&](ncclComm_t parent, ncclComm_t* slot) {
-    return ncclCommSplit(parent, c, static_cast<int>(key), slot, &config);
-  });
+  const std::string target =
+      name + (color ? " (color " + std::to_string(*color) + ")" : " (no color)");
+  OwnedComm child = make_child(
+      s, "split", target, name, timeout(), false, [&](ncclComm_t parent, ncclComm_t* slot) {
+        return ncclCommSplit(parent, c, static_cast<int>(key), slot, &config);
+      });
   if (!color) {
     COMMGRID_ENFORCE(child == nullptr, "ncclCommSplit gave a communicator to a rank without color");
     return nullptr;
@@ -1019,7 +1026,8 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const 
   }
   const nccl_host::UniqueId id =
       nccl_host::distribute_unique_id(*s.bootstrap, boot_ranks, name, make_unique_id);
-  const int mine = static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
+  const int mine =
+      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
   OwnedComm comm = init_comm(static_cast<int>(members.size()), id, mine, s.device, "create_group",
                              s.name, cfg, timeout(), global);
@@ -1058,17 +1066,18 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
                        differ + " passed different members or name than rank 0");
   const std::int64_t* leader = &all[static_cast<std::size_t>(members.front()) * kWords];
   if (leader[1] != 1)
-    throw BackendError("nccl create_group_collective on " + s.name + " for " + name + ": rank " +
-                       std::to_string(members.front()) + " could not make the NCCL unique id: " +
-                       std::string(reinterpret_cast<const char*>(&leader[2 + kIdWords]),
-                                   strnlen(reinterpret_cast<const char*>(&leader[2 + kIdWords]),
-                                           kTextWords * 8)));
+    throw BackendError(
+        "nccl create_group_collective on " + s.name + " for " + name + ": rank " +
+        std::to_string(members.front()) + " could not make the NCCL unique id: " +
+        std::string(reinterpret_cast<const char*>(&leader[2 + kIdWords]),
+                    strnlen(reinterpret_cast<const char*>(&leader[2 + kIdWords]), kTextWords * 8)));
   if (!std::binary_search(members.begin(), members.end(), rank())) return nullptr;
   nccl_host::UniqueId id{};
   std::memcpy(id.data(), &leader[2], id.size());
   std::vector<std::int64_t> global;
   for (int m : members) global.push_back(global_rank(m));
-  const int me = static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
+  const int me =
+      static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
   OwnedComm comm = init_comm(static_cast<int>(members.size()), id, me, s.device,
                              "create_group_collective", s.name, cfg, timeout(), global);
@@ -1082,42 +1091,48 @@ std::unique_ptr<Work> NcclCommunicator::do_barrier() {
   // on the operation's stream.
   Staging st;
   st.scratch(sizeof(std::int32_t));
-  return post(state_, timeout(), "barrier", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    void* buf = b.scratch_ptr();
-    return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, stream);
-  });
+  return post(state_, timeout(), "barrier", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                void* buf = b.scratch_ptr();
+                return ncclAllReduce(buf, buf, 1, ncclInt32, ncclSum, c, stream);
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
                                                      int root) {
   Staging st;
   st.inout(buf, bytes_of(count, type), "buf");
-  return post(state_, timeout(), "broadcast", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    void* d = b.dev(buf);
-    return ncclBroadcast(d, d, count, nccl_backend::nccl_type(type), root, c, stream);
-  });
+  return post(state_, timeout(), "broadcast", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                void* d = b.dev(buf);
+                return ncclBroadcast(d, d, count, nccl_backend::nccl_type(type), root, c, stream);
+              });
 }
 
-std::unique_ptr<Work> NcclCommunicator::do_allreduce(const void* send, void* recv, std::size_t count,
-                                                     DataType type, ReduceOp op) {
+std::unique_ptr<Work> NcclCommunicator::do_allreduce(const void* send, void* recv,
+                                                     std::size_t count, DataType type,
+                                                     ReduceOp op) {
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   st.out(recv, bytes_of(count, type), "recv");
-  return post(state_, timeout(), "allreduce", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    return ncclAllReduce(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type),
-                         nccl_backend::nccl_op(op), c, stream);
-  });
+  return post(state_, timeout(), "allreduce", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                return ncclAllReduce(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type),
+                                     nccl_backend::nccl_op(op), c, stream);
+              });
 }
 
-std::unique_ptr<Work> NcclCommunicator::do_allgather(const void* send, void* recv, std::size_t count,
-                                                     DataType type) {
+std::unique_ptr<Work> NcclCommunicator::do_allgather(const void* send, void* recv,
+                                                     std::size_t count, DataType type) {
   const auto n = static_cast<std::size_t>(size());
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   st.out(recv, bytes_of(count * n, type), "recv");
-  return post(state_, timeout(), "allgather", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    return ncclAllGather(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type), c, stream);
-  });
+  return post(state_, timeout(), "allgather", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                return ncclAllGather(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type),
+                                     c, stream);
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_reduce_scatter(const void* send, void* recv,
@@ -1127,10 +1142,12 @@ std::unique_ptr<Work> NcclCommunicator::do_reduce_scatter(const void* send, void
   Staging st;
   st.in(send, bytes_of(count * n, type), "send");
   st.out(recv, bytes_of(count, type), "recv");
-  return post(state_, timeout(), "reduce_scatter", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    return ncclReduceScatter(b.dev(send), b.dev(recv), count, nccl_backend::nccl_type(type),
-                             nccl_backend::nccl_op(op), c, stream);
-  });
+  return post(state_, timeout(), "reduce_scatter", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                return ncclReduceScatter(b.dev(send), b.dev(recv), count,
+                                         nccl_backend::nccl_type(type), nccl_backend::nccl_op(op),
+                                         c, stream);
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_alltoall(const void* send, void* recv, std::size_t count,
@@ -1139,10 +1156,11 @@ std::unique_ptr<Work> NcclCommunicator::do_alltoall(const void* send, void* recv
   Staging st;
   st.in(send, bytes_of(count * n, type), "send");
   st.out(recv, bytes_of(count * n, type), "recv");
-  return post(state_, timeout(), "alltoall", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    const auto t = nccl_backend::nccl_type(type);
+  return post(state_, timeout(), "alltoall", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                const auto t = nccl_backend::nccl_type(type);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    return ncclAlltoAll(b.dev(send), b.dev(recv), count, t, c, stream);
+                return ncclAlltoAll(b.dev(send), b.dev(recv), count, t, c, stream);
 #else
     const auto* in = static_cast<const char*>(b.dev(send));
     auto* out = static_cast<char*>(b.dev(recv));
@@ -1157,7 +1175,7 @@ std::unique_ptr<Work> NcclCommunicator::do_alltoall(const void* send, void* recv
       return ncclSuccess;
     });
 #endif
-  });
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_alltoallv(const void* send,
@@ -1165,59 +1183,67 @@ std::unique_ptr<Work> NcclCommunicator::do_alltoallv(const void* send,
                                                      void* recv,
                                                      std::span<const std::size_t> recv_counts,
                                                      DataType type) {
-  const std::size_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-  const std::size_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  const std::size_t send_total =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+  const std::size_t recv_total =
+      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   Staging st;
   st.in(send, bytes_of(send_total, type), "send");
   st.out(recv, bytes_of(recv_total, type), "recv");
-  return post(state_, timeout(), "alltoallv", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    const auto t = nccl_backend::nccl_type(type);
-    const auto* in = static_cast<const char*>(b.dev(send));
-    auto* out = static_cast<char*>(b.dev(recv));
-    return grouped([&] {
-      std::size_t so = 0, ro = 0;
-      for (std::size_t j = 0; j < send_counts.size(); ++j) {
-        ncclResult_t r = ncclSuccess;
-        if (send_counts[j] > 0)
-          r = ncclSend(in + bytes_of(so, type), send_counts[j], t, static_cast<int>(j), c, stream);
-        if ((r == ncclSuccess || r == ncclInProgress) && recv_counts[j] > 0)
-          r = ncclRecv(out + bytes_of(ro, type), recv_counts[j], t, static_cast<int>(j), c, stream);
-        if (r != ncclSuccess && r != ncclInProgress) return r;
-        so += send_counts[j];
-        ro += recv_counts[j];
-      }
-      return ncclSuccess;
-    });
-  });
+  return post(state_, timeout(), "alltoallv", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                const auto t = nccl_backend::nccl_type(type);
+                const auto* in = static_cast<const char*>(b.dev(send));
+                auto* out = static_cast<char*>(b.dev(recv));
+                return grouped([&] {
+                  std::size_t so = 0, ro = 0;
+                  for (std::size_t j = 0; j < send_counts.size(); ++j) {
+                    ncclResult_t r = ncclSuccess;
+                    if (send_counts[j] > 0)
+                      r = ncclSend(in + bytes_of(so, type), send_counts[j], t, static_cast<int>(j),
+                                   c, stream);
+                    if ((r == ncclSuccess || r == ncclInProgress) && recv_counts[j] > 0)
+                      r = ncclRecv(out + bytes_of(ro, type), recv_counts[j], t, static_cast<int>(j),
+                                   c, stream);
+                    if (r != ncclSuccess && r != ncclInProgress) return r;
+                    so += send_counts[j];
+                    ro += recv_counts[j];
+                  }
+                  return ncclSuccess;
+                });
+              });
 }
 
-std::unique_ptr<Work> NcclCommunicator::do_allgatherv(const void* send, std::size_t count, void* recv,
+std::unique_ptr<Work> NcclCommunicator::do_allgatherv(const void* send, std::size_t count,
+                                                      void* recv,
                                                       std::span<const std::size_t> recv_counts,
                                                       DataType type) {
   const std::size_t total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   st.out(recv, bytes_of(total, type), "recv");
-  return post(state_, timeout(), "allgatherv", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    const auto t = nccl_backend::nccl_type(type);
-    const void* in = b.dev(send);
-    auto* out = static_cast<char*>(b.dev(recv));
-    // One broadcast per rank into its block: NCCL's way to gather blocks of different sizes.
-    return grouped([&] {
-      std::size_t off = 0;
-      for (std::size_t i = 0; i < recv_counts.size(); ++i) {
-        if (recv_counts[i] > 0) {
-          void* block = out + bytes_of(off, type);
-          const void* from = static_cast<int>(i) == rank() ? in : block;
-          const ncclResult_t r =
-              ncclBroadcast(from, block, recv_counts[i], t, static_cast<int>(i), c, stream);
-          if (r != ncclSuccess && r != ncclInProgress) return r;
-        }
-        off += recv_counts[i];
-      }
-      return ncclSuccess;
-    });
-  });
+  return post(state_, timeout(), "allgatherv", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                const auto t = nccl_backend::nccl_type(type);
+                const void* in = b.dev(send);
+                auto* out = static_cast<char*>(b.dev(recv));
+                // One broadcast per rank into its block: NCCL's way to gather blocks of different
+                // sizes.
+                return grouped([&] {
+                  std::size_t off = 0;
+                  for (std::size_t i = 0; i < recv_counts.size(); ++i) {
+                    if (recv_counts[i] > 0) {
+                      void* block = out + bytes_of(off, type);
+                      const void* from = static_cast<int>(i) == rank() ? in : block;
+                      const ncclResult_t r = ncclBroadcast(from, block, recv_counts[i], t,
+                                                           static_cast<int>(i), c, stream);
+                      if (r != ncclSuccess && r != ncclInProgress) return r;
+                    }
+                    off += recv_counts[i];
+                  }
+                  return ncclSuccess;
+                });
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
@@ -1225,10 +1251,12 @@ std::unique_ptr<Work> NcclCommunicator::do_reduce(const void* send, void* recv, 
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   if (rank() == root) st.out(recv, bytes_of(count, type), "recv");
-  return post(state_, timeout(), "reduce", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    return ncclReduce(b.dev(send), rank() == root ? b.dev(recv) : nullptr, count,
-                      nccl_backend::nccl_type(type), nccl_backend::nccl_op(op), root, c, stream);
-  });
+  return post(state_, timeout(), "reduce", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                return ncclReduce(b.dev(send), rank() == root ? b.dev(recv) : nullptr, count,
+                                  nccl_backend::nccl_type(type), nccl_backend::nccl_op(op), root, c,
+                                  stream);
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_gather(const void* send, void* recv, std::size_t count,
@@ -1238,10 +1266,12 @@ std::unique_ptr<Work> NcclCommunicator::do_gather(const void* send, void* recv, 
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   if (is_root) st.out(recv, bytes_of(count * n, type), "recv");
-  return post(state_, timeout(), "gather", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    const auto t = nccl_backend::nccl_type(type);
+  return post(state_, timeout(), "gather", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                const auto t = nccl_backend::nccl_type(type);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    return ncclGather(b.dev(send), is_root ? b.dev(recv) : nullptr, count, t, root, c, stream);
+                return ncclGather(b.dev(send), is_root ? b.dev(recv) : nullptr, count, t, root, c,
+                                  stream);
 #else
     return grouped([&] {
       ncclResult_t r = ncclSend(b.dev(send), count, t, root, c, stream);
@@ -1251,7 +1281,7 @@ std::unique_ptr<Work> NcclCommunicator::do_gather(const void* send, void* recv, 
       return r;
     });
 #endif
-  });
+              });
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_scatter(const void* send, void* recv, std::size_t count,
@@ -1261,10 +1291,12 @@ std::unique_ptr<Work> NcclCommunicator::do_scatter(const void* send, void* recv,
   Staging st;
   if (is_root) st.in(send, bytes_of(count * n, type), "send");
   st.out(recv, bytes_of(count, type), "recv");
-  return post(state_, timeout(), "scatter", std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    const auto t = nccl_backend::nccl_type(type);
+  return post(state_, timeout(), "scatter", std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                const auto t = nccl_backend::nccl_type(type);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    return ncclScatter(is_root ? b.dev(send) : nullptr, b.dev(recv), count, t, root, c, stream);
+                return ncclScatter(is_root ? b.dev(send) : nullptr, b.dev(recv), count, t, root, c,
+                                   stream);
 #else
     return grouped([&] {
       ncclResult_t r = ncclSuccess;
@@ -1275,7 +1307,7 @@ std::unique_ptr<Work> NcclCommunicator::do_scatter(const void* send, void* recv,
       return r;
     });
 #endif
-  });
+              });
 }
 
 // ---- point to point -------------------------------------------------------------------
@@ -1284,24 +1316,24 @@ std::unique_ptr<Work> NcclCommunicator::do_batch_isend_irecv(std::span<const P2P
                                                              std::string_view op_name) {
   Staging st;
   for (const P2POp& op : ops) {
-    if (op.kind == P2POp::Kind::send)
-      st.in(op.buf, bytes_of(op.count, op.type), "buf");
-    else
-      st.out(op.buf, bytes_of(op.count, op.type), "buf");
+    if (op.kind == P2POp::Kind::send) st.in(op.buf, bytes_of(op.count, op.type), "buf");
+    else st.out(op.buf, bytes_of(op.count, op.type), "buf");
   }
-  return post(state_, timeout(), std::string(op_name), std::move(st), [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-    return grouped([&] {
-      for (const P2POp& op : ops) {
-        if (op.count == 0) continue;
-        const auto t = nccl_backend::nccl_type(op.type);
-        const ncclResult_t r = op.kind == P2POp::Kind::send
-                                   ? ncclSend(b.dev(op.buf), op.count, t, op.peer, c, stream)
-                                   : ncclRecv(b.dev(op.buf), op.count, t, op.peer, c, stream);
-        if (r != ncclSuccess && r != ncclInProgress) return r;
-      }
-      return ncclSuccess;
-    });
-  });
+  return post(state_, timeout(), std::string(op_name), std::move(st),
+              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+                return grouped([&] {
+                  for (const P2POp& op : ops) {
+                    if (op.count == 0) continue;
+                    const auto t = nccl_backend::nccl_type(op.type);
+                    const ncclResult_t r =
+                        op.kind == P2POp::Kind::send
+                            ? ncclSend(b.dev(op.buf), op.count, t, op.peer, c, stream)
+                            : ncclRecv(b.dev(op.buf), op.count, t, op.peer, c, stream);
+                    if (r != ncclSuccess && r != ncclInProgress) return r;
+                  }
+                  return ncclSuccess;
+                });
+              });
 }
 
 // ---- the world ------------------------------------------------------------------------------
@@ -1330,12 +1362,15 @@ std::string nccl_version() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
   // Since 2.9 the code is major*10000 + minor*100 + patch.
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
 }
 
 // What the recovery functions need of a communicator (a friend of NcclCommunicator).
 struct NcclCommunicatorAccess {
-  static const std::shared_ptr<State>& state(const NcclCommunicator& c) noexcept { return c.state_; }
+  static const std::shared_ptr<State>& state(const NcclCommunicator& c) noexcept {
+    return c.state_;
+  }
   static std::unique_ptr<NcclCommunicator> adopt(std::shared_ptr<State> state, Ms timeout,
                                                  std::vector<std::int64_t> members) {
     return NcclCommunicator::adopt(std::move(state), timeout, std::move(members));
@@ -1349,12 +1384,12 @@ std::unique_ptr<NcclCommunicator> make_world(Communicator& bootstrap,
                                              std::shared_ptr<Communicator> owned,
                                              const NcclOptions& options) {
   if (options.device && *options.device < 0)
-    throw InvalidValueError("device", "nccl world: device must be >= 0, got " +
-                                          std::to_string(*options.device));
+    throw InvalidValueError(
+        "device", "nccl world: device must be >= 0, got " + std::to_string(*options.device));
   const Ms timeout = options.timeout.value_or(bootstrap.timeout());
   if (timeout.count() <= 0)
-    throw InvalidValueError("timeout", "nccl world: timeout must be > 0 ms, got " +
-                                           std::to_string(timeout.count()));
+    throw InvalidValueError(
+        "timeout", "nccl world: timeout must be > 0 ms, got " + std::to_string(timeout.count()));
   nccl_host::check_nccl_environment("nccl world");
   // Two exchanges over the bootstrap: host names (for the local rank), then each rank's
   // device or the reason it has none, so that every rank fails alike instead of some waiting
@@ -1369,8 +1404,8 @@ std::unique_ptr<NcclCommunicator> make_world(Communicator& bootstrap,
                                            cuda_unavailable_reason());
     check_cuda(cudaSetDevice(mine.device), "create", "world", "cudaSetDevice");
     std::array<char, 32> bus{};
-    check_cuda(cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), mine.device), "create",
-               "world", "cudaDeviceGetPCIBusId");
+    check_cuda(cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), mine.device),
+               "create", "world", "cudaDeviceGetPCIBusId");
     mine.bus_id = bus.data();
   } catch (const Error& e) {
     mine.problem = e.what();
@@ -1387,8 +1422,8 @@ std::unique_ptr<NcclCommunicator> make_world(Communicator& bootstrap,
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config("world");
   OwnedComm comm = init_comm(bootstrap.size(), id, bootstrap.rank(), mine.device, "create", "world",
                              cfg, timeout, members);
-  auto state = std::make_shared<State>(std::move(comm), mine.device, "world", &bootstrap, timeout,
-                                       cfg.name);
+  auto state =
+      std::make_shared<State>(std::move(comm), mine.device, "world", &bootstrap, timeout, cfg.name);
   state->owned_bootstrap = std::move(owned);
   begin_epoch(state);
   return NcclCommunicatorAccess::adopt(std::move(state), timeout, std::move(members));
@@ -1422,9 +1457,9 @@ std::size_t abort_nccl_epoch(NcclCommunicator& comm, const std::string& reason) 
 std::size_t abort_nccl_epoch(Communicator& comm, const std::string& reason) {
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
   if (nccl == nullptr)
-    throw ConfigError("backend", "abort_nccl_epoch: " + comm.name() + " is a " +
-                                     std::string(comm.backend()) +
-                                     " communicator; only NCCL communicators have an epoch to abort");
+    throw ConfigError("backend",
+                      "abort_nccl_epoch: " + comm.name() + " is a " + std::string(comm.backend()) +
+                          " communicator; only NCCL communicators have an epoch to abort");
   return abort_nccl_epoch(*nccl, reason);
 }
 
@@ -1448,23 +1483,24 @@ std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
   const std::string what = "nccl shrink of " + s.name;
   const Ms timeout = options.timeout.value_or(world.timeout());
   if (timeout.count() <= 0)
-    throw InvalidValueError("timeout", what + ": timeout must be > 0 ms, got " +
-                                           std::to_string(timeout.count()));
-  const nccl_host::WorldShrink plan = nccl_host::plan_world_shrink(world.size(), world.rank(), exclude, what);
+    throw InvalidValueError(
+        "timeout", what + ": timeout must be > 0 ms, got " + std::to_string(timeout.count()));
+  const nccl_host::WorldShrink plan =
+      nccl_host::plan_world_shrink(world.size(), world.rank(), exclude, what);
   if (options.bootstrap &&
       (options.bootstrap->size() != plan.size || options.bootstrap->rank() != plan.rank))
-    throw InvalidValueError("bootstrap", what + ": the bootstrap is rank " +
-                                             std::to_string(options.bootstrap->rank()) + " of " +
-                                             std::to_string(options.bootstrap->size()) +
-                                             ", and this rank is rank " + std::to_string(plan.rank) +
-                                             " of " + std::to_string(plan.size) +
-                                             " in the shrunk world (members " +
-                                             members_text(plan.survivors) + ")");
+    throw InvalidValueError(
+        "bootstrap", what + ": the bootstrap is rank " + std::to_string(options.bootstrap->rank()) +
+                         " of " + std::to_string(options.bootstrap->size()) +
+                         ", and this rank is rank " + std::to_string(plan.rank) + " of " +
+                         std::to_string(plan.size) + " in the shrunk world (members " +
+                         members_text(plan.survivors) + ")");
   if (nccl_shrink_method() == NcclShrinkMethod::new_world && !options.bootstrap)
-    throw ConfigError("bootstrap", what + ": this build makes the smaller world afresh (NCCL " +
-                                       std::to_string(NCCL_VERSION_CODE) +
-                                       " headers, or COMMGRID_NCCL_NO_SHRINK: no ncclCommShrink), "
-                                       "which needs NcclShrinkOptions::bootstrap over the survivors");
+    throw ConfigError("bootstrap",
+                      what + ": this build makes the smaller world afresh (NCCL " +
+                          std::to_string(NCCL_VERSION_CODE) +
+                          " headers, or COMMGRID_NCCL_NO_SHRINK: no ncclCommShrink), "
+                          "which needs NcclShrinkOptions::bootstrap over the survivors");
   nccl_host::check_nccl_environment(what, true);
   // The old world has dead peers: whatever happens below, it is aborted on the way out
   // (finalizing it would wait for them), and with it its whole epoch, so that a group whose
@@ -1489,13 +1525,16 @@ std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
   ncclConfig_t config = cfg.config;
   std::vector<int> excluded = plan.exclude;  // NCCL takes a non-const list
   const int flags = options.abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
-  const std::string target = "world without " + members_text(std::vector<std::int64_t>(excluded.begin(), excluded.end()));
-  OwnedComm child = make_child(s, "shrink", target, "world", timeout, true, [&](ncclComm_t parent, ncclComm_t* slot) {
-    return ncclCommShrink(parent, excluded.empty() ? nullptr : excluded.data(),
-                          static_cast<int>(excluded.size()), slot, &config, flags);
-  });
+  const std::string target =
+      "world without " + members_text(std::vector<std::int64_t>(excluded.begin(), excluded.end()));
+  OwnedComm child = make_child(
+      s, "shrink", target, "world", timeout, true, [&](ncclComm_t parent, ncclComm_t* slot) {
+        return ncclCommShrink(parent, excluded.empty() ? nullptr : excluded.data(),
+                              static_cast<int>(excluded.size()), slot, &config, flags);
+      });
   if (!child)
-    throw BackendError(what + " for " + target + ": ncclCommShrink completed without a communicator");
+    throw BackendError(what + " for " + target +
+                       ": ncclCommShrink completed without a communicator");
   auto state = std::make_shared<State>(std::move(child), s.device, "world", options.bootstrap.get(),
                                        timeout, cfg.name);
   state->owned_bootstrap = options.bootstrap;
@@ -1539,11 +1578,10 @@ NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap, NcclOptions
       throw InvalidValueError("bootstrap", "nccl world factory for " + prefix +
                                                ": the bootstrap factory returned no communicator");
     if (boot->rank() != rank || boot->size() != size)
-      throw InvalidValueError("bootstrap", "nccl world factory for " + prefix +
-                                               ": the bootstrap factory made rank " +
-                                               std::to_string(boot->rank()) + " of " +
-                                               std::to_string(boot->size()) + " for rank " +
-                                               std::to_string(rank) + " of " + std::to_string(size));
+      throw InvalidValueError(
+          "bootstrap", "nccl world factory for " + prefix + ": the bootstrap factory made rank " +
+                           std::to_string(boot->rank()) + " of " + std::to_string(boot->size()) +
+                           " for rank " + std::to_string(rank) + " of " + std::to_string(size));
     auto world = make_nccl_world(std::move(boot), options);
     {
       std::lock_guard lock(made->mutex);

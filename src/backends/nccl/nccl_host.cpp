@@ -84,9 +84,9 @@ UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUnique
 
 UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> members,
                               const std::string& name, const MakeUniqueId& make) {
-  COMMGRID_ENFORCE(!members.empty() &&
-                       std::binary_search(members.begin(), members.end(), bootstrap.rank()),
-                   "distribute_unique_id for " + name + ": this rank is not a member");
+  COMMGRID_ENFORCE(
+      !members.empty() && std::binary_search(members.begin(), members.end(), bootstrap.rank()),
+      "distribute_unique_id for " + name + ": this rank is not a member");
   const int leader = members.front();
   const std::uint64_t hash = detail::fingerprint(name);
   IdMessage m;
@@ -106,8 +106,8 @@ UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> memb
                        "must create their groups under the same names and in the same order");
   if (!m.ok())
     throw BackendError("nccl create_group for " + name + ": rank " + std::to_string(leader) +
-                       " of " + bootstrap.name() + " could not make the NCCL unique id: " +
-                       m.text());
+                       " of " + bootstrap.name() +
+                       " could not make the NCCL unique id: " + m.text());
   return m.id();
 }
 
@@ -151,8 +151,8 @@ int choose_device(std::optional<int> requested, LocalRank local, int device_coun
   if (device_count <= 0) throw BackendError(why.empty() ? "no CUDA device" : why);
   if (requested) {
     if (*requested < 0 || *requested >= device_count)
-      throw InvalidValueError("device", "device " + std::to_string(*requested) +
-                                            " is not in [0, " + std::to_string(device_count) +
+      throw InvalidValueError("device", "device " + std::to_string(*requested) + " is not in [0, " +
+                                            std::to_string(device_count) +
                                             "): the CUDA devices this process sees on host " +
                                             host);
     return *requested;
@@ -236,17 +236,14 @@ bool use_in_place(MemoryKind kind, int buffer_device, int comm_device, const std
                   const std::string& group, const std::string& what) {
   switch (kind) {
     case MemoryKind::host:
-    case MemoryKind::pinned_host:
-      return false;
-    case MemoryKind::managed:
-      return true;
+    case MemoryKind::pinned_host: return false;
+    case MemoryKind::managed: return true;
     case MemoryKind::device:
       if (buffer_device == comm_device) return true;
-      throw ConfigError(what, "nccl " + op + " on " + group + ": " + what +
-                                  " buffer is memory of CUDA device " +
-                                  std::to_string(buffer_device) +
-                                  ", and this communicator's device is " +
-                                  std::to_string(comm_device));
+      throw ConfigError(
+          what, "nccl " + op + " on " + group + ": " + what + " buffer is memory of CUDA device " +
+                    std::to_string(buffer_device) + ", and this communicator's device is " +
+                    std::to_string(comm_device));
   }
   return false;
 }
@@ -289,8 +286,8 @@ void check_nccl_environment(const std::string& what, bool shrink) {
   auto refuse = [&](const Refused& r) {
     const char* v = std::getenv(r.name);
     if (nccl_flag_on(v))
-      throw ConfigError(r.name, what + ": " + r.name + "=" + v + " " + r.breaks +
-                                    "; unset it or set it to 0");
+      throw ConfigError(
+          r.name, what + ": " + r.name + "=" + v + " " + r.breaks + "; unset it or set it to 0");
   };
   for (const Refused& r : kRefused) refuse(r);
   if (shrink) refuse(kRefusedForShrink);
@@ -402,8 +399,8 @@ WorldShrink plan_world_shrink(int size, int rank, std::span<const int> exclude,
       throw RankOutOfRangeError("exclude", what + ": excluded rank " + std::to_string(r) +
                                                " is not in [0, " + std::to_string(size) + ")");
     if (i > 0 && plan.exclude[i - 1] == r)
-      throw InvalidValueError("exclude", what + ": rank " + std::to_string(r) +
-                                             " is excluded twice");
+      throw InvalidValueError("exclude",
+                              what + ": rank " + std::to_string(r) + " is excluded twice");
   }
   if (std::binary_search(plan.exclude.begin(), plan.exclude.end(), rank))
     throw InvalidValueError("exclude", what + ": this rank (" + std::to_string(rank) +
@@ -451,12 +448,14 @@ std::vector<int> nccl_excluded_ranks(const RankMap& previous, std::span<const st
   return out;
 }
 
-std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous, const RankMap& next) {
+std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous,
+                                                      const RankMap& next) {
   std::vector<bool> kept(static_cast<std::size_t>(previous.world_size()), false);
   std::optional<Rank> last;
   for (Rank r = 0; r < next.world_size(); ++r) {
     const std::optional<Rank> old = previous.logical_rank(next.process_of(r));
-    if (!old || (last && *old <= *last)) return std::nullopt;  // a spare joins, or the order changes
+    if (!old || (last && *old <= *last))
+      return std::nullopt;  // a spare joins, or the order changes
     kept[static_cast<std::size_t>(*old)] = true;
     last = old;
   }

@@ -54,11 +54,11 @@ UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> memb
 
 /// What one rank says about itself before the NCCL world is made.
 struct HostInfo {
-  std::string host;        ///< host name
-  int device_count = 0;    ///< CUDA devices the process sees
-  int device = -1;         ///< the device it chose (-1: none)
-  std::string bus_id;      ///< that device's PCI bus id; empty without one
-  std::string problem;     ///< why this rank cannot take part; empty when it can
+  std::string host;      ///< host name
+  int device_count = 0;  ///< CUDA devices the process sees
+  int device = -1;       ///< the device it chose (-1: none)
+  std::string bus_id;    ///< that device's PCI bus id; empty without one
+  std::string problem;   ///< why this rank cannot take part; empty when it can
 };
 
 /// Collective over `bootstrap`: every rank's HostInfo, in rank order (host names cut to 63
@@ -128,7 +128,14 @@ struct WorkLook {
 /// an NCCL error (NCCL stops the kernels of a failed communicator too); NCCL's state unread
 /// (pending: a completed event proves nothing while an NCCL error may be unseen); completion;
 /// the deadline; else still pending.
-enum class WorkVerdict : std::uint8_t { pending, complete, cuda_error, aborted, nccl_error, timed_out };
+enum class WorkVerdict : std::uint8_t {
+  pending,
+  complete,
+  cuda_error,
+  aborted,
+  nccl_error,
+  timed_out
+};
 WorkVerdict judge(const WorkLook& look) noexcept;
 
 /// What AbortableHandle::try_use found.
@@ -148,13 +155,12 @@ template <class Handle>
 class AbortableHandle {
  public:
   using Destroy = std::function<void(Handle)>;
-  AbortableHandle(Handle handle, Destroy destroy)
-      : handle_(handle), destroy_(std::move(destroy)) {}
+  AbortableHandle(Handle handle, Destroy destroy) : handle_(handle), destroy_(std::move(destroy)) {}
   /// Takes over what `owned` owns, to be destroyed by its deleter (on abort()). `owned` gives
   /// it up only once nothing here can throw any more, so that a failure on the way (an
   /// allocation of the deleter's copy) leaves it with its owner, which destroys it.
   template <class T, class Deleter>
-    requires std::is_same_v<T*, Handle>
+  requires std::is_same_v<T*, Handle>
   explicit AbortableHandle(std::unique_ptr<T, Deleter>&& owned)
       : handle_(owned.get()), destroy_([d = owned.get_deleter()](Handle h) { d(h); }) {
     (void)owned.release();
@@ -179,8 +185,7 @@ class AbortableHandle {
   auto try_use(F&& fn) -> std::pair<TryUse, std::optional<std::invoke_result_t<F, Handle>>> {
     if (stopping_.load()) return {TryUse::stopped, std::nullopt};
     std::unique_lock lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock())
-      return {stopping_.load() ? TryUse::stopped : TryUse::busy, std::nullopt};
+    if (!lock.owns_lock()) return {stopping_.load() ? TryUse::stopped : TryUse::busy, std::nullopt};
     if (stopping_.load() || handle_ == Handle{}) return {TryUse::stopped, std::nullopt};
     return {TryUse::ran, fn(handle_)};
   }
@@ -386,8 +391,9 @@ class EpochMembers {
   /// Members still alive.
   [[nodiscard]] std::size_t alive() const {
     std::lock_guard lock(mutex_);
-    return static_cast<std::size_t>(std::count_if(
-        members_.begin(), members_.end(), [](const std::weak_ptr<Member>& w) { return !w.expired(); }));
+    return static_cast<std::size_t>(
+        std::count_if(members_.begin(), members_.end(),
+                      [](const std::weak_ptr<Member>& w) { return !w.expired(); }));
   }
 
  private:
@@ -400,10 +406,10 @@ class EpochMembers {
 
 /// What a shrink of a world of `size` ranks that leaves out `exclude` makes of this rank.
 struct WorldShrink {
-  std::vector<int> exclude;            ///< ascending, no duplicates (NCCL's excludeRanksList)
-  int rank = 0;                        ///< this rank in the new world
-  int size = 0;                        ///< the new world's size
-  std::vector<std::int64_t> survivors; ///< the old ranks, by new rank (NCCL keeps their order)
+  std::vector<int> exclude;             ///< ascending, no duplicates (NCCL's excludeRanksList)
+  int rank = 0;                         ///< this rank in the new world
+  int size = 0;                         ///< the new world's size
+  std::vector<std::int64_t> survivors;  ///< the old ranks, by new rank (NCCL keeps their order)
 };
 
 /// Checks a shrink's arguments on a surviving rank, before anything is sent: every excluded
@@ -422,7 +428,6 @@ std::string members_text(std::span<const std::int64_t> members);
 /// (members [..])". `target` may be empty (an operation on the group itself).
 std::string timeout_message(const std::string& op, const std::string& group,
                             const std::string& target, std::chrono::milliseconds timeout,
-                            const std::string& aborted,
-                            std::span<const std::int64_t> members);
+                            const std::string& aborted, std::span<const std::int64_t> members);
 
 }  // namespace commgrid::nccl_host

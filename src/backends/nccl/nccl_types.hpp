@@ -57,8 +57,8 @@ struct CommConfig {
 };
 
 /// Also splitShare = 0 (and shrinkShare = 0): a split's (or shrink's) child has resources
-/// (and an abort flag) of its own, so that aborting one communicator never aborts another. NCCL's environment variables override both
-/// (nccl_host::check_nccl_environment refuses them).
+/// (and an abort flag) of its own, so that aborting one communicator never aborts another. NCCL's
+/// environment variables override both (nccl_host::check_nccl_environment refuses them).
 inline CommConfig nonblocking_config(std::string name) {
   CommConfig c;
   c.config.blocking = 0;

@@ -61,10 +61,9 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-inline constexpr DataType kAllTypes[] = {DataType::float32, DataType::float64,
-                                         DataType::bfloat16, DataType::int32, DataType::int64};
-inline constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min,
-                                       ReduceOp::prod};
+inline constexpr DataType kAllTypes[] = {DataType::float32, DataType::float64, DataType::bfloat16,
+                                         DataType::int32, DataType::int64};
+inline constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::max, ReduceOp::min, ReduceOp::prod};
 
 /// Options for tests: a timeout that turns any hang into a failure within seconds.
 inline GlooOptions test_options(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
@@ -83,35 +82,87 @@ class Buffer {
   void set(size_t i, double v) {
     std::uint8_t* p = bytes_.data() + i * element_size(type_);
     switch (type_) {
-      case DataType::float32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::float32: {
+        float x = static_cast<float>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
       case DataType::float64: std::memcpy(p, &v, 8); break;
       case DataType::bfloat16: {
         std::uint16_t x = float_to_bf16(static_cast<float>(v));
         std::memcpy(p, &x, 2);
         break;
       }
-      case DataType::int32: { auto x = static_cast<std::int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DataType::int64: { auto x = static_cast<std::int64_t>(v); std::memcpy(p, &x, 8); break; }
+      case DataType::int32: {
+        auto x = static_cast<std::int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::int64: {
+        auto x = static_cast<std::int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
       case DataType::float16: {
         std::uint16_t x = float_to_fp16(static_cast<float>(v));
         std::memcpy(p, &x, 2);
         break;
       }
-      case DataType::int8: { auto x = static_cast<std::int8_t>(v); std::memcpy(p, &x, 1); break; }
-      case DataType::uint8: { auto x = static_cast<std::uint8_t>(v); std::memcpy(p, &x, 1); break; }
+      case DataType::int8: {
+        auto x = static_cast<std::int8_t>(v);
+        std::memcpy(p, &x, 1);
+        break;
+      }
+      case DataType::uint8: {
+        auto x = static_cast<std::uint8_t>(v);
+        std::memcpy(p, &x, 1);
+        break;
+      }
     }
   }
   [[nodiscard]] double get(size_t i) const {
     const std::uint8_t* p = bytes_.data() + i * element_size(type_);
     switch (type_) {
-      case DataType::float32: { float x; std::memcpy(&x, p, 4); return x; }
-      case DataType::float64: { double x; std::memcpy(&x, p, 8); return x; }
-      case DataType::bfloat16: { std::uint16_t x; std::memcpy(&x, p, 2); return bf16_to_float(x); }
-      case DataType::int32: { std::int32_t x; std::memcpy(&x, p, 4); return x; }
-      case DataType::int64: { std::int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-      case DataType::float16: { std::uint16_t x; std::memcpy(&x, p, 2); return fp16_to_float(x); }
-      case DataType::int8: { std::int8_t x; std::memcpy(&x, p, 1); return x; }
-      case DataType::uint8: { std::uint8_t x; std::memcpy(&x, p, 1); return x; }
+      case DataType::float32: {
+        float x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DataType::float64: {
+        double x;
+        std::memcpy(&x, p, 8);
+        return x;
+      }
+      case DataType::bfloat16: {
+        std::uint16_t x;
+        std::memcpy(&x, p, 2);
+        return bf16_to_float(x);
+      }
+      case DataType::int32: {
+        std::int32_t x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DataType::int64: {
+        std::int64_t x;
+        std::memcpy(&x, p, 8);
+        return static_cast<double>(x);
+      }
+      case DataType::float16: {
+        std::uint16_t x;
+        std::memcpy(&x, p, 2);
+        return fp16_to_float(x);
+      }
+      case DataType::int8: {
+        std::int8_t x;
+        std::memcpy(&x, p, 1);
+        return x;
+      }
+      case DataType::uint8: {
+        std::uint8_t x;
+        std::memcpy(&x, p, 1);
+        return x;
+      }
     }
     return 0;
   }

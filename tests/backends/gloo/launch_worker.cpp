@@ -30,7 +30,8 @@ int run(int argc, char** argv) {
   const int target = argc > 2 ? std::atoi(argv[2]) : -1;
   if (mode == "env") {
     std::cout << "store " << std::getenv("COMMGRID_STORE") << "\n"
-              << "timeout " << (std::getenv("COMMGRID_TIMEOUT") ? std::getenv("COMMGRID_TIMEOUT") : "unset")
+              << "timeout "
+              << (std::getenv("COMMGRID_TIMEOUT") ? std::getenv("COMMGRID_TIMEOUT") : "unset")
               << "\n";
     std::cout << "no newline at the end" << std::flush;
     std::cerr << "to stderr\n";

@@ -51,7 +51,8 @@ void exercise_collectives(Communicator& w) {
       for (size_t i = 0; i < count; ++i) b.set(i, me == root ? static_cast<double>(root + i) : -1);
       w.broadcast(b.data(), count, t, root)->wait();
       for (size_t i = 0; i < count; ++i)
-        EXPECT_EQ(b.get(i), static_cast<double>(root + i)) << "broadcast " << ctx << " root " << root;
+        EXPECT_EQ(b.get(i), static_cast<double>(root + i))
+            << "broadcast " << ctx << " root " << root;
     }
     // allgather: rank r contributes r*10 + i
     Buffer ag_send(t, count), ag_recv(t, count * static_cast<size_t>(n));
@@ -100,9 +101,7 @@ void exercise_collectives(Communicator& w) {
   w.barrier()->wait();
 }
 
-TEST_P(GlooWorld, EveryCollectiveEveryTypeEveryOp) {
-  run_ranks(GetParam(), exercise_collectives);
-}
+TEST_P(GlooWorld, EveryCollectiveEveryTypeEveryOp) { run_ranks(GetParam(), exercise_collectives); }
 
 INSTANTIATE_TEST_SUITE_P(Worlds1To16, GlooWorld, ::testing::Range(1, 17),
                          [](const auto& info) { return "w" + std::to_string(info.param); });
@@ -119,7 +118,8 @@ TEST(GlooCollectives, Bfloat16IsReducedInFloat32AndRoundedOnce) {
     std::uint16_t b = float_to_bf16(mine), r = 0;
     w.allreduce(&b, &r, 1, DataType::bfloat16, ReduceOp::sum)->wait();
     float sum = 0;
-    for (int k = 0; k < w.size(); ++k) sum += bf16_to_float(float_to_bf16(0.3f + 0.01f * static_cast<float>(k)));
+    for (int k = 0; k < w.size(); ++k)
+      sum += bf16_to_float(float_to_bf16(0.3f + 0.01f * static_cast<float>(k)));
     EXPECT_EQ(r, float_to_bf16(sum));
   });
 }

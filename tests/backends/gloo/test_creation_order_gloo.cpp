@@ -17,7 +17,8 @@ namespace {
 // forwarded; every other call is forwarded unchanged.
 class RecordingWorld final : public Communicator {
  public:
-  explicit RecordingWorld(Communicator& inner) : Communicator("world", inner.timeout()), inner_(inner) {}
+  explicit RecordingWorld(Communicator& inner)
+      : Communicator("world", inner.timeout()), inner_(inner) {}
 
   struct Call {
     std::vector<int> members;
@@ -35,7 +36,8 @@ class RecordingWorld final : public Communicator {
                                          std::string name) override {
     return inner_.split(color, key, std::move(name));
   }
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members, std::string name) override {
+  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+                                                std::string name) override {
     return inner_.create_group(members, std::move(name));
   }
   std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
@@ -73,13 +75,16 @@ class RecordingWorld final : public Communicator {
                                   int root) override {
     return inner_.reduce(s, r, n, t, op, root);
   }
-  std::unique_ptr<Work> do_gather(const void* s, void* r, std::size_t n, DataType t, int root) override {
+  std::unique_ptr<Work> do_gather(const void* s, void* r, std::size_t n, DataType t,
+                                  int root) override {
     return inner_.gather(s, r, n, t, root);
   }
-  std::unique_ptr<Work> do_scatter(const void* s, void* r, std::size_t n, DataType t, int root) override {
+  std::unique_ptr<Work> do_scatter(const void* s, void* r, std::size_t n, DataType t,
+                                   int root) override {
     return inner_.scatter(s, r, n, t, root);
   }
-  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops, std::string_view) override {
+  std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
+                                             std::string_view) override {
     return inner_.batch_isend_irecv(ops);
   }
 
@@ -185,13 +190,12 @@ TEST(GlooHeadCreationOrder, AllGatherGroupsAndRankOffsetOnEightRankThreads) {
       EXPECT_EQ(pg.group_handle(GroupKind::expt_dp_gtp_remat), pg.group_handle(GroupKind::expt_dp));
     }
     for (const KindCreation& st : pg.creation_stats()) {
-      const bool alias = st.kind == GroupKind::dp_gtp_remat || st.kind == GroupKind::dp_cp_gtp_remat ||
+      const bool alias = st.kind == GroupKind::dp_gtp_remat ||
+                         st.kind == GroupKind::dp_cp_gtp_remat ||
                          st.kind == GroupKind::expt_dp_gtp_remat ||
                          st.kind == GroupKind::intra_dp_cp || st.kind == GroupKind::intra_expt_dp;
       EXPECT_EQ(st.alias, alias) << st.label;
-      if (alias) {
-        EXPECT_EQ(st.creation_calls, 0) << st.label;
-      }
+      if (alias) { EXPECT_EQ(st.creation_calls, 0) << st.label; }
     }
   });
 }
@@ -215,9 +219,7 @@ TEST(GlooHeadCreationOrder, SplitAndMemberAliasLikeHead) {
       EXPECT_NE(pg.group_handle(GroupKind::tp_ep_pp_with_egtp_remat),  // HEAD creates it anew
                 pg.group_handle(GroupKind::tp_ep_pp));
       for (const KindCreation& st : pg.creation_stats()) {
-        if (st.alias) {
-          EXPECT_EQ(st.creation_calls, 0) << st.label;
-        }
+        if (st.alias) { EXPECT_EQ(st.creation_calls, 0) << st.label; }
       }
       expect_groups_on_the_wire(pg, w.rank());
     });

@@ -27,16 +27,18 @@ TEST(GlooCreationTraffic, AMemberReadsOnlyTheAddressesMeantForIt) {
   std::mutex m;
   std::map<std::string, size_t> sizes;  // every value set, by key
   std::vector<Read> reads;
-  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
-      .on_set = [&](const std::string& key, const std::vector<char>& value) {
-        std::lock_guard lock(m);
-        sizes[key] = value.size();
-        return true;
-      },
-      .on_get = [&](const std::string& key) {
-        std::lock_guard lock(m);
-        reads.push_back({tl_rank, key});
-      }});
+  auto store = std::make_shared<HookedMemoryStore>(
+      StoreHooks{.on_set =
+                     [&](const std::string& key, const std::vector<char>& value) {
+                       std::lock_guard lock(m);
+                       sizes[key] = value.size();
+                       return true;
+                     },
+                 .on_get =
+                     [&](const std::string& key) {
+                       std::lock_guard lock(m);
+                       reads.push_back({tl_rank, key});
+                     }});
   const std::vector<int> group_sizes{3, 6, 12};
   std::string error;
   {
@@ -87,7 +89,8 @@ TEST(GlooCreationTraffic, AMemberReadsOnlyTheAddressesMeantForIt) {
     std::set<std::string> distinct;
     for (const std::string& k : keys) {
       // "<from>/<to>": only addresses meant for this member, each once.
-      EXPECT_TRUE(k.ends_with("/" + std::to_string(rank))) << prefix << " rank " << rank << " read " << k;
+      EXPECT_TRUE(k.ends_with("/" + std::to_string(rank)))
+          << prefix << " rank " << rank << " read " << k;
       distinct.insert(k);
       bytes += sizes.at(prefix + "/pair/" + k);
     }

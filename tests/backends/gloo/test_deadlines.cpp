@@ -51,50 +51,49 @@ std::vector<Outcome> allreduce_with_slow_peer(std::chrono::milliseconds pause,
                                               std::chrono::milliseconds timeout,
                                               bool then_barrier) {
   std::vector<Outcome> out(kRanks);
-  auto result = run_local_ranks_collect(kRanks, [&](Communicator& w) {
-    Outcome& o = out[static_cast<size_t>(w.rank())];
-    std::vector<std::int64_t> buf(kCount);
-    for (size_t i = 0; i < kCount; ++i) buf[i] = input(w.rank(), i);
-    w.barrier()->wait();  // every rank starts the allreduce at about the same time
-    // The world was made, and met, under a generous timeout (a loaded machine may take
-    // seconds to connect 8 rank-threads); the timeout under test is the allreduce's own.
-    w.set_timeout(timeout);
-    const auto t0 = Clock::now();
-    try {
-      if (w.rank() == kSlowRank) {
-        gloo_backend::CollectiveForTesting c = gloo_backend::take_collective_for_testing(w);
-        ::gloo::AllreduceOptions opts(c.context);
-        opts.setOutput(buf.data(), kCount);
-        opts.setReduceFunction([pause](void* r, const void* a, const void* b, size_t n) {
-          std::this_thread::sleep_for(pause);
-          for (size_t i = 0; i < n; ++i)
-            static_cast<std::int64_t*>(r)[i] =
-                static_cast<const std::int64_t*>(a)[i] + static_cast<const std::int64_t*>(b)[i];
-        });
-        opts.setTag(c.tag);
-        opts.setTimeout(w.timeout());
-        ::gloo::allreduce(opts);
-      } else {
-        w.allreduce(buf.data(), buf.data(), kCount, DataType::int64, ReduceOp::sum)->wait();
-      }
-      o.sum_ok = true;
-      for (size_t i = 0; i < kCount; ++i) o.sum_ok = o.sum_ok && buf[i] == expected_sum(i);
-    } catch (const TimeoutError& e) {
-      o.error = e.what();
-      o.timeout = true;
-    } catch (const std::exception& e) {
-      o.error = e.what();
-    }
-    o.seconds = seconds_since(t0);
-    if (!then_barrier || w.rank() == kSlowRank || o.error.empty()) return;
-    const auto t1 = Clock::now();
-    try {
-      w.barrier()->wait();
-    } catch (const std::exception& e) {
-      o.after = e.what();
-    }
-    o.after_seconds = seconds_since(t1);
-  }, test_options(std::chrono::seconds(60)));
+  auto result = run_local_ranks_collect(
+      kRanks,
+      [&](Communicator& w) {
+        Outcome& o = out[static_cast<size_t>(w.rank())];
+        std::vector<std::int64_t> buf(kCount);
+        for (size_t i = 0; i < kCount; ++i) buf[i] = input(w.rank(), i);
+        w.barrier()->wait();  // every rank starts the allreduce at about the same time
+        // The world was made, and met, under a generous timeout (a loaded machine may take
+        // seconds to connect 8 rank-threads); the timeout under test is the allreduce's own.
+        w.set_timeout(timeout);
+        const auto t0 = Clock::now();
+        try {
+          if (w.rank() == kSlowRank) {
+            gloo_backend::CollectiveForTesting c = gloo_backend::take_collective_for_testing(w);
+            ::gloo::AllreduceOptions opts(c.context);
+            opts.setOutput(buf.data(), kCount);
+            opts.setReduceFunction([pause](void* r, const void* a, const void* b, size_t n) {
+              std::this_thread::sleep_for(pause);
+              for (size_t i = 0; i < n; ++i)
+                static_cast<std::int64_t*>(r)[i] =
+                    static_cast<const std::int64_t*>(a)[i] + static_cast<const std::int64_t*>(b)[i];
+            });
+            opts.setTag(c.tag);
+            opts.setTimeout(w.timeout());
+            ::gloo::allreduce(opts);
+          } else {
+            w.allreduce(buf.data(), buf.data(), kCount, DataType::int64, ReduceOp::sum)->wait();
+          }
+          o.sum_ok = true;
+          for (size_t i = 0; i < kCount; ++i) o.sum_ok = o.sum_ok && buf[i] == expected_sum(i);
+        } catch (const TimeoutError& e) {
+          o.error = e.what();
+          o.timeout = true;
+        } catch (const std::exception& e) { o.error = e.what(); }
+        o.seconds = seconds_since(t0);
+        if (!then_barrier || w.rank() == kSlowRank || o.error.empty()) return;
+        const auto t1 = Clock::now();
+        try {
+          w.barrier()->wait();
+        } catch (const std::exception& e) { o.after = e.what(); }
+        o.after_seconds = seconds_since(t1);
+      },
+      test_options(std::chrono::seconds(60)));
   EXPECT_EQ(result.first_failed_rank, -1) << result.first_failure;
   return out;
 }
@@ -121,8 +120,8 @@ TEST(GlooDeadline, AGroupWithAPeerSlowAtEveryStepEndsWithinTheTimeoutPlus2s) {
   int timeouts = 0;
   for (int r = 0; r < kRanks; ++r) {
     const Outcome& o = out[static_cast<size_t>(r)];
-    std::cout << "rank " << r << (r == kSlowRank ? " (slow)" : "") << ": " << o.seconds
-              << " s, " << (o.error.empty() ? "completed" : o.error) << "\n";
+    std::cout << "rank " << r << (r == kSlowRank ? " (slow)" : "") << ": " << o.seconds << " s, "
+              << (o.error.empty() ? "completed" : o.error) << "\n";
     if (r == kSlowRank) continue;
     EXPECT_NE(o.error, "") << "rank " << r << " finished the allreduce after " << o.seconds
                            << " s: its timeout did not bound the whole operation";
@@ -149,37 +148,41 @@ TEST(GlooDeadline, AStormOfCollectivesStillPasses) {
   // and give the right results.
   constexpr int kN = 4;
   constexpr int kRounds = 120;
-  run_local_ranks(kN, [&](Communicator& w) {
-    const int me = w.rank();
-    for (int k = 0; k < kRounds; ++k) {
-      std::int64_t v = me + k, sum = 0;
-      w.allreduce(&v, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
-      ASSERT_EQ(sum, 4 * k + 6) << "round " << k;
-      std::int32_t mine = me * 10 + k % 7;
-      std::vector<std::int32_t> all(kN);
-      w.allgather(&mine, all.data(), 1, DataType::int32)->wait();
-      for (int r = 0; r < kN; ++r) ASSERT_EQ(all[static_cast<size_t>(r)], r * 10 + k % 7);
-      std::vector<std::int32_t> send(kN), recv(kN);
-      for (int r = 0; r < kN; ++r) send[static_cast<size_t>(r)] = me * 100 + r;
-      w.alltoall(send.data(), recv.data(), 1, DataType::int32)->wait();
-      for (int r = 0; r < kN; ++r) ASSERT_EQ(recv[static_cast<size_t>(r)], r * 100 + me);
-      std::int64_t b = me == k % kN ? k : -1;
-      w.broadcast(&b, 1, DataType::int64, k % kN)->wait();
-      ASSERT_EQ(b, k);
-      // A rooted collective (point to point under the hood) and a ring exchange.
-      std::vector<std::int32_t> gathered(kN);
-      w.gather(&mine, gathered.data(), 1, DataType::int32, k % kN)->wait();
-      if (me == k % kN) {
-        for (int r = 0; r < kN; ++r) ASSERT_EQ(gathered[static_cast<size_t>(r)], r * 10 + k % 7);
-      }
-      std::int32_t from_left = -1;
-      const P2POp ring[] = {P2POp::send(&mine, 1, DataType::int32, (me + 1) % kN, k),
-                            P2POp::recv(&from_left, 1, DataType::int32, (me + kN - 1) % kN, k)};
-      w.batch_isend_irecv(ring)->wait();
-      ASSERT_EQ(from_left, ((me + kN - 1) % kN) * 10 + k % 7);
-      if (k % 10 == 0) w.barrier()->wait();
-    }
-  }, test_options(20s));
+  run_local_ranks(
+      kN,
+      [&](Communicator& w) {
+        const int me = w.rank();
+        for (int k = 0; k < kRounds; ++k) {
+          std::int64_t v = me + k, sum = 0;
+          w.allreduce(&v, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
+          ASSERT_EQ(sum, 4 * k + 6) << "round " << k;
+          std::int32_t mine = me * 10 + k % 7;
+          std::vector<std::int32_t> all(kN);
+          w.allgather(&mine, all.data(), 1, DataType::int32)->wait();
+          for (int r = 0; r < kN; ++r) ASSERT_EQ(all[static_cast<size_t>(r)], r * 10 + k % 7);
+          std::vector<std::int32_t> send(kN), recv(kN);
+          for (int r = 0; r < kN; ++r) send[static_cast<size_t>(r)] = me * 100 + r;
+          w.alltoall(send.data(), recv.data(), 1, DataType::int32)->wait();
+          for (int r = 0; r < kN; ++r) ASSERT_EQ(recv[static_cast<size_t>(r)], r * 100 + me);
+          std::int64_t b = me == k % kN ? k : -1;
+          w.broadcast(&b, 1, DataType::int64, k % kN)->wait();
+          ASSERT_EQ(b, k);
+          // A rooted collective (point to point under the hood) and a ring exchange.
+          std::vector<std::int32_t> gathered(kN);
+          w.gather(&mine, gathered.data(), 1, DataType::int32, k % kN)->wait();
+          if (me == k % kN) {
+            for (int r = 0; r < kN; ++r)
+              ASSERT_EQ(gathered[static_cast<size_t>(r)], r * 10 + k % 7);
+          }
+          std::int32_t from_left = -1;
+          const P2POp ring[] = {P2POp::send(&mine, 1, DataType::int32, (me + 1) % kN, k),
+                                P2POp::recv(&from_left, 1, DataType::int32, (me + kN - 1) % kN, k)};
+          w.batch_isend_irecv(ring)->wait();
+          ASSERT_EQ(from_left, ((me + kN - 1) % kN) * 10 + k % 7);
+          if (k % 10 == 0) w.barrier()->wait();
+        }
+      },
+      test_options(20s));
 }
 
 TEST(GlooDeadline, ABatchWhosePeerSendsSlowlyEndsAtItsDeadline) {
@@ -187,32 +190,33 @@ TEST(GlooDeadline, ABatchWhosePeerSendsSlowlyEndsAtItsDeadline) {
   // well within the 1 s timeout, the batch as a whole does not; one deadline ends it.
   std::string error;
   double took = 0;
-  auto r = run_local_ranks_collect(2, [&](Communicator& w) {
-    std::vector<std::int32_t> v(8, -1);
-    w.barrier()->wait();
-    if (w.rank() == 1) {
-      try {
-        for (int k = 0; k < 8; ++k) {
-          std::this_thread::sleep_for(300ms);
-          v[static_cast<size_t>(k)] = k;
-          w.send(&v[static_cast<size_t>(k)], 1, DataType::int32, 0, k)->wait();
+  auto r = run_local_ranks_collect(
+      2,
+      [&](Communicator& w) {
+        std::vector<std::int32_t> v(8, -1);
+        w.barrier()->wait();
+        if (w.rank() == 1) {
+          try {
+            for (int k = 0; k < 8; ++k) {
+              std::this_thread::sleep_for(300ms);
+              v[static_cast<size_t>(k)] = k;
+              w.send(&v[static_cast<size_t>(k)], 1, DataType::int32, 0, k)->wait();
+            }
+          } catch (const std::exception&) {
+            // Expected once rank 0 gave up and closed its connections.
+          }
+          return;
         }
-      } catch (const std::exception&) {
-        // Expected once rank 0 gave up and closed its connections.
-      }
-      return;
-    }
-    std::vector<P2POp> batch;
-    for (int k = 0; k < 8; ++k)
-      batch.push_back(P2POp::recv(&v[static_cast<size_t>(k)], 1, DataType::int32, 1, k));
-    const auto t0 = Clock::now();
-    try {
-      w.batch_isend_irecv(batch)->wait();
-    } catch (const TimeoutError& e) {
-      error = e.what();
-    }
-    took = seconds_since(t0);
-  }, test_options(1s));
+        std::vector<P2POp> batch;
+        for (int k = 0; k < 8; ++k)
+          batch.push_back(P2POp::recv(&v[static_cast<size_t>(k)], 1, DataType::int32, 1, k));
+        const auto t0 = Clock::now();
+        try {
+          w.batch_isend_irecv(batch)->wait();
+        } catch (const TimeoutError& e) { error = e.what(); }
+        took = seconds_since(t0);
+      },
+      test_options(1s));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
   EXPECT_NE(error.find("gloo batch_isend_irecv on world: timed out after 1 s"), std::string::npos)
       << error;

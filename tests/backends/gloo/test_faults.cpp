@@ -25,9 +25,7 @@ TEST(GlooFaults, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
       ranks.emplace_back([&, r] {
         try {
           (void)make_gloo_world(store, r, 4, test_options(1500ms));
-        } catch (const TimeoutError& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const TimeoutError& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }
   EXPECT_LT(seconds_since(t0), 1.5 + 30.0) << "the timeout did not bound world creation";
@@ -40,19 +38,22 @@ TEST(GlooFaults, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
 
 TEST(GlooFaults, AMemberMissingFromAGroupIsNamedWithItsGlobalRank) {
   const auto t0 = Clock::now();
-  auto r = run_local_ranks_collect(6, [](Communicator& w) {
-    const std::vector<int> members{1, 3, 5};
-    if (w.rank() == 5) return;  // a member that never calls create_group
-    if (w.rank() % 2 == 0) return;
-    try {
-      (void)w.create_group(members, "odd");
-      ADD_FAILURE() << "no error on rank " << w.rank();
-    } catch (const TimeoutError& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("gloo create_group on odd"), std::string::npos) << m;
-      EXPECT_NE(m.find("rank 2 (global 5) of 3"), std::string::npos) << m;
-    }
-  }, test_options(1500ms));
+  auto r = run_local_ranks_collect(
+      6,
+      [](Communicator& w) {
+        const std::vector<int> members{1, 3, 5};
+        if (w.rank() == 5) return;  // a member that never calls create_group
+        if (w.rank() % 2 == 0) return;
+        try {
+          (void)w.create_group(members, "odd");
+          ADD_FAILURE() << "no error on rank " << w.rank();
+        } catch (const TimeoutError& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("gloo create_group on odd"), std::string::npos) << m;
+          EXPECT_NE(m.find("rank 2 (global 5) of 3"), std::string::npos) << m;
+        }
+      },
+      test_options(1500ms));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
   EXPECT_LT(seconds_since(t0), 1.5 + 30.0) << "the timeout did not bound create_group";
 }
@@ -60,12 +61,16 @@ TEST(GlooFaults, AMemberMissingFromAGroupIsNamedWithItsGlobalRank) {
 TEST(GlooFaults, ARankThatThrowsUnblocksTheOthersAndIsReportedFirst) {
   const auto t0 = Clock::now();
   // A long timeout: the others must be released by the failure, not by waiting it out.
-  auto r = run_local_ranks_collect(4, [](Communicator& w) {
-    std::int64_t v = 1, out = 0;
-    w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
-    if (w.rank() == 2) throw std::runtime_error("model diverged");
-    for (int k = 0; k < 100; ++k) w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
-  }, test_options(100s));
+  auto r = run_local_ranks_collect(
+      4,
+      [](Communicator& w) {
+        std::int64_t v = 1, out = 0;
+        w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
+        if (w.rank() == 2) throw std::runtime_error("model diverged");
+        for (int k = 0; k < 100; ++k)
+          w.allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
+      },
+      test_options(100s));
   EXPECT_LT(seconds_since(t0), 60.0) << "the others waited out their 100 s timeout";
   EXPECT_EQ(r.first_failed_rank, 2);
   EXPECT_EQ(r.first_failure, "rank 2: model diverged");
@@ -79,29 +84,35 @@ TEST(GlooFaults, ARankThatThrowsUnblocksTheOthersAndIsReportedFirst) {
       ADD_FAILURE() << "rank " << k << ": not a BackendError: " << e.what();
     }
   }
-  EXPECT_THROW(run_local_ranks(2, [](Communicator& w) {
-                 if (w.rank() == 1) throw std::runtime_error("x");
-               }, test_options()),
+  EXPECT_THROW(run_local_ranks(
+                   2,
+                   [](Communicator& w) {
+                     if (w.rank() == 1) throw std::runtime_error("x");
+                   },
+                   test_options()),
                RankFailedError);
 }
 
 TEST(GlooFaults, ACollectiveThatTimesOutIsATimeoutErrorNamingOpAndGroup) {
   const auto t0 = Clock::now();
-  auto r = run_local_ranks_collect(2, [](Communicator& w) {
-    auto g = w.split(0, w.rank(), "tp#0");
-    if (w.rank() == 1) {
-      std::this_thread::sleep_for(6s);  // late far beyond the 1 s timeout, even when loaded
-      return;
-    }
-    std::int32_t v = 1, out = 0;
-    try {
-      g->allreduce(&v, &out, 1, DataType::int32, ReduceOp::sum)->wait();
-      ADD_FAILURE() << "no timeout";
-    } catch (const TimeoutError& e) {
-      EXPECT_NE(std::string(e.what()).find("gloo allreduce on tp#0"), std::string::npos)
-          << e.what();
-    }
-  }, test_options(1s));
+  auto r = run_local_ranks_collect(
+      2,
+      [](Communicator& w) {
+        auto g = w.split(0, w.rank(), "tp#0");
+        if (w.rank() == 1) {
+          std::this_thread::sleep_for(6s);  // late far beyond the 1 s timeout, even when loaded
+          return;
+        }
+        std::int32_t v = 1, out = 0;
+        try {
+          g->allreduce(&v, &out, 1, DataType::int32, ReduceOp::sum)->wait();
+          ADD_FAILURE() << "no timeout";
+        } catch (const TimeoutError& e) {
+          EXPECT_NE(std::string(e.what()).find("gloo allreduce on tp#0"), std::string::npos)
+              << e.what();
+        }
+      },
+      test_options(1s));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
   EXPECT_LT(seconds_since(t0), 6.0 + 30.0) << "the timeout did not end the allreduce";
 }
@@ -111,23 +122,26 @@ TEST(GlooFaults, ACollectiveThatTimesOutNamesTheRanksThatDidNotArrive) {
   // one's connections close), and a timed-out rank names rank 2 and only rank 2.
   std::mutex mutex;
   std::vector<std::string> timeouts;
-  auto r = run_local_ranks_collect(3, [&](Communicator& w) {
-    auto g = w.split(0, w.rank(), "tp#0");
-    if (w.rank() == 2) {
-      std::this_thread::sleep_for(2500ms);  // past the timeout and the census's grace
-      return;
-    }
-    g->set_timeout(800ms);
-    try {
-      g->barrier()->wait();
-      ADD_FAILURE() << "rank " << w.rank() << ": the barrier completed without rank 2";
-    } catch (const TimeoutError& e) {
-      std::lock_guard lock(mutex);
-      timeouts.push_back(e.what());
-    } catch (const AbortedError&) {
-      // The other rank timed out first and closed its connections: its message says it.
-    }
-  }, test_options(30s));
+  auto r = run_local_ranks_collect(
+      3,
+      [&](Communicator& w) {
+        auto g = w.split(0, w.rank(), "tp#0");
+        if (w.rank() == 2) {
+          std::this_thread::sleep_for(2500ms);  // past the timeout and the census's grace
+          return;
+        }
+        g->set_timeout(800ms);
+        try {
+          g->barrier()->wait();
+          ADD_FAILURE() << "rank " << w.rank() << ": the barrier completed without rank 2";
+        } catch (const TimeoutError& e) {
+          std::lock_guard lock(mutex);
+          timeouts.push_back(e.what());
+        } catch (const AbortedError&) {
+          // The other rank timed out first and closed its connections: its message says it.
+        }
+      },
+      test_options(30s));
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
   ASSERT_FALSE(timeouts.empty()) << "no rank timed out";
   for (const std::string& t : timeouts) {
@@ -152,14 +166,14 @@ TEST(GlooFaults, BadArgumentsToTheWorldAreConfigErrors) {
 class ScopedEnv {
  public:
   ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const char* n : {"COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_STORE",
-                          "COMMGRID_TIMEOUT"})
+    for (const char* n :
+         {"COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_STORE", "COMMGRID_TIMEOUT"})
       ::unsetenv(n);
     for (auto [n, v] : vars) ::setenv(n, v, 1);
   }
   ~ScopedEnv() {
-    for (const char* n : {"COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_STORE",
-                          "COMMGRID_TIMEOUT"})
+    for (const char* n :
+         {"COMMGRID_RANK", "COMMGRID_WORLD_SIZE", "COMMGRID_STORE", "COMMGRID_TIMEOUT"})
       ::unsetenv(n);
   }
 };
@@ -168,9 +182,7 @@ std::string env_error(std::initializer_list<std::pair<const char*, const char*>>
   ScopedEnv env(vars);
   try {
     read_world_env();
-  } catch (const ConfigError& e) {
-    return e.parameter() + ": " + e.what();
-  }
+  } catch (const ConfigError& e) { return e.parameter() + ": " + e.what(); }
   return "no error";
 }
 
@@ -186,11 +198,15 @@ TEST(GlooEnv, MissingOrMalformedVariablesAreNamed) {
             "COMMGRID_WORLD_SIZE: COMMGRID_WORLD_SIZE=0 must be >= 1");
   EXPECT_EQ(env_error({{"COMMGRID_RANK", "0"}, {"COMMGRID_WORLD_SIZE", "2"}}).substr(0, 30),
             "COMMGRID_STORE: COMMGRID_STORE");
-  EXPECT_EQ(env_error({{"COMMGRID_RANK", "0"}, {"COMMGRID_WORLD_SIZE", "2"},
-                       {"COMMGRID_STORE", "file:///tmp"}, {"COMMGRID_TIMEOUT", "-1"}}),
+  EXPECT_EQ(env_error({{"COMMGRID_RANK", "0"},
+                       {"COMMGRID_WORLD_SIZE", "2"},
+                       {"COMMGRID_STORE", "file:///tmp"},
+                       {"COMMGRID_TIMEOUT", "-1"}}),
             "COMMGRID_TIMEOUT: COMMGRID_TIMEOUT='-1' is not a positive number of seconds");
-  ScopedEnv ok({{"COMMGRID_RANK", "1"}, {"COMMGRID_WORLD_SIZE", "2"},
-                {"COMMGRID_STORE", "file:///tmp"}, {"COMMGRID_TIMEOUT", "2.5"}});
+  ScopedEnv ok({{"COMMGRID_RANK", "1"},
+                {"COMMGRID_WORLD_SIZE", "2"},
+                {"COMMGRID_STORE", "file:///tmp"},
+                {"COMMGRID_TIMEOUT", "2.5"}});
   WorldEnv e = read_world_env();
   EXPECT_EQ(e.rank, 1);
   EXPECT_EQ(e.size, 2);
@@ -199,8 +215,9 @@ TEST(GlooEnv, MissingOrMalformedVariablesAreNamed) {
 }
 
 TEST(GlooEnv, StoreUrisAreParsedStrictly) {
-  for (const char* bad : {"", "tcp://x", "tcp://:5", "tcp://h:0", "redis://:@h:1", "file://relative", "redis://host", "redis://:1",
-                          "redis://h:0", "redis://h:99999", "redis://h:12x", "redis://h:1/"}) {
+  for (const char* bad :
+       {"", "tcp://x", "tcp://:5", "tcp://h:0", "redis://:@h:1", "file://relative", "redis://host",
+        "redis://:1", "redis://h:0", "redis://h:99999", "redis://h:12x", "redis://h:1/"}) {
     try {
       open_store(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";

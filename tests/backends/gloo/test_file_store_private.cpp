@@ -6,12 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <poll.h>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <poll.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,8 +39,7 @@ class FolderWatcher {
     fd_ = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd_ < 0) return;
     if (::inotify_add_watch(fd_, folder_.c_str(),
-                            IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB) <
-        0)
+                            IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB) < 0)
       return;
     thread_ = std::jthread([this] { run(); });
   }
@@ -92,8 +91,7 @@ class FolderWatcher {
 
 TEST(GlooFileStoreModes, KeyFilesAreNeverSeenWithGroupOrOtherPermissions) {
   ScopedUmask mask(022);
-  std::string pattern =
-      (std::filesystem::temp_directory_path() / "commgrid-modes-XXXXXX").string();
+  std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-modes-XXXXXX").string();
   ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
   const std::string dir = pattern;
   {
@@ -102,11 +100,13 @@ TEST(GlooFileStoreModes, KeyFilesAreNeverSeenWithGroupOrOtherPermissions) {
     auto store = open_store("file://" + dir, StoreOptions{"modes", "t0k", std::chrono::seconds(5)});
     constexpr int kKeys = 400;
     for (int k = 0; k < kKeys; ++k) {
-      const std::string v = "value " + std::to_string(k) + std::string(static_cast<size_t>(k % 97), 'x');
+      const std::string v =
+          "value " + std::to_string(k) + std::string(static_cast<size_t>(k % 97), 'x');
       store->set("key/" + std::to_string(k), std::span<const char>(v.data(), v.size()));
     }
     for (int k = 0; k < kKeys; ++k) {
-      const std::string v = "value " + std::to_string(k) + std::string(static_cast<size_t>(k % 97), 'x');
+      const std::string v =
+          "value " + std::to_string(k) + std::string(static_cast<size_t>(k % 97), 'x');
       ASSERT_TRUE(store->has("key/" + std::to_string(k)));
       const std::vector<char> got = store->get("key/" + std::to_string(k));
       ASSERT_EQ(std::string(got.begin(), got.end()), v) << "key " << k;

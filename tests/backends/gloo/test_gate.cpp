@@ -121,9 +121,7 @@ TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {
         o.token = r == 0 ? "token-a" : "token-b";
         try {
           (void)make_gloo_world(store, r, 2, o);
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }
   // The connector checks the listener's proof first: it refuses it ("did not prove"); the
@@ -145,9 +143,7 @@ std::pair<std::string, std::chrono::steady_clock::duration> rank_zero_times_out(
   try {
     (void)make_gloo_world(store, 0, 2, o);
     error = "the world formed";
-  } catch (const TimeoutError& e) {
-    error = e.what();
-  } catch (const std::exception& e) {
+  } catch (const TimeoutError& e) { error = e.what(); } catch (const std::exception& e) {
     error = std::string("not a TimeoutError: ") + e.what();
   }
   return {error, std::chrono::steady_clock::now() - t0};
@@ -175,7 +171,8 @@ TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   address.push_back('g');  // it gates its connections, like rank 0
   put("pair/1/0", address);
   const auto [error, took] = rank_zero_times_out(store, o);
-  EXPECT_NE(error.find("timed out after 2 s waiting for rank 1 (global 1) of 2 to connect"), std::string::npos)
+  EXPECT_NE(error.find("timed out after 2 s waiting for rank 1 (global 1) of 2 to connect"),
+            std::string::npos)
       << error;
   EXPECT_LT(took, 2s + 30s) << "the deadline did not end the wait";
 }
@@ -202,8 +199,8 @@ TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
   // group never arrive: rank 0 must end 8 s after it called split, not 8 s after the
   // exchange (at 15 s): the 7 s between them leave room for a loaded machine.
   const GlooOptions o = test_options(8s);
-  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
-      .on_set = [](const std::string& key, const std::vector<char>&) {
+  auto store = std::make_shared<HookedMemoryStore>(
+      StoreHooks{.on_set = [](const std::string& key, const std::vector<char>&) {
         for (const char* dropped : {"/split0/c0/arrived/1", "/split0/c0/pair/1/0"})
           if (key.ends_with(dropped)) return false;
         return true;
@@ -223,9 +220,7 @@ TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
     try {
       (void)world.split(0, 0, "late");
       error = "the group formed";
-    } catch (const TimeoutError& e) {
-      error = e.what();
-    } catch (const std::exception& e) {
+    } catch (const TimeoutError& e) { error = e.what(); } catch (const std::exception& e) {
       error = std::string("not a TimeoutError: ") + e.what();
     }
     took = std::chrono::steady_clock::now() - t0;

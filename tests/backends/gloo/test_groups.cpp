@@ -97,17 +97,21 @@ TEST(GlooGroups, CreateGroupCollectiveGivesNonMembersNullptr) {
 }
 
 TEST(GlooGroups, CreateGroupCollectiveWithDifferentArgumentsFailsOnEveryRank) {
-  auto r = run_local_ranks_collect(3, [](Communicator& w) {
-    std::vector<int> members{0, 1};
-    if (w.rank() == 2) members = {0, 2};
-    try {
-      (void)w.create_group_collective(members, "g");
-      ADD_FAILURE() << "rank " << w.rank() << ": no error";
-    } catch (const BackendError& e) {
-      EXPECT_NE(std::string(e.what()).find("ranks 2 passed different members"), std::string::npos)
-          << e.what();
-    }
-  }, test_options());
+  auto r = run_local_ranks_collect(
+      3,
+      [](Communicator& w) {
+        std::vector<int> members{0, 1};
+        if (w.rank() == 2) members = {0, 2};
+        try {
+          (void)w.create_group_collective(members, "g");
+          ADD_FAILURE() << "rank " << w.rank() << ": no error";
+        } catch (const BackendError& e) {
+          EXPECT_NE(std::string(e.what()).find("ranks 2 passed different members"),
+                    std::string::npos)
+              << e.what();
+        }
+      },
+      test_options());
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
 }
 

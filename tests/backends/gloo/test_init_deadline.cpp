@@ -21,8 +21,8 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
   // together would take several times that. initialize must end at the deadline, on every
   // rank, and the world keep its own timeout.
   std::atomic<bool> slow{false};
-  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
-      .on_set = [&](const std::string&, const std::vector<char>&) {
+  auto store = std::make_shared<HookedMemoryStore>(
+      StoreHooks{.on_set = [&](const std::string&, const std::vector<char>&) {
         if (slow.load()) std::this_thread::sleep_for(25ms);
         return true;
       }});
@@ -35,7 +35,8 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
   {
     std::vector<std::jthread> ranks;
     for (int r = 0; r < 4; ++r)
-      ranks.emplace_back([&, r] { worlds[static_cast<size_t>(r)] = make_gloo_world(store, r, 4, o); });
+      ranks.emplace_back(
+          [&, r] { worlds[static_cast<size_t>(r)] = make_gloo_world(store, r, 4, o); });
   }
   slow = true;
   std::vector<std::string> errors(4);
@@ -51,9 +52,7 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
         try {
           pg.initialize(*worlds[static_cast<size_t>(r)], cfg, opts);
           errors[static_cast<size_t>(r)] = "initialized";
-        } catch (const BackendError& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const BackendError& e) { errors[static_cast<size_t>(r)] = e.what(); }
         took[static_cast<size_t>(r)] = seconds_since(t0);
       });
   }
@@ -66,7 +65,10 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
     if (e.find("the world's timeout of 3 s bounds the whole call") != std::string::npos) ++timeouts;
     EXPECT_EQ(worlds[static_cast<size_t>(r)]->timeout(), 3000ms) << "rank " << r;
   }
-  EXPECT_GT(timeouts, 0) << errors[0] << "\n" << errors[1] << "\n" << errors[2] << "\n" << errors[3];
+  EXPECT_GT(timeouts, 0) << errors[0] << "\n"
+                         << errors[1] << "\n"
+                         << errors[2] << "\n"
+                         << errors[3];
 }
 
 }  // namespace

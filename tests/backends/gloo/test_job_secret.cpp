@@ -57,9 +57,7 @@ std::vector<Outcome> tokenless_worlds(int n, const std::shared_ptr<Store>& store
         auto world = make_gloo_world(store, r, n, o);
         world->barrier()->wait();
         out[static_cast<size_t>(r)].ok = true;
-      } catch (const std::exception& e) {
-        out[static_cast<size_t>(r)].error = e.what();
-      }
+      } catch (const std::exception& e) { out[static_cast<size_t>(r)].error = e.what(); }
     });
   ranks.clear();
   return out;
@@ -108,9 +106,7 @@ TEST(GlooJobSecret, RanksOfAnotherStoreCannotProveThisJobsSecret) {
         o.token = r == 0 ? "" : std::string(64, 'f');
         try {
           (void)make_gloo_world(a, r, 2, o);  // expected to throw
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }
   for (const std::string& e : errors)

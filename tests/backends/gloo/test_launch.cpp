@@ -8,18 +8,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <atomic>
 #include <regex>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_runner.hpp"
@@ -28,8 +28,8 @@
 namespace {
 
 using Result = commgrid::test::CliResult;
-using commgrid::test::run_shell;
 using commgrid::test::free_port;
+using commgrid::test::run_shell;
 
 // Runs commgrid with args; coreutils timeout turns a hang into exit 124.
 Result launch(const std::vector<std::string>& args, int limit_s = 60) {
@@ -46,8 +46,8 @@ TEST(Launch, FourProcessesMeetThroughTheFileStoreWithPrefixedOutput) {
   Result r = launch({"launch", "-n", "4", "--timeout", "20", "--", kWorker, "ok"});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   for (int k = 0; k < 4; ++k)
-    EXPECT_TRUE(has(r.out, "[rank " + std::to_string(k) + "] rank " + std::to_string(k) +
-                               " of 4 ok sum=6\n"))
+    EXPECT_TRUE(has(
+        r.out, "[rank " + std::to_string(k) + "] rank " + std::to_string(k) + " of 4 ok sum=6\n"))
         << r.out;
 }
 
@@ -81,8 +81,9 @@ TEST(Launch, ARankThatNeverArrivesMakesTheOthersFailNamingIt) {
   // The ranks' own 2 s timeout, without launch's --timeout: launch's deadline (the timeout
   // + 1 s from its start) would race the ranks' on a loaded machine, where starting them
   // alone can take longer than that second.
-  Result r = run_shell("COMMGRID_TIMEOUT=2 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
-                       " launch -n 3 -- " + commgrid::test::shell_quote(kWorker) + " missing 2");
+  Result r =
+      run_shell("COMMGRID_TIMEOUT=2 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                " launch -n 3 -- " + commgrid::test::shell_quote(kWorker) + " missing 2");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(error: rank [01] exited with code 1\n)")))
       << r.err;
@@ -91,13 +92,13 @@ TEST(Launch, ARankThatNeverArrivesMakesTheOthersFailNamingIt) {
 }
 
 TEST(Launch, BadUsageIsExitTwo) {
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"launch", "--", "true"},                       // no -n
-           {"launch", "-n", "0", "--", "true"},            // too few
-           {"launch", "-n", "2"},                          // no program
-           {"launch", "-n", "2", "--timeout", "0", "--", "true"},
-           {"launch", "-n", "x", "--", "true"},
-           {"launch", "-n", "2", "--", "/no/such/program"}}) {
+  for (const auto& args :
+       std::vector<std::vector<std::string>>{{"launch", "--", "true"},             // no -n
+                                             {"launch", "-n", "0", "--", "true"},  // too few
+                                             {"launch", "-n", "2"},                // no program
+                                             {"launch", "-n", "2", "--timeout", "0", "--", "true"},
+                                             {"launch", "-n", "x", "--", "true"},
+                                             {"launch", "-n", "2", "--", "/no/such/program"}}) {
     Result r = launch(args);
     EXPECT_EQ(r.code, 2) << args[1] << " " << args.back() << ": " << r.err;
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
@@ -107,7 +108,8 @@ TEST(Launch, BadUsageIsExitTwo) {
 TEST(Launch, ExitCodeIsZeroOnlyWhenEveryRankExitsZero) {
   EXPECT_EQ(launch({"launch", "-n", "3", "--", "sh", "-c", "exit 0"}).code, 0);
   Result r = launch({"launch", "-n", "3", "--grace", "1", "--", "sh", "-c",
-                     "if [ $COMMGRID_RANK = 2 ]; then kill -SEGV $$; fi; sleep 100"}, 120);
+                     "if [ $COMMGRID_RANK = 2 ]; then kill -SEGV $$; fi; sleep 100"},
+                    120);
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(has(r.err, "error: rank 2 killed by signal 11 (SIGSEGV)")) << r.err;
   EXPECT_LT(r.seconds, 50) << "the others slept on";
@@ -116,7 +118,8 @@ TEST(Launch, ExitCodeIsZeroOnlyWhenEveryRankExitsZero) {
 TEST(Launch, ASigtermToTheLauncherStopsEveryRank) {
   // SIGTERM to launch after 2 s: it stops its ranks (which would sleep 100 s) and exits
   // 128+15. The ranks print their pid first so the test can check that none is left.
-  Result r = run_shell("timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) + " launch -n 2 --grace 1 -- sh -c " +
+  Result r = run_shell("timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                       " launch -n 2 --grace 1 -- sh -c " +
                        commgrid::test::shell_quote("echo pid $$; exec " + kWorker + " sleep") +
                        " & pid=$!; sleep 2; kill -TERM $pid; wait $pid");
   EXPECT_EQ(r.code, 143) << r.err;
@@ -147,13 +150,13 @@ std::vector<std::string> lines_with(const std::string& text, const std::string& 
 TEST(Launch, SetsTorchrunsVariablesWithAMasterPortApartFromTheStore) {
   const int store_port = free_port();
   // An outer launcher's RANK and MASTER_PORT are replaced, never passed on.
-  Result r = run_shell("RANK=7 MASTER_PORT=1 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
-                       " launch -n 2 --master-port " + std::to_string(store_port) +
-                       " --rdzv-id my-job -- sh -c " +
-                       commgrid::test::shell_quote(
-                           "echo \"v $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
-                           "$GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
-                           "$TORCHELASTIC_RUN_ID $COMMGRID_JOB_ID $COMMGRID_STORE\""));
+  Result r = run_shell(
+      "RANK=7 MASTER_PORT=1 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+      " launch -n 2 --master-port " + std::to_string(store_port) + " --rdzv-id my-job -- sh -c " +
+      commgrid::test::shell_quote(
+          "echo \"v $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
+          "$GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+          "$TORCHELASTIC_RUN_ID $COMMGRID_JOB_ID $COMMGRID_STORE\""));
   EXPECT_EQ(r.code, 0) << r.err;
   const std::string tail = " 2 127.0.0.1 " + std::to_string(store_port + 1) +
                            " my-job my-job tcp://127.0.0.1:" + std::to_string(store_port) + "\n";
@@ -161,12 +164,15 @@ TEST(Launch, SetsTorchrunsVariablesWithAMasterPortApartFromTheStore) {
   EXPECT_TRUE(has(r.out, "[rank 1] v 1 2 1 2 0 1 1" + tail)) << r.out;
 
   // One node, no --master-port: the file store, and a free port for torch.
-  Result one = launch({"launch", "-n", "2", "--", "sh", "-c", "echo \"p $MASTER_PORT $COMMGRID_STORE\""});
+  Result one =
+      launch({"launch", "-n", "2", "--", "sh", "-c", "echo \"p $MASTER_PORT $COMMGRID_STORE\""});
   EXPECT_EQ(one.code, 0) << one.err;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(one.out, m, std::regex(R"(\[rank 0\] p (\d+) file://)"))) << one.out;
+  ASSERT_TRUE(std::regex_search(one.out, m, std::regex(R"(\[rank 0\] p (\d+) file://)")))
+      << one.out;
   EXPECT_GT(std::stoi(m[1].str()), 0);
-  EXPECT_TRUE(has(one.out, "[rank 1] p " + m[1].str() + " file://")) << "one MASTER_PORT per job: " << one.out;
+  EXPECT_TRUE(has(one.out, "[rank 1] p " + m[1].str() + " file://"))
+      << "one MASTER_PORT per job: " << one.out;
 }
 
 TEST(Launch, TorchrunsFlagNamesAndSpellingsAreAccepted) {
@@ -194,36 +200,46 @@ TEST(Launch, OutputRawAndRank0) {
   EXPECT_FALSE(has(raw.out + raw.err, "[rank")) << raw.out << raw.err;
   // rank0: rank 0's stdout alone on stdout, so that it pipes cleanly into a parser; the
   // other ranks' stderr stays visible, prefixed.
-  Result r0 = launch({"launch", "-n", "3", "--output", "rank0", "--", "sh", "-c",
-                      "if [ $RANK = 0 ]; then printf '{\\n  \"a\": [1,\\n 2]\\n}\\n'; else echo chatter; fi; "
-                      "echo \"err $RANK\" >&2"});
+  Result r0 = launch(
+      {"launch", "-n", "3", "--output", "rank0", "--", "sh", "-c",
+       "if [ $RANK = 0 ]; then printf '{\\n  \"a\": [1,\\n 2]\\n}\\n'; else echo chatter; fi; "
+       "echo \"err $RANK\" >&2"});
   EXPECT_EQ(r0.code, 0) << r0.err;
   EXPECT_EQ(r0.out, "{\n  \"a\": [1,\n 2]\n}\n");
-  EXPECT_TRUE(has(r0.err, "err 0\n") && has(r0.err, "[rank 1] err 1\n") && has(r0.err, "[rank 2] err 2\n"))
+  EXPECT_TRUE(has(r0.err, "err 0\n") && has(r0.err, "[rank 1] err 1\n") &&
+              has(r0.err, "[rank 2] err 2\n"))
       << r0.err;
   Result bad = launch({"launch", "-n", "1", "--output", "tee", "--", "true"});
   EXPECT_EQ(bad.code, 2);
-  EXPECT_TRUE(has(bad.err, "error: --output: expected prefixed, raw or rank0, got 'tee'")) << bad.err;
+  EXPECT_TRUE(has(bad.err, "error: --output: expected prefixed, raw or rank0, got 'tee'"))
+      << bad.err;
 }
 
 TEST(Launch, AFlagErrorInEveryRankExitsTwoWithEveryLineWhole) {
   // --grace 60: on a loaded machine a rank may take seconds longer than the first to start
   // and fail; the default 5 s would cut it short (killed, not exit 2).
-  Result r = launch({"launch", "-n", "4", "--grace", "60", "--", COMMGRID_CLI, "plan", "--world-size", "8", "--tp", "--pp", "4"});
+  Result r = launch({"launch", "-n", "4", "--grace", "60", "--", COMMGRID_CLI, "plan",
+                     "--world-size", "8", "--tp", "--pp", "4"});
   EXPECT_EQ(r.code, 2) << r.err;
   const auto errors = lines_with(r.err, "[rank ");
   EXPECT_EQ(errors.size(), 4u) << r.err;
   for (const auto& line : errors)
-    EXPECT_TRUE(std::regex_match(line, std::regex(R"(\[rank \d\] error: plan: --tp needs a value \(got the flag --pp instead\); see commgrid plan --help)")))
+    EXPECT_TRUE(std::regex_match(
+        line,
+        std::regex(
+            R"(\[rank \d\] error: plan: --tp needs a value \(got the flag --pp instead\); see commgrid plan --help)")))
         << line;
-  EXPECT_TRUE(has(r.err, "error: every rank exited with code 2 (bad input; the ranks' errors are above)\n"))
+  EXPECT_TRUE(
+      has(r.err, "error: every rank exited with code 2 (bad input; the ranks' errors are above)\n"))
       << r.err;
   // A rank slower to fail (its error written in two pieces, a second apart) is not cut
   // short by the first rank's exit 2: its line arrives whole.
-  Result slow = launch({"launch", "-n", "3", "--grace", "60", "--", "sh", "-c",
-                        "if [ $RANK != 0 ]; then printf 'error: ' >&2; sleep 1; echo \"slow rank $RANK\" >&2; fi; exit 2"});
+  Result slow = launch(
+      {"launch", "-n", "3", "--grace", "60", "--", "sh", "-c",
+       "if [ $RANK != 0 ]; then printf 'error: ' >&2; sleep 1; echo \"slow rank $RANK\" >&2; fi; exit 2"});
   EXPECT_EQ(slow.code, 2) << slow.err;
-  EXPECT_TRUE(has(slow.err, "[rank 1] error: slow rank 1\n") && has(slow.err, "[rank 2] error: slow rank 2\n"))
+  EXPECT_TRUE(has(slow.err, "[rank 1] error: slow rank 1\n") &&
+              has(slow.err, "[rank 2] error: slow rank 2\n"))
       << slow.err;
   // Exit 2 from some ranks only, 0 or 1 from the others: a failure (1), naming the first.
   Result mixed = launch({"launch", "-n", "2", "--", "sh", "-c", "exit $((2 - RANK))"});
@@ -232,7 +248,6 @@ TEST(Launch, AFlagErrorInEveryRankExitsTwoWithEveryLineWhole) {
 }
 
 // ---- starting from other launchers, across nodes ------------------------------------
-
 
 const std::string kCli = commgrid::test::shell_quote(COMMGRID_CLI);
 
@@ -274,28 +289,37 @@ std::string start_ranks(int count, const std::function<std::string(int)>& env,
 
 TEST(Launchers, TorchrunStyleVariablesStartAVerifiedJob) {
   const std::string port = std::to_string(free_port());
-  Result r = run_shell(start_ranks(4, [&](int i) {
-    return "RANK=" + std::to_string(i) + " WORLD_SIZE=4 LOCAL_RANK=" + std::to_string(i) +
-           " LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
-           " COMMGRID_TOKEN=t0rch";
-  }, kCli + " verify --tp 2 --pp 2 --timeout 20"));
+  Result r = run_shell(start_ranks(
+      4,
+      [&](int i) {
+        return "RANK=" + std::to_string(i) + " WORLD_SIZE=4 LOCAL_RANK=" + std::to_string(i) +
+               " LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+               " COMMGRID_TOKEN=t0rch";
+      },
+      kCli + " verify --tp 2 --pp 2 --timeout 20"));
   for (int i = 0; i < 4; ++i)
     EXPECT_TRUE(has(r.out, "exit " + std::to_string(i) + " 0\n")) << r.out << r.err;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 4 ranks\n)")))
       << r.out;
   EXPECT_FALSE(has(r.out + r.err, "t0rch")) << "the token was shown";
 }
 
 TEST(Launchers, SlurmStyleVariablesStartAVerifiedJob) {
   const std::string port = std::to_string(free_port());
-  Result r = run_shell(start_ranks(4, [&](int i) {
-    return "SLURM_PROCID=" + std::to_string(i) + " SLURM_NTASKS=4 SLURM_LOCALID=" +
-           std::to_string(i % 2) + " SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=4242 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-           port;
-  }, kCli + " verify --tp 2 --timeout 20"));
+  Result r = run_shell(start_ranks(
+      4,
+      [&](int i) {
+        return "SLURM_PROCID=" + std::to_string(i) +
+               " SLURM_NTASKS=4 SLURM_LOCALID=" + std::to_string(i % 2) +
+               " SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID=4242 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+               port;
+      },
+      kCli + " verify --tp 2 --timeout 20"));
   for (int i = 0; i < 4; ++i)
     EXPECT_TRUE(has(r.out, "exit " + std::to_string(i) + " 0\n")) << r.out << r.err;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 4 ranks\n)")))
       << r.out;
 }
 
@@ -304,12 +328,14 @@ TEST(Launchers, TwoLaunchesOfTwoNodesOverLoopbackVerifyOneJob) {
   // Node 1's launch writes to stderr, so that the two launches' lines stay apart.
   const std::string common = "COMMGRID_JOB_ID=two-nodes COMMGRID_TOKEN=n0des timeout 60 " + kCli +
                              " launch -n 2 --nnodes 2 --master-port " + port + " --timeout 20";
-  Result j = run_shell("(" + common + " --node-rank 1 -- " + kCli +
-                       " verify --tp 2 --pp 2 >&2; echo \"node1 $?\" >&2) & " + common +
-                       " --node-rank 0 -- " + kCli + " verify --tp 2 --pp 2; echo \"node0 $?\"; wait");
+  Result j =
+      run_shell("(" + common + " --node-rank 1 -- " + kCli +
+                " verify --tp 2 --pp 2 >&2; echo \"node1 $?\" >&2) & " + common +
+                " --node-rank 0 -- " + kCli + " verify --tp 2 --pp 2; echo \"node0 $?\"; wait");
   EXPECT_TRUE(has(j.out, "node0 0\n")) << j.out << j.err;
   EXPECT_TRUE(has(j.err, "node1 0\n")) << j.out << j.err;
-  EXPECT_TRUE(std::regex_search(j.out, std::regex(R"(\[rank 0\] verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+  EXPECT_TRUE(std::regex_search(
+      j.out, std::regex(R"(\[rank 0\] verified \d+ kinds, \d+ groups on 4 ranks\n)")))
       << j.out;
 }
 
@@ -393,7 +419,8 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
   // timeout naming an unauthenticated peer; never SIGABRT, never a hang.
   // The job uses the TCP store, whose port (rank 0's) listens all along: it is attacked
   // with a new connection every few milliseconds, the Gloo ports when they are seen.
-  const std::string marker = "tp,pp,dp,cp";  // one argument: /proc/PID/cmdline separates them by NULs
+  const std::string marker =
+      "tp,pp,dp,cp";  // one argument: /proc/PID/cmdline separates them by NULs
   const int store_port = free_port();
   std::atomic<bool> done{false};
   std::atomic<int> attacked{0};
@@ -432,9 +459,10 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
   });
   // The ranks' own 10 s timeout (COMMGRID_TIMEOUT), without launch's --timeout, whose
   // deadline one second later would race a rank's report on a loaded machine.
-  Result r = run_shell("COMMGRID_TIMEOUT=10 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
-                       " launch -n 4 --master-port " + std::to_string(store_port) + " -- " +
-                       commgrid::test::shell_quote(COMMGRID_CLI) + " verify --tp 2 --cp 2 --kinds " + marker);
+  Result r = run_shell(
+      "COMMGRID_TIMEOUT=10 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+      " launch -n 4 --master-port " + std::to_string(store_port) + " -- " +
+      commgrid::test::shell_quote(COMMGRID_CLI) + " verify --tp 2 --cp 2 --kinds " + marker);
   done = true;
   stranger.join();
   EXPECT_EQ(stranger_error, "") << "the stranger's scan of /proc threw";
@@ -458,8 +486,9 @@ TEST(LaunchBounds, TimeoutBoundsTheWholeJobWithExit124NamingTheRanks) {
   EXPECT_EQ(r.code, 124) << r.err;
   EXPECT_GE(r.seconds, 3.0) << "the job's deadline is --timeout + 1 s";
   EXPECT_LT(r.seconds, 50.0) << "the ranks slept on";
-  EXPECT_TRUE(has(r.err, "error: launch: the job did not end within its --timeout of 2 s; "
-                         "still running: rank 0, rank 1; stopped them\n"))
+  EXPECT_TRUE(has(r.err,
+                  "error: launch: the job did not end within its --timeout of 2 s; "
+                  "still running: rank 0, rank 1; stopped them\n"))
       << r.err;
 }
 
@@ -474,17 +503,19 @@ TEST(LaunchBounds, ASigstoppedRankIsNamedAtTheDeadline) {
 
 TEST(LaunchBounds, ARankStoppedBetweenForkAndExecIsBoundedByTheTimeout) {
   // The wait for a rank's exec ends at the job's deadline like every other wait.
-  Result r = launch({"launch", "-n", "3", "--timeout", "1", "--grace", "1", "--stop-before-exec", "1",
-                     "--", "sleep", "30"});
+  Result r = launch({"launch", "-n", "3", "--timeout", "1", "--grace", "1", "--stop-before-exec",
+                     "1", "--", "sleep", "30"});
   EXPECT_EQ(r.code, 124) << r.err;
   EXPECT_TRUE(has(r.err, "launch: note: rank 1 was stopped by SIGSTOP\n")) << r.err;
-  EXPECT_TRUE(has(r.err, "still running: rank 0, rank 1 (stopped by SIGSTOP); stopped them\n")) << r.err;
+  EXPECT_TRUE(has(r.err, "still running: rank 0, rank 1 (stopped by SIGSTOP); stopped them\n"))
+      << r.err;
   EXPECT_LT(r.seconds, 30.0) << "launch waited for the stopped rank";
 }
 
 TEST(LaunchBounds, ARankStoppedBetweenForkAndExecDoesNotBlockSigint) {
   // No --timeout: SIGINT still ends the launch, and the stopped rank with it.
-  Result r = run_shell("timeout 60 " + kCli + " launch -n 2 --grace 1 --stop-before-exec 1 -- sleep 100 "
+  Result r = run_shell("timeout 60 " + kCli +
+                       " launch -n 2 --grace 1 --stop-before-exec 1 -- sleep 100 "
                        "& pid=$!; sleep 1; kill -INT $pid; wait $pid");
   EXPECT_EQ(r.code, 130) << r.err;
   EXPECT_TRUE(has(r.err, "error: interrupted by SIGINT; stopped 2 ranks")) << r.err;
@@ -496,7 +527,10 @@ TEST(LaunchBounds, DescriptorExhaustionLeavesNoProcessBehind) {
   const std::string marker = "31." + std::to_string(::getpid());
   Result r = run_shell("ulimit -n 24; timeout 60 " + kCli + " launch -n 16 -- sleep " + marker);
   EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(error: launch: pipe: Too many open files \(starting rank \d+; stopped the \d+ ranks already started\)\n)")))
+  EXPECT_TRUE(std::regex_search(
+      r.err,
+      std::regex(
+          R"(error: launch: pipe: Too many open files \(starting rank \d+; stopped the \d+ ranks already started\)\n)")))
       << r.err;
   // "slee[p]": the pattern does not match the shell that runs pgrep.
   Result left = run_shell("pgrep -f 'slee[p] " + marker + "'");
@@ -520,8 +554,10 @@ TEST(LaunchBounds, ALauncherKilledBySigkillTakesItsRanksWithIt) {
 
 TEST(LaunchBounds, SighupAndSigintStopEveryRankToo) {
   for (const std::string sig : {"HUP", "INT"}) {
-    Result r = run_shell("timeout 60 " + kCli + " launch -n 2 --grace 1 -- sleep 100 & pid=$!; "
-                         "sleep 1; kill -" + sig + " $pid; wait $pid");
+    Result r = run_shell("timeout 60 " + kCli +
+                         " launch -n 2 --grace 1 -- sleep 100 & pid=$!; "
+                         "sleep 1; kill -" +
+                         sig + " $pid; wait $pid");
     EXPECT_EQ(r.code, sig == "HUP" ? 129 : 130) << r.err;
     EXPECT_TRUE(has(r.err, "error: interrupted by SIG" + sig + "; stopped 2 ranks")) << r.err;
     EXPECT_LT(r.seconds, 50) << "the ranks slept on";
@@ -534,13 +570,15 @@ TEST(LaunchBounds, UnderMpirunARankStoppedBeforeMpiInitEndsTheJobWithAMessage) {
   if (run_shell("command -v mpirun").code != 0) GTEST_SKIP() << "mpirun not found";
   Result r = run_shell(
       "COMMGRID_TIMEOUT=2 timeout 60 mpirun --oversubscribe --allow-run-as-root -np 2 sh -c " +
-      commgrid::test::shell_quote("if [ $OMPI_COMM_WORLD_RANK = 1 ]; then kill -STOP $$; fi; exec " +
-                                  std::string(COMMGRID_CLI) + " verify --backend mpi --tp 2"));
+      commgrid::test::shell_quote(
+          "if [ $OMPI_COMM_WORLD_RANK = 1 ]; then kill -STOP $$; fi; exec " +
+          std::string(COMMGRID_CLI) + " verify --backend mpi --tp 2"));
   if (has(r.err, "has no MPI backend")) GTEST_SKIP() << "commgrid was built without MPI";
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "mpirun hung: " << r.err;
-  EXPECT_TRUE(has(r.out + r.err, "error: mpi MPI_Init_thread: did not complete within 2.0 s (a "
-                                 "rank of the job did not start or is stopped); ending this rank\n"))
+  EXPECT_TRUE(has(r.out + r.err,
+                  "error: mpi MPI_Init_thread: did not complete within 2.0 s (a "
+                  "rank of the job did not start or is stopped); ending this rank\n"))
       << r.out << r.err;
   EXPECT_LT(r.seconds, 45.0) << "mpirun outlived the 2 s watchdog by far";
 }
@@ -571,16 +609,18 @@ TEST(VerifyGloo, EightRankThreadsOnAMoeConfigPrintTheTable) {
                      "--ep", "2", "--timeout", "30"});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_TRUE(has(r.out, "tp_ep_pp")) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 8 ranks\n$)")))
+  EXPECT_TRUE(
+      std::regex_search(r.out, std::regex(R"(verified \d+ kinds, \d+ groups on 8 ranks\n$)")))
       << r.out;
 }
 
 TEST(VerifyGloo, UnderLaunchWithTheEnvironmentStore) {
   // No --backend: COMMGRID_RANK from launch selects Gloo.
-  Result r = launch({"launch", "-n", "4", "--timeout", "30", "--", COMMGRID_CLI, "verify",
-                     "--tp", "2", "--pp", "2", "--strategy", "split"});
+  Result r = launch({"launch", "-n", "4", "--timeout", "30", "--", COMMGRID_CLI, "verify", "--tp",
+                     "2", "--pp", "2", "--strategy", "split"});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\[rank 0\] verified \d+ kinds, \d+ groups on 4 ranks\n)")))
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex(R"(\[rank 0\] verified \d+ kinds, \d+ groups on 4 ranks\n)")))
       << r.out;
   EXPECT_FALSE(has(r.out, "[rank 1] verified")) << "only rank 0 prints the table";
 }
@@ -593,8 +633,8 @@ TEST(VerifyGloo, BadInputIsExitTwoAndAFailedCheckIsExitOne) {
   // nccl is a backend now (exit 1 without a GPU, 2 in a build without it): an unknown name.
   EXPECT_EQ(launch({"verify", "--backend", "tcp", "--local", "2"}).code, 2);
   EXPECT_EQ(launch({"verify", "--backend", "gloo", "--local", "0"}).code, 2);
-  Result fault = launch({"verify", "--backend", "gloo", "--local", "4", "--tp", "2",
-                         "--fault-rank", "1", "--timeout", "30"});
+  Result fault = launch({"verify", "--backend", "gloo", "--local", "4", "--tp", "2", "--fault-rank",
+                         "1", "--timeout", "30"});
   EXPECT_EQ(fault.code, 1) << fault.out << fault.err;
   EXPECT_TRUE(has(fault.err, "error: verify failed:")) << fault.err;
 }
@@ -605,8 +645,8 @@ TEST(VerifyGloo, BadInputIsExitTwoAndAFailedCheckIsExitOne) {
 // rank 1 dies by SIGKILL mid-job; rank 0 fails at once and names it by rank, not only by
 // the address Gloo reports.
 TEST(GlooFaultsProcesses, ASurvivorNamesThePeerThatDied) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("commgrid-dies-" + std::to_string(::getpid()));
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("commgrid-dies-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string env = "COMMGRID_WORLD_SIZE=2 COMMGRID_TIMEOUT=100 COMMGRID_STORE=file://" + dir;
   const std::string worker = commgrid::test::shell_quote(kWorker);
@@ -617,5 +657,6 @@ TEST(GlooFaultsProcesses, ASurvivorNamesThePeerThatDied) {
   EXPECT_TRUE(has(r.err, "gloo allreduce on world: ")) << r.err;
   EXPECT_TRUE(has(r.err, "the peer that closed the connection is rank 1 of world (global rank 1)"))
       << r.err;
-  EXPECT_LT(r.seconds, 60) << "the survivor waited for its 100 s timeout instead of failing at once";
+  EXPECT_LT(r.seconds, 60)
+      << "the survivor waited for its 100 s timeout instead of failing at once";
 }

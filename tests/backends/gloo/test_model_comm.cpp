@@ -67,7 +67,8 @@ TEST(GlooModelCommMore, BlockingSendToItselfIsRefused) {
 TEST(GlooModelCommMore, MembersOfEveryKindMatchTheLayout) {
   std::vector<ParallelConfig> configs(3);
   configs[0].world_size = 8, configs[0].tp = 2, configs[0].pp = 2, configs[0].ep = 2;
-  configs[1].world_size = 8, configs[1].cp = 2, configs[1].pp = 2, configs[1].dist_opt_instances = 2;
+  configs[1].world_size = 8, configs[1].cp = 2, configs[1].pp = 2,
+  configs[1].dist_opt_instances = 2;
   configs[2].world_size = 8, configs[2].tp = 2, configs[2].pp = 4, configs[2].order = "tp-pp-dp";
   for (const ParallelConfig& c : configs)
     run_ranks(8, [&](Communicator& world) { suite::members_match_layout(world, c); });
@@ -84,9 +85,11 @@ TEST(GlooModelCommMore, CollectionsFromStateTakeKinds) {
     EXPECT_TRUE(m.is_set("tp"));
     EXPECT_TRUE(m.is_set("pp"));
     EXPECT_FALSE(m.is_set("cp"));
-    EXPECT_EQ(m.tp()->members(), (std::vector<std::int64_t>{world.rank() / 2 * 2, world.rank() / 2 * 2 + 1}));
+    EXPECT_EQ(m.tp()->members(),
+              (std::vector<std::int64_t>{world.rank() / 2 * 2, world.rank() / 2 * 2 + 1}));
     const auto g = GradCommProcessGroups::from_state(pg, {GroupKind::dp});
-    EXPECT_EQ(g.dp()->members(), (std::vector<std::int64_t>{world.rank() % 2, world.rank() % 2 + 2}));
+    EXPECT_EQ(g.dp()->members(),
+              (std::vector<std::int64_t>{world.rank() % 2, world.rank() % 2 + 2}));
     EXPECT_THROW((void)ModelCommProcessGroups::from_state(pg, {GroupKind::dp}), UnknownKindError);
   });
 }

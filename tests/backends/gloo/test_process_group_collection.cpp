@@ -29,7 +29,7 @@ TEST(GlooProcessGroupCollection, FromHeadStateOnEightRankThreads) {
     const ProcessGroupCollection all = ProcessGroupCollection::from_state(pg);
     EXPECT_EQ(all.of(GroupKind::tp)->size(), 2);
     EXPECT_EQ(all.of(GroupKind::cp)->size(), 2);
-    EXPECT_EQ(all.of(GroupKind::gtp_remat)->size(), 1);  // singletons with gtp_remat = 1
+    EXPECT_EQ(all.of(GroupKind::gtp_remat)->size(), 1);           // singletons with gtp_remat = 1
     EXPECT_FALSE(all.of(GroupKind::inter_dist_opt).has_group());  // one instance
     EXPECT_FALSE(all.of(GroupKind::dp_cp_ag).has_group());
     EXPECT_TRUE(pg.has_group(GroupKind::dp_cp_ag));  // created, but HEAD's collection skips it
@@ -57,7 +57,8 @@ TEST(GlooProcessGroupCollection, FromHeadStateOnEightRankThreads) {
         setup_process_groups_for_optimizer(all, DdpSettings{1, true}, cfg.cp);
     EXPECT_EQ(from_pgc.intra_dp_cp, all.handle(GroupKind::dp_cp));  // one instance: dp_cp
     EXPECT_EQ(from_pgc.intra_dist_opt, pg.group_handle(GroupKind::intra_dist_opt));
-    EXPECT_THROW((void)setup_process_groups_for_optimizer(some, DdpSettings{}, cfg.cp), ConfigError);
+    EXPECT_THROW((void)setup_process_groups_for_optimizer(some, DdpSettings{}, cfg.cp),
+                 ConfigError);
     const DdpProcessGroups ddp = setup_process_groups_for_ddp(all, cfg.cp, DdpSettings{}, nullptr);
     EXPECT_EQ(ddp.tp, pg.group_handle(GroupKind::tp));
     EXPECT_EQ(ddp.intra_expt_dp, ddp.expt_dp);

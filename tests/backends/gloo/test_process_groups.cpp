@@ -101,25 +101,28 @@ TEST_P(GlooProcessGroups, CpHcpAndDistOptOnSixteenRankThreads) {
 
 TEST_P(GlooProcessGroups, ConfigMismatchFailsOnEveryRankWithoutHanging) {
   const ParallelConfig base = config();
-  auto r = run_local_ranks_collect(4, [&](Communicator& w) {
-    ParallelConfig cfg = base;
-    cfg.world_size = 4;
-    cfg.tp = w.rank() == 3 ? 4 : 2;
-    ProcessGroups pg;
-    EXPECT_THROW(pg.initialize(w, cfg, options()), ConfigMismatchError) << "rank " << w.rank();
-  }, test_options());
+  auto r = run_local_ranks_collect(
+      4,
+      [&](Communicator& w) {
+        ParallelConfig cfg = base;
+        cfg.world_size = 4;
+        cfg.tp = w.rank() == 3 ? 4 : 2;
+        ProcessGroups pg;
+        EXPECT_THROW(pg.initialize(w, cfg, options()), ConfigMismatchError) << "rank " << w.rank();
+      },
+      test_options());
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Editions, GlooProcessGroups,
-    ::testing::Combine(::testing::Values(Compat::seed, Compat::head),
-                       ::testing::Values(CreationStrategy::split, CreationStrategy::member,
-                                         CreationStrategy::per_group)),
-    [](const auto& info) {
-      return std::string(compat_name(std::get<0>(info.param))) + "_" +
-             strategy_label(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Editions, GlooProcessGroups,
+                         ::testing::Combine(::testing::Values(Compat::seed, Compat::head),
+                                            ::testing::Values(CreationStrategy::split,
+                                                              CreationStrategy::member,
+                                                              CreationStrategy::per_group)),
+                         [](const auto& info) {
+                           return std::string(compat_name(std::get<0>(info.param))) + "_" +
+                                  strategy_label(std::get<1>(info.param));
+                         });
 
 // ---- HEAD's own kinds ----------------------------------------------------------------
 

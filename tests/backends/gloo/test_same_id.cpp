@@ -1,10 +1,10 @@
 // Two token-less jobs with the same id on one store (issue 24, defect 4): the ranks are
-// processes that build their world from the environment (make_gloo_world_from_env), as under mpirun or
-// torchrun without COMMGRID_TOKEN. They used to merge (a rank of each job formed a world
-// with the other); now the second job's ranks fail at once, naming the conflict, and the
-// first job completes. On the file, Redis and tcp:// stores.
-#include <gtest/gtest.h>
+// processes that build their world from the environment (make_gloo_world_from_env), as under mpirun
+// or torchrun without COMMGRID_TOKEN. They used to merge (a rank of each job formed a world with
+// the other); now the second job's ranks fail at once, naming the conflict, and the first job
+// completes. On the file, Redis and tcp:// stores.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,9 +34,9 @@ class Rank {
              ("commgrid-same-id-" + std::to_string(::getpid()) + "-" + std::to_string(serial_++))) {
     pid_ = ::fork();
     if (pid_ == 0) {
-      for (const char* v : {"COMMGRID_TOKEN", "COMMGRID_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
-                            "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                            "COMMGRID_LOCAL_RANK", "COMMGRID_LOCAL_WORLD_SIZE"})
+      for (const char* v : {"COMMGRID_TOKEN", "COMMGRID_JOB_ID", "TORCHELASTIC_RUN_ID",
+                            "SLURM_JOB_ID", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                            "PMI_RANK", "COMMGRID_LOCAL_RANK", "COMMGRID_LOCAL_WORLD_SIZE"})
         ::unsetenv(v);
       ::setenv("COMMGRID_STORE", store.c_str(), 1);
       ::setenv("COMMGRID_RANK", std::to_string(rank).c_str(), 1);
@@ -88,13 +88,15 @@ void second_job_fails_first_completes(const std::string& uri, bool served) {
   StoreOptions probe;
   probe.timeout = 30s;
   auto store = open_store(uri, probe);  // the same (default) id, no rank
-  EXPECT_EQ(store->wait_for(std::vector<std::string>{"commgrid-job/rank/0", "commgrid-job/rank/1"}, 30s),
-            std::vector<std::string>{});
+  EXPECT_EQ(
+      store->wait_for(std::vector<std::string>{"commgrid-job/rank/0", "commgrid-job/rank/1"}, 30s),
+      std::vector<std::string>{});
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::unique_ptr<Rank>> second;
   for (int r = 0; r < 2; ++r) second.push_back(std::make_unique<Rank>(uri, r, 2, "ok", ""));
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(second[static_cast<size_t>(r)]->wait(60s), 1) << second[static_cast<size_t>(r)]->output();
+    EXPECT_EQ(second[static_cast<size_t>(r)]->wait(60s), 1)
+        << second[static_cast<size_t>(r)]->output();
     const std::string out = second[static_cast<size_t>(r)]->output();
     if (served && r == 0)  // its rank 0 cannot serve where the first job's does
       EXPECT_NE(out.find("is in use (another job"), std::string::npos) << out;
@@ -106,7 +108,8 @@ void second_job_fails_first_completes(const std::string& uri, bool served) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "the second job must fail at once";
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(first[static_cast<size_t>(r)]->wait(60s), 0) << first[static_cast<size_t>(r)]->output();
+    EXPECT_EQ(first[static_cast<size_t>(r)]->wait(60s), 0)
+        << first[static_cast<size_t>(r)]->output();
     EXPECT_NE(first[static_cast<size_t>(r)]->output().find("rank " + std::to_string(r) + " held"),
               std::string::npos);
   }

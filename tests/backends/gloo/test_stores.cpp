@@ -33,9 +33,7 @@ void run_with_own_stores(int n, const std::string& uri, std::chrono::millisecond
         try {
           auto w = make_gloo_world(open_store(uri), r, n, test_options(timeout));
           fn(*w);
-        } catch (const std::exception& e) {
-          errs[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });
     }
   }
@@ -93,8 +91,8 @@ TEST(GlooRedisStore, APasswordFromTheUrlOrTheEnvironmentWorksAndIsNeverShown) {
   ::setenv("COMMGRID_REDIS_PASSWORD", password.c_str(), 1);
   run_with_own_stores(2, "redis://" + at + "/pw3", 20s, allreduce_and_split);
   ::unsetenv("COMMGRID_REDIS_PASSWORD");
-  for (const std::string& uri : {"redis://:wrong-" + password + "@" + at + "/x",
-                                 "redis://" + at + "/x"}) {
+  for (const std::string& uri :
+       {"redis://:wrong-" + password + "@" + at + "/x", "redis://" + at + "/x"}) {
     try {
       open_store(uri);
       ADD_FAILURE() << "accepted without the password";
@@ -144,12 +142,9 @@ TEST(GlooRedisStore, ASecondJobOnThePrefixFailsAtOnceAndTheFirstCompletes) {
     for (int r = 0; r < 2; ++r)
       ranks.emplace_back([&, r] {
         try {
-          auto w = make_gloo_world(open_store(redis.uri("shared"), first), r, 2,
-                                   test_options(20s));
+          auto w = make_gloo_world(open_store(redis.uri("shared"), first), r, 2, test_options(20s));
           allreduce_and_split(*w);
-        } catch (const std::exception& e) {
-          errs[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });
   }
   EXPECT_EQ(errs, std::vector<std::string>(2));

@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -36,9 +36,7 @@ EnvLookup lookup_in(const Vars& vars) {
 std::string launch_error(const Vars& vars) {
   try {
     (void)read_launch_info(lookup_in(vars));
-  } catch (const ConfigError& e) {
-    return e.parameter() + ": " + e.what();
-  }
+  } catch (const ConfigError& e) { return e.parameter() + ": " + e.what(); }
   return "no error";
 }
 
@@ -56,17 +54,39 @@ TEST(LaunchInfo, EachLauncherIsReadWithItsLocalRank) {
     int rank, size, local_rank, local_size;
   };
   const std::vector<Case> cases = {
-      {{{"COMMGRID_RANK", "3"}, {"COMMGRID_WORLD_SIZE", "8"}, {"COMMGRID_LOCAL_RANK", "1"},
+      {{{"COMMGRID_RANK", "3"},
+        {"COMMGRID_WORLD_SIZE", "8"},
+        {"COMMGRID_LOCAL_RANK", "1"},
         {"COMMGRID_LOCAL_WORLD_SIZE", "2"}},
-       "commgrid launch (COMMGRID_RANK, COMMGRID_WORLD_SIZE)", 3, 8, 1, 2},
+       "commgrid launch (COMMGRID_RANK, COMMGRID_WORLD_SIZE)",
+       3,
+       8,
+       1,
+       2},
       {{{"RANK", "5"}, {"WORLD_SIZE", "6"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"}},
-       "torchrun (RANK, WORLD_SIZE)", 5, 6, 2, 3},
-      {{{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},
+       "torchrun (RANK, WORLD_SIZE)",
+       5,
+       6,
+       2,
+       3},
+      {{{"SLURM_PROCID", "1"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_LOCALID", "1"},
         {"SLURM_NTASKS_PER_NODE", "2(x2)"}},
-       "SLURM (SLURM_PROCID, SLURM_NTASKS)", 1, 4, 1, 0},
-      {{{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
-       "Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)", 2, 4, 0, 2},
+       "SLURM (SLURM_PROCID, SLURM_NTASKS)",
+       1,
+       4,
+       1,
+       0},
+      {{{"OMPI_COMM_WORLD_RANK", "2"},
+        {"OMPI_COMM_WORLD_SIZE", "4"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+        {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+       "Open MPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)",
+       2,
+       4,
+       0,
+       2},
       {{{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}, "Hydra (PMI_RANK, PMI_SIZE)", 1, 2, 0, 0},
   };
   for (const auto& c : cases) {
@@ -83,38 +103,54 @@ TEST(LaunchInfo, EachLauncherIsReadWithItsLocalRank) {
 }
 
 TEST(LaunchInfo, TorchrunsMasterAddressIsTheTcpStoreAndSchedulersNameTheJob) {
-  const LaunchInfo t = read_launch_info(lookup_in(
-      {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29500"},
-       {"TORCHELASTIC_RUN_ID", "abc"}, {"COMMGRID_TOKEN", "s3cret"}, {"COMMGRID_TIMEOUT", "1.5"}}));
+  const LaunchInfo t = read_launch_info(lookup_in({{"RANK", "0"},
+                                                   {"WORLD_SIZE", "2"},
+                                                   {"MASTER_ADDR", "10.1.2.3"},
+                                                   {"MASTER_PORT", "29500"},
+                                                   {"TORCHELASTIC_RUN_ID", "abc"},
+                                                   {"COMMGRID_TOKEN", "s3cret"},
+                                                   {"COMMGRID_TIMEOUT", "1.5"}}));
   EXPECT_EQ(t.store, "tcp://10.1.2.3:29500");
   EXPECT_EQ(t.job_id, "torchrun-abc");
   EXPECT_EQ(t.token, "s3cret");
   EXPECT_EQ(t.timeout, 1500ms);
-  const LaunchInfo s = read_launch_info(lookup_in(with_store(
-      {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "2"}})));
+  const LaunchInfo s = read_launch_info(lookup_in(with_store({{"SLURM_PROCID", "0"},
+                                                              {"SLURM_NTASKS", "1"},
+                                                              {"SLURM_JOB_ID", "77"},
+                                                              {"SLURM_STEP_ID", "2"}})));
   EXPECT_EQ(s.job_id, "slurm-77.2");
   // The user's id wins over the scheduler's.
-  EXPECT_EQ(read_launch_info(lookup_in(with_store({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"},
-                                                   {"SLURM_JOB_ID", "77"}, {"COMMGRID_JOB_ID", "mine"}})))
+  EXPECT_EQ(read_launch_info(lookup_in(with_store({{"SLURM_PROCID", "0"},
+                                                   {"SLURM_NTASKS", "1"},
+                                                   {"SLURM_JOB_ID", "77"},
+                                                   {"COMMGRID_JOB_ID", "mine"}})))
                 .job_id,
             "mine");
 }
 
 TEST(LaunchInfo, DisagreeingLaunchersAreNamedBothAndNestedOnesAgree) {
-  EXPECT_EQ(launch_error(with_store({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"SLURM_PROCID", "3"},
-                                     {"SLURM_NTASKS", "4"}})),
-            "launcher: launchers disagree: torchrun says rank 3 of 8 (RANK, WORLD_SIZE), SLURM "
-            "says rank 3 of 4 (SLURM_PROCID, SLURM_NTASKS)");
-  EXPECT_EQ(launch_error(with_store({{"COMMGRID_RANK", "1"}, {"COMMGRID_WORLD_SIZE", "2"},
-                                     {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}})),
+  EXPECT_EQ(
+      launch_error(with_store(
+          {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}})),
+      "launcher: launchers disagree: torchrun says rank 3 of 8 (RANK, WORLD_SIZE), SLURM "
+      "says rank 3 of 4 (SLURM_PROCID, SLURM_NTASKS)");
+  EXPECT_EQ(launch_error(with_store({{"COMMGRID_RANK", "1"},
+                                     {"COMMGRID_WORLD_SIZE", "2"},
+                                     {"OMPI_COMM_WORLD_RANK", "0"},
+                                     {"OMPI_COMM_WORLD_SIZE", "2"}})),
             "launcher: launchers disagree: commgrid launch says rank 1 of 2 (COMMGRID_RANK, "
             "COMMGRID_WORLD_SIZE), Open MPI says rank 0 of 2 (OMPI_COMM_WORLD_RANK, "
             "OMPI_COMM_WORLD_SIZE)");
   // srun starting one torchrun per node: SLURM counts nodes (rank 5 of 8, 4 per node, is on
   // node 1 of 2), and srun's PMI variables for the same world agree too.
-  const LaunchInfo i = read_launch_info(lookup_in(with_store(
-      {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-       {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "2"}})));
+  const LaunchInfo i = read_launch_info(lookup_in(with_store({{"RANK", "5"},
+                                                              {"WORLD_SIZE", "8"},
+                                                              {"LOCAL_RANK", "1"},
+                                                              {"LOCAL_WORLD_SIZE", "4"},
+                                                              {"SLURM_PROCID", "1"},
+                                                              {"SLURM_NTASKS", "2"},
+                                                              {"PMI_RANK", "1"},
+                                                              {"PMI_SIZE", "2"}})));
   EXPECT_EQ(i.rank, 5);
   EXPECT_EQ(i.local_rank, 1);
 }
@@ -135,10 +171,12 @@ TEST(LaunchInfo, EmptyMissingAndMalformedValuesAreErrors) {
             "COMMGRID_STORE: COMMGRID_STORE is set but empty");
   EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_TOKEN", ""}})),
             "COMMGRID_TOKEN: COMMGRID_TOKEN is set but empty");
-  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_TIMEOUT", ""}})),
-            "COMMGRID_TIMEOUT: COMMGRID_TIMEOUT='' is not a positive number of seconds");
-  EXPECT_EQ(launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_JOB_ID", "a/b"}})),
-            "COMMGRID_JOB_ID: job id 'a/b' may not contain '/', spaces or newlines");
+  EXPECT_EQ(
+      launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_TIMEOUT", ""}})),
+      "COMMGRID_TIMEOUT: COMMGRID_TIMEOUT='' is not a positive number of seconds");
+  EXPECT_EQ(
+      launch_error(with_store({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"COMMGRID_JOB_ID", "a/b"}})),
+      "COMMGRID_JOB_ID: job id 'a/b' may not contain '/', spaces or newlines");
 }
 
 // ---- world size mismatch -------------------------------------------------------------
@@ -152,9 +190,7 @@ void run_with_store(const std::shared_ptr<Store>& store, int size) {
       ranks.emplace_back([&, r] {
         try {
           make_gloo_world(store, r, size, test_options(10s))->barrier()->wait();
-        } catch (const std::exception& e) {
-          errs[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });
   }
   for (int r = 0; r < size; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r;
@@ -199,8 +235,8 @@ TEST(GlooWorld, PublishedAddressesCarryNoUninitialisedBytes) {
   // Keeps a copy of every value written, to inspect what ranks publish.
   std::mutex mutex;
   std::vector<std::vector<char>> values;
-  auto store = std::make_shared<HookedMemoryStore>(StoreHooks{
-      .on_set = [&](const std::string&, const std::vector<char>& value) {
+  auto store = std::make_shared<HookedMemoryStore>(
+      StoreHooks{.on_set = [&](const std::string&, const std::vector<char>& value) {
         std::lock_guard lock(mutex);
         values.push_back(value);
         return true;
@@ -256,7 +292,8 @@ TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
   // With the same token the world forms and works.
   GlooOptions same = test_options(10s);
   same.token = "the-job-token";
-  run_local_ranks(3, [](Communicator& w) { w.barrier()->wait(); }, same);
+  run_local_ranks(
+      3, [](Communicator& w) { w.barrier()->wait(); }, same);
 }
 
 // ---- the TCP store (job() and tcp_uri(): store_test_util.hpp; the store alone is tested
@@ -279,9 +316,7 @@ TEST(GlooTcpStore, RanksMeetThroughTheStoreRankZeroServes) {
           auto g = w->split(w->rank() % 2, w->rank(), "parity");
           g->barrier()->wait();
           w->barrier()->wait();  // rank 0's store serves until every rank is done with it
-        } catch (const std::exception& e) {
-          errs[static_cast<size_t>(r)] = e.what();
-        }
+        } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });
   }
   for (int r = 0; r < 4; ++r) EXPECT_EQ(errs[static_cast<size_t>(r)], "") << "rank " << r;

@@ -20,8 +20,8 @@ using Clock = std::chrono::steady_clock;
 // A memory store that counts the reads (get) of the world-size keys.
 struct CountingStore {
   std::shared_ptr<std::atomic<int>> size_reads = std::make_shared<std::atomic<int>>(0);
-  std::shared_ptr<Store> store = std::make_shared<HookedMemoryStore>(StoreHooks{
-      .on_get = [reads = size_reads](const std::string& key) {
+  std::shared_ptr<Store> store = std::make_shared<HookedMemoryStore>(
+      StoreHooks{.on_get = [reads = size_reads](const std::string& key) {
         if (key.find("/size/") != std::string::npos) ++*reads;
       }});
 };
@@ -44,9 +44,7 @@ std::map<int, std::string> create_worlds(const std::shared_ptr<Store>& store,
           error = std::string("IncompatibleError: ") + e.what();
         } catch (const TimeoutError& e) {
           error = std::string("TimeoutError: ") + e.what();
-        } catch (const std::exception& e) {
-          error = std::string("other: ") + e.what();
-        }
+        } catch (const std::exception& e) { error = std::string("other: ") + e.what(); }
         std::lock_guard lock(mutex);
         errors[rank] = error;
       });
@@ -105,8 +103,7 @@ TEST(GlooWorldSize, RanksMissingBeyondRank0AreNamedByRank0AndPassedOn) {
   const auto errors = create_worlds(make_memory_store(), {{0, 6}, {1, 6}, {3, 6}, {4, 6}}, 1s);
   EXPECT_LE(seconds_since(t0), 1.0 + 30.0) << "the timeout did not bound world creation";
   for (const auto& [rank, error] : errors)
-    EXPECT_NE(error.find("waiting for ranks 2, 5 (global 2, 5) of 6 to arrive"),
-              std::string::npos)
+    EXPECT_NE(error.find("waiting for ranks 2, 5 (global 2, 5) of 6 to arrive"), std::string::npos)
         << "rank " << rank << ": " << error;
 }
 

@@ -1,7 +1,8 @@
 // Times ProcessGroups::initialize with each creation strategy under mpirun; the numbers
 // behind kDefaultStrategy (docs/runtime.md). Not a test: run it by hand.
 //
-//   mpirun -np 16 build/tests/backends/mpi/commgrid_mpi_creation_bench [repeats] [tp pp cp ep etp N]
+//   mpirun -np 16 build/tests/backends/mpi/commgrid_mpi_creation_bench [repeats] [tp pp cp ep etp
+//   N]
 //
 // Each repetition runs the three strategies in a rotating order (so that noise on a shared
 // machine hits each alike), with a barrier before each; the time of one initialize is the
@@ -54,7 +55,8 @@ int main(int argc, char** argv) {
     }
   }
   if (world->rank() == 0) {
-    std::printf("%s, %d repetitions, slowest rank per initialize\n", c.canonical().c_str(), repeats);
+    std::printf("%s, %d repetitions, slowest rank per initialize\n", c.canonical().c_str(),
+                repeats);
     std::printf("%-10s %12s %12s %18s\n", "strategy", "median_ms", "min_ms", "calls_per_rank");
     for (int s = 0; s < 3; ++s) {
       std::sort(times[s].begin(), times[s].end());

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <numeric>
 #include <cmath>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -22,7 +22,9 @@ std::unique_ptr<mpi::MpiCommunicator> make_world(std::chrono::milliseconds timeo
 }
 
 // A value per rank and element, exactly representable in every type (bfloat16 included).
-double value(int rank, std::size_t i) { return static_cast<double>(rank + 1 + static_cast<int>(i % 3)); }
+double value(int rank, std::size_t i) {
+  return static_cast<double>(rank + 1 + static_cast<int>(i % 3));
+}
 
 // Buffers of any DataType, filled from doubles and read back as doubles.
 struct Buffer {
@@ -38,13 +40,21 @@ struct Buffer {
       case DataType::bfloat16:
         reinterpret_cast<std::uint16_t*>(data())[i] = float_to_bf16(static_cast<float>(v));
         break;
-      case DataType::int32: reinterpret_cast<std::int32_t*>(data())[i] = static_cast<std::int32_t>(v); break;
-      case DataType::int64: reinterpret_cast<std::int64_t*>(data())[i] = static_cast<std::int64_t>(v); break;
+      case DataType::int32:
+        reinterpret_cast<std::int32_t*>(data())[i] = static_cast<std::int32_t>(v);
+        break;
+      case DataType::int64:
+        reinterpret_cast<std::int64_t*>(data())[i] = static_cast<std::int64_t>(v);
+        break;
       case DataType::float16:
         reinterpret_cast<std::uint16_t*>(data())[i] = float_to_fp16(static_cast<float>(v));
         break;
-      case DataType::int8: reinterpret_cast<std::int8_t*>(data())[i] = static_cast<std::int8_t>(v); break;
-      case DataType::uint8: reinterpret_cast<std::uint8_t*>(data())[i] = static_cast<std::uint8_t>(v); break;
+      case DataType::int8:
+        reinterpret_cast<std::int8_t*>(data())[i] = static_cast<std::int8_t>(v);
+        break;
+      case DataType::uint8:
+        reinterpret_cast<std::uint8_t*>(data())[i] = static_cast<std::uint8_t>(v);
+        break;
     }
   }
   double get(std::size_t i) {
@@ -181,7 +191,8 @@ TEST(MpiCommunicator, BroadcastAllgatherReduceScatterAlltoallEveryType) {
     // alltoall: block j sent to rank j is 100*me + j; block i received is 100*i + me.
     Buffer a_send(t, count * un), a_recv(t, count * un);
     for (std::size_t j = 0; j < un; ++j)
-      for (std::size_t i = 0; i < count; ++i) a_send.set(j * count + i, (me % 2) * 2 + static_cast<double>(j % 4));
+      for (std::size_t i = 0; i < count; ++i)
+        a_send.set(j * count + i, (me % 2) * 2 + static_cast<double>(j % 4));
     world->alltoall(a_send.data(), a_recv.data(), count, t)->wait();
     for (int src = 0; src < n; ++src)
       for (std::size_t i = 0; i < count; ++i)
@@ -221,7 +232,8 @@ TEST(MpiCommunicator, ErrorsNameBackendOperationAndGroup) {
     FAIL() << "send to rank n must throw";
   } catch (const RankOutOfRangeError& e) {  // the contract's error, as on every backend
     EXPECT_STREQ(e.what(), ("mpi send on world: peer " + std::to_string(n) + " is not in [0, " +
-                            std::to_string(n) + ")").c_str());
+                            std::to_string(n) + ")")
+                               .c_str());
   }
   EXPECT_THROW((void)world->broadcast(&x, 1, DataType::int64, -1), RankOutOfRangeError);
   EXPECT_THROW((void)world->send(&x, 1, DataType::int64, 0, -5), InvalidValueError);
@@ -230,7 +242,8 @@ TEST(MpiCommunicator, ErrorsNameBackendOperationAndGroup) {
     (void)world->allgather(&x, &x, 1, DataType::int64);
     FAIL() << "aliased allgather must throw";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("only allreduce allows that"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("only allreduce allows that"), std::string::npos)
+        << e.what();
   }
   if (n >= 2) {
     // Too long a message: MPI's own MPI_ERR_TRUNCATE text comes through.
@@ -250,8 +263,10 @@ TEST(MpiCommunicator, ErrorsNameBackendOperationAndGroup) {
         (void)world->recv(y, 2, DataType::int64, 0, 12);
         ADD_FAILURE() << "receiving 1 element where 2 were expected must throw";
       } catch (const BackendError& e) {
-        EXPECT_NE(std::string(e.what()).find("received 1 elements of int64 from rank 0, expected 2"),
-                  std::string::npos) << e.what();
+        EXPECT_NE(
+            std::string(e.what()).find("received 1 elements of int64 from rank 0, expected 2"),
+            std::string::npos)
+            << e.what();
       }
     }
   }
@@ -262,7 +277,8 @@ TEST(MpiCommunicator, SplitOrdersByKeyAndGivesNullWithoutColor) {
   auto world = make_world();
   const int n = world->size(), me = world->rank();
   // Rank 0 takes part without a color; the others split by parity, ordered backwards.
-  const std::optional<std::int64_t> color = me == 0 ? std::nullopt : std::optional<std::int64_t>(me % 2);
+  const std::optional<std::int64_t> color =
+      me == 0 ? std::nullopt : std::optional<std::int64_t>(me % 2);
   auto sub = world->split(color, -me, "parity#" + std::to_string(me % 2));
   EXPECT_EQ(world->creation_calls(), 1);
   if (me == 0) {
@@ -303,9 +319,7 @@ TEST(MpiCommunicator, CreateGroupOnlyMembersAndCollectiveEveryone) {
   auto c = world->create_group_collective(evens, "evens#1");
   EXPECT_EQ(world->creation_calls(), 2);
   EXPECT_EQ(c != nullptr, me % 2 == 0);
-  if (c) {
-    EXPECT_EQ(c->size(), static_cast<int>(evens.size()));
-  }
+  if (c) { EXPECT_EQ(c->size(), static_cast<int>(evens.size())); }
 
   // Callers' mistakes are reported before MPI sees them.
   if (n >= 2) {
@@ -327,8 +341,7 @@ TEST(MpiCommunicator, CreateGroupTagsOfCommgridKindsAreDistinct) {
       std::vector<std::string> names;
       if (k == GroupKind::hcp)
         for (int l = 0; l < 8; ++l) names.push_back("hcp[" + std::to_string(l) + "]#0");
-      else
-        names.push_back(std::string(kind_name(k)) + "#0");
+      else names.push_back(std::string(kind_name(k)) + "#0");
       for (const auto& name : names) {
         const int tag = mpi::create_group_tag(name, ub);
         EXPECT_GE(tag, 0);
@@ -353,8 +366,10 @@ TEST(MpiCommunicator, RecvTimeoutIsCancelledAndLeavesTheCommunicatorUsable) {
       (void)comm->recv(&x, 1, DataType::int64, 1, 99);
       ADD_FAILURE() << "nobody sends: recv must time out";
     } catch (const TimeoutError& e) {
-      EXPECT_NE(std::string(e.what()).find("mpi recv on recv-timeout: no message from rank 1 with tag 99 within 200 ms"),
-                std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(
+                    "mpi recv on recv-timeout: no message from rank 1 with tag 99 within 200 ms"),
+                std::string::npos)
+          << e.what();
     }
     const auto waited = std::chrono::steady_clock::now() - t0;
     EXPECT_GE(waited, 200ms);  // the timeout guarantees it
@@ -377,7 +392,8 @@ TEST(MpiCommunicator, CollectiveTimeoutNamesTheGroupAndBreaksTheCommunicator) {
       ADD_FAILURE() << "the others are late: allreduce must time out";
     } catch (const TimeoutError& e) {
       EXPECT_NE(std::string(e.what()).find("mpi allreduce on late#0: timed out after 300 ms"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
       // MPI cannot know who is missing, and the message says so instead of guessing.
       EXPECT_NE(std::string(e.what()).find("MPI cannot tell which"), std::string::npos) << e.what();
     }
@@ -385,7 +401,8 @@ TEST(MpiCommunicator, CollectiveTimeoutNamesTheGroupAndBreaksTheCommunicator) {
       (void)comm->barrier();
       ADD_FAILURE() << "a timed-out communicator must refuse further calls";
     } catch (const BackendError& e) {
-      EXPECT_NE(std::string(e.what()).find("unusable after an earlier timeout"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("unusable after an earlier timeout"), std::string::npos)
+          << e.what();
     }
   } else {
     // Late by far more than rank 0's 300 ms, so that a loaded machine that delays rank 0

@@ -36,18 +36,46 @@ std::vector<ParallelConfig> configs_for(std::int64_t W) {
     try {
       c.validate();
       all.push_back(c);
-    } catch (const ConfigError&) {
-    }
+    } catch (const ConfigError&) {}
   };
   add([](ParallelConfig&) {});
-  add([](ParallelConfig& c) { c.tp = 2; c.pp = 2; c.cp = 2; });
-  add([](ParallelConfig& c) { c.tp = 2; c.pp = 2; c.ep = 2; c.etp = 1; c.dist_opt_instances = 2; });
-  add([](ParallelConfig& c) { c.pp = 4; c.vpp = 2; });
-  add([](ParallelConfig& c) { c.cp = 4; c.hcp = {2, 2}; });
-  add([](ParallelConfig& c) { c.tp = 2; c.pp = 2; c.order = "tp-pp-dp"; });
-  add([](ParallelConfig& c) { c.cp = 2; c.ep = 2; c.etp = 1; });
+  add([](ParallelConfig& c) {
+    c.tp = 2;
+    c.pp = 2;
+    c.cp = 2;
+  });
+  add([](ParallelConfig& c) {
+    c.tp = 2;
+    c.pp = 2;
+    c.ep = 2;
+    c.etp = 1;
+    c.dist_opt_instances = 2;
+  });
+  add([](ParallelConfig& c) {
+    c.pp = 4;
+    c.vpp = 2;
+  });
+  add([](ParallelConfig& c) {
+    c.cp = 4;
+    c.hcp = {2, 2};
+  });
+  add([](ParallelConfig& c) {
+    c.tp = 2;
+    c.pp = 2;
+    c.order = "tp-pp-dp";
+  });
+  add([](ParallelConfig& c) {
+    c.cp = 2;
+    c.ep = 2;
+    c.etp = 1;
+  });
   add([](ParallelConfig& c) { c.dist_opt_instances = 2; });
-  add([](ParallelConfig& c) { c.pp = 2; c.vpp = 3; c.tp = 2; c.dist_opt_instances = 2; });
+  add([](ParallelConfig& c) {
+    c.pp = 2;
+    c.vpp = 3;
+    c.tp = 2;
+    c.dist_opt_instances = 2;
+  });
   return all;
 }
 
@@ -100,17 +128,20 @@ void check_getters(ProcessGroups& pg, Communicator& world) {
   EXPECT_EQ(pg.data_parallel_rank(), g(GroupKind::dp).comm_rank);
   EXPECT_EQ(pg.data_parallel_size(true), static_cast<int>(g(GroupKind::dp_cp).members.size()));
   EXPECT_EQ(pg.data_parallel_rank(true, true), g(GroupKind::intra_dp_cp).comm_rank);
-  EXPECT_EQ(pg.data_parallel_size(true, true), static_cast<int>(g(GroupKind::intra_dp_cp).members.size()));
+  EXPECT_EQ(pg.data_parallel_size(true, true),
+            static_cast<int>(g(GroupKind::intra_dp_cp).members.size()));
   EXPECT_THROW((void)pg.data_parallel_rank(false, true), InvalidValueError);
   EXPECT_EQ(pg.expert_data_parallel_rank(), g(GroupKind::expt_dp).comm_rank);
-  EXPECT_EQ(pg.expert_data_parallel_size(true), static_cast<int>(g(GroupKind::intra_expt_dp).members.size()));
+  EXPECT_EQ(pg.expert_data_parallel_size(true),
+            static_cast<int>(g(GroupKind::intra_expt_dp).members.size()));
 
   const GroupRef pp = g(GroupKind::pp);
   const auto n = static_cast<std::int64_t>(pp.members.size());
   EXPECT_EQ(pg.pipeline_first_rank(), pp.members.front());
   EXPECT_EQ(pg.pipeline_last_rank(), pp.members.back());
   EXPECT_EQ(pg.pipeline_next_rank(), pp.members[static_cast<std::size_t>((pp.position + 1) % n)]);
-  EXPECT_EQ(pg.pipeline_prev_rank(), pp.members[static_cast<std::size_t>((pp.position + n - 1) % n)]);
+  EXPECT_EQ(pg.pipeline_prev_rank(),
+            pp.members[static_cast<std::size_t>((pp.position + n - 1) % n)]);
   if (c.pp == 1) {
     EXPECT_EQ(pg.pipeline_next_rank(), me);
     EXPECT_EQ(pg.pipeline_prev_rank(), me);
@@ -119,7 +150,8 @@ void check_getters(ProcessGroups& pg, Communicator& world) {
   EXPECT_EQ(pg.is_pipeline_first_stage(), stage == 0);
   EXPECT_EQ(pg.is_pipeline_last_stage(), stage == c.pp - 1);
   EXPECT_EQ(pg.is_rank_in_embedding_group(), L.group_of(GroupKind::embd, me).has_value());
-  EXPECT_EQ(pg.is_rank_in_position_embedding_group(), L.group_of(GroupKind::pos_embd, me).has_value());
+  EXPECT_EQ(pg.is_rank_in_position_embedding_group(),
+            L.group_of(GroupKind::pos_embd, me).has_value());
   if (c.vpp) {
     const int vpp = static_cast<int>(*c.vpp);
     EXPECT_EQ(pg.virtual_pipeline_rank(), 0);
@@ -158,7 +190,8 @@ void check_getters(ProcessGroups& pg, Communicator& world) {
     EXPECT_EQ(&pg.group(GroupKind::intra_dp_cp), &pg.group(GroupKind::dp_cp));
     EXPECT_EQ(&pg.group(GroupKind::intra_expt_dp), &pg.group(GroupKind::expt_dp));
     EXPECT_FALSE(pg.has_group(GroupKind::inter_dist_opt));
-    EXPECT_CONTAINS(pg.no_group_reason(GroupKind::inter_dist_opt), "does not exist for this config");
+    EXPECT_CONTAINS(pg.no_group_reason(GroupKind::inter_dist_opt),
+                    "does not exist for this config");
   }
 }
 
@@ -201,7 +234,8 @@ TEST(MpiProcessGroups, GettersBeforeInitializeNameTheCall) {
       ADD_FAILURE() << name << " before initialize must throw";
     } catch (const StateError& e) {
       EXPECT_EQ(std::string(e.what()),
-                "ProcessGroups::" + name + ": parallel state is not initialized; call initialize() first");
+                "ProcessGroups::" + name +
+                    ": parallel state is not initialized; call initialize() first");
     }
   }
   pg.destroy();  // harmless when not initialized
@@ -236,7 +270,9 @@ TEST(MpiProcessGroups, DestroyThenInitializeAgainAndDoubleInitialize) {
     pg.initialize(*world, c);
     ADD_FAILURE() << "a second initialize must throw";
   } catch (const StateError& e) {
-    EXPECT_STREQ(e.what(), "ProcessGroups::initialize: parallel state is already initialized; destroy it first");
+    EXPECT_STREQ(
+        e.what(),
+        "ProcessGroups::initialize: parallel state is already initialized; destroy it first");
   }
   EXPECT_TRUE(pg.is_initialized()) << "the failed second call must not undo the first";
   pg.destroy();
@@ -267,14 +303,16 @@ TEST(MpiProcessGroups, KindSubsetAndKindsThatDoNotExist) {
     o.strategy = s;
     o.kinds = {GroupKind::pp, GroupKind::tp, GroupKind::intra_dp_cp};  // any order
     pg.initialize(*world, c, o);
-    EXPECT_EQ(pg.kinds(), (std::vector<GroupKind>{GroupKind::intra_dp_cp, GroupKind::tp, GroupKind::pp}));
+    EXPECT_EQ(pg.kinds(),
+              (std::vector<GroupKind>{GroupKind::intra_dp_cp, GroupKind::tp, GroupKind::pp}));
     check_groups(pg, *world);
     EXPECT_FALSE(pg.has_group(GroupKind::dp));
     try {
       (void)pg.group(GroupKind::dp);
       ADD_FAILURE() << "dp was not created";
     } catch (const NoGroupError& e) {
-      EXPECT_STREQ(e.what(), "ProcessGroups::group(dp): dp was not created (not in InitOptions::kinds)");
+      EXPECT_STREQ(e.what(),
+                   "ProcessGroups::group(dp): dp was not created (not in InitOptions::kinds)");
     }
     // Pipeline getters work from the created pp kind; all_ranks from the layout.
     EXPECT_EQ(pg.pipeline_next_rank(), world->rank());
@@ -287,7 +325,8 @@ TEST(MpiProcessGroups, KindSubsetAndKindsThatDoNotExist) {
     pg.initialize(*world, c, o);
     ADD_FAILURE() << "inter_dist_opt does not exist with one instance";
   } catch (const UnknownKindError& e) {
-    EXPECT_CONTAINS(e.what(), "\"inter_dist_opt\" does not exist for this config (dist_opt_instances = 1)");
+    EXPECT_CONTAINS(e.what(),
+                    "\"inter_dist_opt\" does not exist for this config (dist_opt_instances = 1)");
   }
   EXPECT_FALSE(pg.is_initialized());
 }
@@ -309,10 +348,9 @@ TEST(MpiProcessGroups, ConfigMismatchFailsOnEveryRankNamingFieldAndRanks) {
     ADD_FAILURE() << "ranks disagree: initialize must throw";
   } catch (const ConfigMismatchError& e) {
     EXPECT_EQ(e.parameter(), "tp");
-    EXPECT_EQ(std::string(e.what()),
-              "config mismatch: ranks were given different tp: tp = 1 on " + ranges(0, half) +
-                  "; tp = 2 on " + ranges(half, W) +
-                  " (every rank must get the same config and options)");
+    EXPECT_EQ(std::string(e.what()), "config mismatch: ranks were given different tp: tp = 1 on " +
+                                         ranges(0, half) + "; tp = 2 on " + ranges(half, W) +
+                                         " (every rank must get the same config and options)");
   }
   EXPECT_FALSE(pg.is_initialized());
 
@@ -338,9 +376,7 @@ TEST(MpiProcessGroups, ConfigMismatchFailsOnEveryRankNamingFieldAndRanks) {
     try {
       pg.initialize(*world, c, p);
       ADD_FAILURE() << "policies differ: initialize must throw";
-    } catch (const ConfigMismatchError& e) {
-      EXPECT_EQ(e.parameter(), "embedding policy");
-    }
+    } catch (const ConfigMismatchError& e) { EXPECT_EQ(e.parameter(), "embedding policy"); }
     // The same custom policy everywhere: accepted, and followed.
     p.policies.embedding = [](std::span<const Rank> g) { return std::vector<Rank>{g.back()}; };
     pg.initialize(*world, c, p);
@@ -370,7 +406,8 @@ TEST(MpiProcessGroups, BadConfigOrWorldSizeFailsOnEveryRank) {
     ADD_FAILURE() << "world size differs from the communicator's";
   } catch (const InvalidValueError& e) {
     EXPECT_EQ(std::string(e.what()), "world_size: the config says " + std::to_string(2 * W) +
-                                         " ranks but the world communicator has " + std::to_string(W));
+                                         " ranks but the world communicator has " +
+                                         std::to_string(W));
   }
   EXPECT_FALSE(pg.is_initialized());
 }
@@ -446,7 +483,8 @@ TEST(MpiCollections, HcpAndDistOptFields) {
   if (W % 2 == 0) c.dist_opt_instances = 2;
   ProcessGroups pg;
   pg.initialize(*world, c);
-  const auto model = ModelCommProcessGroups::from_state(pg, std::vector<std::string>{"hcp", "tp", "hcp"});
+  const auto model =
+      ModelCommProcessGroups::from_state(pg, std::vector<std::string>{"hcp", "tp", "hcp"});
   if (!c.hcp.empty()) {
     ASSERT_TRUE(model.hcp().has_group());
     ASSERT_EQ(model.hcp().handles().size(), 2u);
@@ -460,7 +498,9 @@ TEST(MpiCollections, HcpAndDistOptFields) {
   } catch (const UnsetFieldError& e) {
     EXPECT_CONTAINS(e.what(), "ModelCommProcessGroups.cp is unset; set it with set(\"cp\", group)");
   }
-  EXPECT_CONTAINS(model.summary(), "; unset: pp, mp, embd, pos_embd, cp, tp_cp, ep, expt_tp, tp_ep, tp_ep_pp, expt_dp}");
+  EXPECT_CONTAINS(
+      model.summary(),
+      "; unset: pp, mp, embd, pos_embd, cp, tp_cp, ep, expt_tp, tp_ep, tp_ep_pp, expt_dp}");
   const auto grad = GradCommProcessGroups::from_state(pg);
   if (c.dist_opt_instances == 2) {
     ASSERT_TRUE(grad.inter_dist_opt().has_group());
@@ -478,11 +518,14 @@ TEST(MpiCollections, NamesAreCheckedAndListed) {
   const std::string model_valid =
       "valid: tp, pp, mp, embd, pos_embd, cp, tp_cp, hcp, ep, expt_tp, tp_ep, tp_ep_pp, expt_dp";
   try {
-    (void)ModelCommProcessGroups::from_state(pg, std::vector<std::string>{"tp", "foo", "dp", "bar"});
+    (void)ModelCommProcessGroups::from_state(pg,
+                                             std::vector<std::string>{"tp", "foo", "dp", "bar"});
     ADD_FAILURE() << "invalid names must throw";
   } catch (const UnknownKindError& e) {
-    EXPECT_EQ(std::string(e.what()), "invalid process groups requested for ModelCommProcessGroups: "
-                                     "\"foo\", \"dp\", \"bar\"; " + model_valid);
+    EXPECT_EQ(std::string(e.what()),
+              "invalid process groups requested for ModelCommProcessGroups: "
+              "\"foo\", \"dp\", \"bar\"; " +
+                  model_valid);
   }
   try {
     (void)GradCommProcessGroups::from_state(pg, std::vector<std::string>{"tp"});
@@ -500,19 +543,23 @@ TEST(MpiCollections, NamesAreCheckedAndListed) {
     EXPECT_EQ(std::string(e.what()),
               "unknown group kinds \"foo\", \"dp\" for ModelCommProcessGroups; " + model_valid);
   }
-  ModelCommProcessGroups m{{"tp", tp}, {"embd", NoGroup{"not on an embedding stage"}}, {"cp", GroupHandle()}};
+  ModelCommProcessGroups m{
+      {"tp", tp}, {"embd", NoGroup{"not on an embedding stage"}}, {"cp", GroupHandle()}};
   EXPECT_EQ(m.tp().get(), tp.get());
   EXPECT_EQ(m.embd().reason(), "not on an embedding stage");
   EXPECT_EQ(m.cp().reason(), "set to a null handle");
   EXPECT_THROW(m.set("pp", std::vector<GroupHandle>{tp, tp}), InvalidValueError);
   EXPECT_THROW((void)m.is_set("dp"), UnknownKindError);
   EXPECT_THROW((void)m.field("foo"), UnknownKindError);
-  EXPECT_EQ(m.summary(), "ModelCommProcessGroups{tp: " + tp->name() +
-                             " (1 rank), embd: none (not on an embedding stage), cp: none (set to a "
-                             "null handle); unset: pp, mp, pos_embd, tp_cp, hcp, ep, expt_tp, tp_ep, "
-                             "tp_ep_pp, expt_dp}");
+  EXPECT_EQ(m.summary(),
+            "ModelCommProcessGroups{tp: " + tp->name() +
+                " (1 rank), embd: none (not on an embedding stage), cp: none (set to a "
+                "null handle); unset: pp, mp, pos_embd, tp_cp, hcp, ep, expt_tp, tp_ep, "
+                "tp_ep_pp, expt_dp}");
   GradCommProcessGroups grad;
-  EXPECT_EQ(grad.summary(), "GradCommProcessGroups{unset: dp, dp_cp, expt_dp, intra_dp_cp, intra_expt_dp, inter_dist_opt}");
+  EXPECT_EQ(
+      grad.summary(),
+      "GradCommProcessGroups{unset: dp, dp_cp, expt_dp, intra_dp_cp, intra_expt_dp, inter_dist_opt}");
   grad.set("dp", pg.group_handle(GroupKind::dp));
   EXPECT_TRUE(grad.dp().has_group());
   EXPECT_THROW((void)grad.dp_cp(), UnsetFieldError);

@@ -18,9 +18,7 @@ template <class F>
 std::string message_of(F&& f) {
   try {
     f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  } catch (const std::exception& e) { return e.what(); }
   return "(no exception)";
 }
 
@@ -39,8 +37,8 @@ class DeviceRanks : public ::testing::Test {
     if (cuda_device_count() == 0) GTEST_SKIP() << cuda_unavailable_reason();
     n_ = ranks_for_tests();
     if (n_ < 1 || n_ > cuda_device_count())
-      GTEST_SKIP() << "COMMGRID_NCCL_RANKS=" << n_ << " needs that many CUDA devices; this process sees "
-                   << cuda_device_count();
+      GTEST_SKIP() << "COMMGRID_NCCL_RANKS=" << n_
+                   << " needs that many CUDA devices; this process sees " << cuda_device_count();
     if (n_ < min_ranks_)
       GTEST_SKIP() << "needs " << min_ranks_ << " ranks (" << min_ranks_
                    << " GPUs): NCCL refuses two ranks on one GPU";

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "../comm_suite.hpp"
 #include "commgrid/gloo.hpp"
 #include "commgrid/layout.hpp"
 #include "commgrid/local_ranks.hpp"
@@ -25,7 +26,6 @@
 #include "nccl_host.hpp"
 #include "nccl_memory.hpp"
 #include "nccl_test_support.hpp"
-#include "../comm_suite.hpp"
 
 namespace commgrid {
 namespace {
@@ -49,12 +49,15 @@ class NcclDevice : public nccl_test::DeviceRanks {
            Ms timeout = 60s) {
     GlooOptions gloo;
     gloo.timeout = 60s;
-    run_local_ranks(n_, [&](Communicator& boot) {
-      NcclOptions o;
-      o.timeout = timeout;
-      auto world = make_nccl_world(boot, o);
-      fn(boot, *world);
-    }, gloo);
+    run_local_ranks(
+        n_,
+        [&](Communicator& boot) {
+          NcclOptions o;
+          o.timeout = timeout;
+          auto world = make_nccl_world(boot, o);
+          fn(boot, *world);
+        },
+        gloo);
   }
 };
 
@@ -79,7 +82,8 @@ class Held {
     EXPECT_EQ(cudaStreamWaitEvent(w.stream(), held_, 0), cudaSuccess);
     fallback_ = std::thread([this] {
       const auto until = std::chrono::steady_clock::now() + 60s;
-      while (!release_.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      while (!release_.load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(1ms);
       if (!release_.exchange(true)) by_fallback_ = true;
     });
   }
@@ -117,27 +121,87 @@ class Host {
   void set(std::size_t i, double v) {
     unsigned char* p = bytes_.data() + i * element_size(type_);
     switch (type_) {
-      case DataType::float32: { const auto x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+      case DataType::float32: {
+        const auto x = static_cast<float>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
       case DataType::float64: std::memcpy(p, &v, 8); break;
-      case DataType::bfloat16: { const auto x = float_to_bf16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DataType::float16: { const auto x = float_to_fp16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DataType::int32: { const auto x = static_cast<std::int32_t>(v); std::memcpy(p, &x, 4); break; }
-      case DataType::int64: { const auto x = static_cast<std::int64_t>(v); std::memcpy(p, &x, 8); break; }
-      case DataType::int8: { const auto x = static_cast<std::int8_t>(v); std::memcpy(p, &x, 1); break; }
-      case DataType::uint8: { const auto x = static_cast<std::uint8_t>(v); std::memcpy(p, &x, 1); break; }
+      case DataType::bfloat16: {
+        const auto x = float_to_bf16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::float16: {
+        const auto x = float_to_fp16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DataType::int32: {
+        const auto x = static_cast<std::int32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DataType::int64: {
+        const auto x = static_cast<std::int64_t>(v);
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DataType::int8: {
+        const auto x = static_cast<std::int8_t>(v);
+        std::memcpy(p, &x, 1);
+        break;
+      }
+      case DataType::uint8: {
+        const auto x = static_cast<std::uint8_t>(v);
+        std::memcpy(p, &x, 1);
+        break;
+      }
     }
   }
   [[nodiscard]] double get(std::size_t i) const {
     const unsigned char* p = bytes_.data() + i * element_size(type_);
     switch (type_) {
-      case DataType::float32: { float x; std::memcpy(&x, p, 4); return x; }
-      case DataType::float64: { double x; std::memcpy(&x, p, 8); return x; }
-      case DataType::bfloat16: { std::uint16_t x; std::memcpy(&x, p, 2); return bf16_to_float(x); }
-      case DataType::float16: { std::uint16_t x; std::memcpy(&x, p, 2); return fp16_to_float(x); }
-      case DataType::int32: { std::int32_t x; std::memcpy(&x, p, 4); return x; }
-      case DataType::int64: { std::int64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-      case DataType::int8: { std::int8_t x; std::memcpy(&x, p, 1); return x; }
-      case DataType::uint8: { std::uint8_t x; std::memcpy(&x, p, 1); return x; }
+      case DataType::float32: {
+        float x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DataType::float64: {
+        double x;
+        std::memcpy(&x, p, 8);
+        return x;
+      }
+      case DataType::bfloat16: {
+        std::uint16_t x;
+        std::memcpy(&x, p, 2);
+        return bf16_to_float(x);
+      }
+      case DataType::float16: {
+        std::uint16_t x;
+        std::memcpy(&x, p, 2);
+        return fp16_to_float(x);
+      }
+      case DataType::int32: {
+        std::int32_t x;
+        std::memcpy(&x, p, 4);
+        return x;
+      }
+      case DataType::int64: {
+        std::int64_t x;
+        std::memcpy(&x, p, 8);
+        return static_cast<double>(x);
+      }
+      case DataType::int8: {
+        std::int8_t x;
+        std::memcpy(&x, p, 1);
+        return x;
+      }
+      case DataType::uint8: {
+        std::uint8_t x;
+        std::memcpy(&x, p, 1);
+        return x;
+      }
     }
     return 0;
   }
@@ -151,14 +215,22 @@ class Host {
 class Device {
  public:
   explicit Device(std::size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0 && cudaMalloc(&p_, bytes_) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
+    if (bytes_ > 0 && cudaMalloc(&p_, bytes_) != cudaSuccess)
+      throw std::runtime_error("cudaMalloc failed");
   }
-  ~Device() { if (p_) cudaFree(p_); }
+  ~Device() {
+    if (p_) cudaFree(p_);
+  }
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
   void* get() const { return p_; }
-  void upload(const Host& h) { ASSERT_EQ(cudaMemcpy(p_, const_cast<Host&>(h).data(), h.bytes(), cudaMemcpyHostToDevice), cudaSuccess); }
-  void download(Host& h) const { ASSERT_EQ(cudaMemcpy(h.data(), p_, h.bytes(), cudaMemcpyDeviceToHost), cudaSuccess); }
+  void upload(const Host& h) {
+    ASSERT_EQ(cudaMemcpy(p_, const_cast<Host&>(h).data(), h.bytes(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  void download(Host& h) const {
+    ASSERT_EQ(cudaMemcpy(h.data(), p_, h.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
 
  private:
   void* p_ = nullptr;
@@ -193,7 +265,8 @@ double reference(ReduceOp op, int n, std::size_t i) {
   for (int r = 1; r < n; ++r) {
     const double v = input(op, r, n, i);
     switch (op) {
-      case ReduceOp::sum: case ReduceOp::avg: acc += v; break;
+      case ReduceOp::sum:
+      case ReduceOp::avg: acc += v; break;
       case ReduceOp::prod: acc *= v; break;
       case ReduceOp::max: acc = std::max(acc, v); break;
       case ReduceOp::min: acc = std::min(acc, v); break;
@@ -219,13 +292,15 @@ TEST_F(NcclDevice, AllreduceAndReduceEveryTypeAndOpMatchTheHostReference) {
         w.allreduce(din.get(), dout.get(), kCount, t, op)->wait();
         dout.download(out);
         const std::string label = std::string("allreduce ") + std::string(reduce_op_name(op));
-        for (std::size_t i = 0; i < kCount; ++i) expect_near(t, out.get(i), reference(op, n, i), where(t, label.c_str(), i));
+        for (std::size_t i = 0; i < kCount; ++i)
+          expect_near(t, out.get(i), reference(op, n, i), where(t, label.c_str(), i));
         // reduce to the last rank, in place there
         const int root = n - 1;
         w.reduce(din.get(), r == root ? din.get() : nullptr, kCount, t, op, root)->wait();
         if (r == root) {
           din.download(out);
-          for (std::size_t i = 0; i < kCount; ++i) expect_near(t, out.get(i), reference(op, n, i), where(t, "reduce", i));
+          for (std::size_t i = 0; i < kCount; ++i)
+            expect_near(t, out.get(i), reference(op, n, i), where(t, "reduce", i));
         }
       }
     }
@@ -237,7 +312,9 @@ TEST_F(NcclDevice, DataMovementEveryType) {
     const int n = w.size(), r = w.rank();
     const auto un = static_cast<std::size_t>(n);
     constexpr std::size_t kCount = 5;
-    auto value = [](int rank, std::size_t i) { return static_cast<double>(rank * 10 + static_cast<int>(i % 10)); };
+    auto value = [](int rank, std::size_t i) {
+      return static_cast<double>(rank * 10 + static_cast<int>(i % 10));
+    };
     for (DataType t : kTypes) {
       Host mine(t, kCount), all(t, kCount * un), back(t, kCount * un);
       for (std::size_t i = 0; i < kCount; ++i) mine.set(i, value(r, i));
@@ -249,36 +326,44 @@ TEST_F(NcclDevice, DataMovementEveryType) {
       w.broadcast(dbc.get(), kCount, t, n - 1)->wait();
       Host bc(t, kCount);
       dbc.download(bc);
-      for (std::size_t i = 0; i < kCount; ++i) expect_near(t, bc.get(i), value(n - 1, i), where(t, "broadcast", i));
+      for (std::size_t i = 0; i < kCount; ++i)
+        expect_near(t, bc.get(i), value(n - 1, i), where(t, "broadcast", i));
       // allgather and gather
       w.allgather(dmine.get(), dall.get(), kCount, t)->wait();
       dall.download(all);
       for (std::size_t k = 0; k < kCount * un; ++k)
-        expect_near(t, all.get(k), value(static_cast<int>(k / kCount), k % kCount), where(t, "allgather", k));
+        expect_near(t, all.get(k), value(static_cast<int>(k / kCount), k % kCount),
+                    where(t, "allgather", k));
       w.gather(dmine.get(), r == 0 ? dback.get() : nullptr, kCount, t, 0)->wait();
       if (r == 0) {
         dback.download(back);
         for (std::size_t k = 0; k < kCount * un; ++k)
-          expect_near(t, back.get(k), value(static_cast<int>(k / kCount), k % kCount), where(t, "gather", k));
+          expect_near(t, back.get(k), value(static_cast<int>(k / kCount), k % kCount),
+                      where(t, "gather", k));
       }
       // alltoall: block j of rank r holds r*10 + j; rank r receives block r of every rank i
       Host blocks(t, kCount * un);
-      for (std::size_t k = 0; k < kCount * un; ++k) blocks.set(k, r * 10 + static_cast<double>(k / kCount));
+      for (std::size_t k = 0; k < kCount * un; ++k)
+        blocks.set(k, r * 10 + static_cast<double>(k / kCount));
       dall.upload(blocks);
       w.alltoall(dall.get(), dback.get(), kCount, t)->wait();
       dback.download(back);
       for (std::size_t k = 0; k < kCount * un; ++k)
-        expect_near(t, back.get(k), static_cast<double>(k / kCount) * 10 + r, where(t, "alltoall", k));
+        expect_near(t, back.get(k), static_cast<double>(k / kCount) * 10 + r,
+                    where(t, "alltoall", k));
       // scatter from rank 0: block i goes to rank i
       w.scatter(r == 0 ? dall.get() : nullptr, dmine.get(), kCount, t, 0)->wait();
       dmine.download(mine);
-      for (std::size_t i = 0; i < kCount; ++i) expect_near(t, mine.get(i), r, where(t, "scatter", i));
+      for (std::size_t i = 0; i < kCount; ++i)
+        expect_near(t, mine.get(i), r, where(t, "scatter", i));
       // reduce_scatter (sum): block r of every rank
-      for (std::size_t k = 0; k < kCount * un; ++k) blocks.set(k, static_cast<double>(k / kCount + 1));
+      for (std::size_t k = 0; k < kCount * un; ++k)
+        blocks.set(k, static_cast<double>(k / kCount + 1));
       dall.upload(blocks);
       w.reduce_scatter(dall.get(), dmine.get(), kCount, t, ReduceOp::sum)->wait();
       dmine.download(mine);
-      for (std::size_t i = 0; i < kCount; ++i) expect_near(t, mine.get(i), (r + 1) * n, where(t, "reduce_scatter", i));
+      for (std::size_t i = 0; i < kCount; ++i)
+        expect_near(t, mine.get(i), (r + 1) * n, where(t, "reduce_scatter", i));
     }
   });
 }
@@ -303,10 +388,12 @@ TEST_F(NcclDevice, VariableCountsAlltoallvAndAllgatherv) {
       dr.download(got);
       for (std::size_t k = 0, j = 0; j < rc.size(); ++j)
         for (std::size_t e = 0; e < rc[j]; ++e, ++k)
-          expect_near(t, got.get(k), static_cast<double>(j) * 10 + static_cast<double>(e), where(t, "alltoallv", k));
+          expect_near(t, got.get(k), static_cast<double>(j) * 10 + static_cast<double>(e),
+                      where(t, "alltoallv", k));
       // allgatherv: rank j contributes j % 3 + 1 elements of value j
       std::vector<std::size_t> counts(static_cast<std::size_t>(n));
-      for (int j = 0; j < n; ++j) counts[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j % 3 + 1);
+      for (int j = 0; j < n; ++j)
+        counts[static_cast<std::size_t>(j)] = static_cast<std::size_t>(j % 3 + 1);
       const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
       Host mine(t, counts[static_cast<std::size_t>(r)]), all(t, total);
       for (std::size_t e = 0; e < mine.count(); ++e) mine.set(e, r);
@@ -315,7 +402,8 @@ TEST_F(NcclDevice, VariableCountsAlltoallvAndAllgatherv) {
       w.allgatherv(dm.get(), mine.count(), da.get(), counts, t)->wait();
       da.download(all);
       for (std::size_t k = 0, j = 0; j < counts.size(); ++j)
-        for (std::size_t e = 0; e < counts[j]; ++e, ++k) expect_near(t, all.get(k), static_cast<double>(j), where(t, "allgatherv", k));
+        for (std::size_t e = 0; e < counts[j]; ++e, ++k)
+          expect_near(t, all.get(k), static_cast<double>(j), where(t, "allgatherv", k));
     }
   });
 }
@@ -387,7 +475,8 @@ TEST_F(NcclDevice, SplitGivesMembersAndNoColorGivesNothing) {
 }
 
 TEST_F(NcclDevice, EveryKindCreatedWithEachStrategy) {
-  for (CreationStrategy s : {CreationStrategy::split, CreationStrategy::member, CreationStrategy::per_group}) {
+  for (CreationStrategy s :
+       {CreationStrategy::split, CreationStrategy::member, CreationStrategy::per_group}) {
     SCOPED_TRACE(std::string(strategy_name(s)));
     run([&](Communicator&, NcclCommunicator& w) {
       ParallelConfig c;
@@ -439,23 +528,23 @@ TEST_F(NcclDevice, ACollectiveThatNeverCompletesTimesOutAbortsAndLaterCallsSayWh
     std::string msg;
     try {
       w.allreduce(d.get(), d.get(), 1, DataType::float32, ReduceOp::sum)->wait();
-    } catch (const TimeoutError& e) {
-      msg = e.what();
-    }
+    } catch (const TimeoutError& e) { msg = e.what(); }
     const auto took = std::chrono::steady_clock::now() - t0;
     releaser.join();
     EXPECT_FALSE(held.released_by_fallback()) << "the wait ended only when the stream was released";
     EXPECT_GE(took, 1s);
     EXPECT_LT(took, 30s) << "timeout 1 s, then the abort";
-    EXPECT_EQ(msg.rfind("nccl allreduce on world: did not complete within 1 s; world aborted (members [", 0), 0u) << msg;
+    EXPECT_EQ(
+        msg.rfind("nccl allreduce on world: did not complete within 1 s; world aborted (members [",
+                  0),
+        0u)
+        << msg;
     EXPECT_TRUE(w.aborted());
     EXPECT_EQ(w.native(), nullptr);
     std::string later;
     try {
       w.barrier()->wait();
-    } catch (const BackendError& e) {
-      later = e.what();
-    }
+    } catch (const BackendError& e) { later = e.what(); }
     EXPECT_EQ(later, "nccl barrier on world: the communicator was aborted: " + msg);
   });
 }
@@ -471,9 +560,7 @@ TEST_F(NcclDevice, AnOperationAbortedByAnotherThreadFailsInsteadOfReportingSucce
       try {
         work->wait();
         waited = "(returned normally)";
-      } catch (const BackendError& e) {
-        waited = e.what();
-      }
+      } catch (const BackendError& e) { waited = e.what(); }
     });
     std::thread watchdog([&] { w.abort("watchdog: test"); });
     std::thread releaser([&] {
@@ -542,7 +629,8 @@ TEST_F(NcclDevice, APendingOperationOfOneGroupNeverHoldsAnotherGroupsWaitOrDone)
     auto polled = solo.allreduce(&x2, &y2, 1, DataType::int64, ReduceOp::sum);
     while (!polled->done() && !held.released_by_fallback()) std::this_thread::sleep_for(1ms);
     EXPECT_EQ(y2, 11) << "done() returned true, so the output is written";
-    const std::vector<P2POp> self = {P2POp::send(&x, 1, DataType::int64, 0), P2POp::recv(&y2, 1, DataType::int64, 0)};
+    const std::vector<P2POp> self = {P2POp::send(&x, 1, DataType::int64, 0),
+                                     P2POp::recv(&y2, 1, DataType::int64, 0)};
     solo.batch_isend_irecv(self)->wait();  // host-staged self send/recv through NCCL's p2p path
     EXPECT_EQ(y2, 7);
     EXPECT_FALSE(held.released_by_fallback()) << "another group's pending operation held these";
@@ -574,10 +662,13 @@ TEST_F(NcclDevice, StagingWhileOperationsArePendingTakesTheSeededBlocks) {
       const std::size_t made = cache.made();
       for (auto& v : small) {
         v = {w.rank() + 1, 3};
-        pending.push_back(w.allreduce(v.data(), v.data(), v.size(), DataType::int64, ReduceOp::sum));
+        pending.push_back(
+            w.allreduce(v.data(), v.data(), v.size(), DataType::int64, ReduceOp::sum));
       }
-      pending.push_back(w.allreduce(large.data(), large.data(), large.size(), DataType::int64, ReduceOp::sum));
-      EXPECT_EQ(cache.made(), made) << "staging allocated pinned memory while operations were pending";
+      pending.push_back(
+          w.allreduce(large.data(), large.data(), large.size(), DataType::int64, ReduceOp::sum));
+      EXPECT_EQ(cache.made(), made)
+          << "staging allocated pinned memory while operations were pending";
       for (const auto& p : pending) EXPECT_FALSE(p->done());
       held.release();
       for (const auto& p : pending) p->wait();
@@ -611,7 +702,8 @@ TEST_F(NcclDevice, SplitsAreRefusedWhileNcclWouldShareResourcesOrBlock) {
       if (w.rank() == 0) ::unsetenv(var);
       boot.barrier()->wait();
       EXPECT_EQ(parameter, var);
-      EXPECT_EQ(msg.rfind("nccl split on world for tp#0: " + std::string(var) + "=1 ", 0), 0u) << msg;
+      EXPECT_EQ(msg.rfind("nccl split on world for tp#0: " + std::string(var) + "=1 ", 0), 0u)
+          << msg;
       EXPECT_FALSE(w.aborted()) << "refused before NCCL was called";
       auto g = w.split(0, w.rank(), "tp#0");  // unset again: the split goes ahead
       ASSERT_NE(g, nullptr);
@@ -629,10 +721,9 @@ TEST_F(NcclDevice, ASplitThatTimesOutAbortsTheParentAndSaysWhich) {
     try {
       (void)w.split(0, w.rank(), "tp#0");
       msg = "(completed)";
-    } catch (const TimeoutError& e) {
-      msg = e.what();
-    }
-    EXPECT_EQ(msg.rfind("nccl split on world for tp#0 (color 0): did not complete within ", 0), 0u) << msg;
+    } catch (const TimeoutError& e) { msg = e.what(); }
+    EXPECT_EQ(msg.rfind("nccl split on world for tp#0 (color 0): did not complete within ", 0), 0u)
+        << msg;
     EXPECT_TRUE(w.aborted());
     EXPECT_THROW(w.barrier(), BackendError);
   });
@@ -647,7 +738,8 @@ TEST_F(NcclDeviceMulti, APeerThatNeverJoinsEndsInTimeoutNamingTheGroup) {
     }
     Device d(4);
     const auto t0 = std::chrono::steady_clock::now();
-    EXPECT_THROW(w.allreduce(d.get(), d.get(), 1, DataType::float32, ReduceOp::sum)->wait(), TimeoutError);
+    EXPECT_THROW(w.allreduce(d.get(), d.get(), 1, DataType::float32, ReduceOp::sum)->wait(),
+                 TimeoutError);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "timeout 1 s, then the abort";
     EXPECT_TRUE(w.aborted());
     boot.barrier()->wait();
@@ -663,10 +755,10 @@ TEST_F(NcclDeviceMulti, MemberCreationWithAMissingMemberTimesOutNamingTheMembers
       std::string msg;
       try {
         (void)w.create_group(members, "tp#0");
-      } catch (const TimeoutError& e) {
-        msg = e.what();
-      }
-      EXPECT_EQ(msg, "nccl create_group on world for tp#0: did not complete within 1 s; tp#0 aborted (members [0,1])");
+      } catch (const TimeoutError& e) { msg = e.what(); }
+      EXPECT_EQ(
+          msg,
+          "nccl create_group on world for tp#0: did not complete within 1 s; tp#0 aborted (members [0,1])");
     } else if (w.rank() == 1) {
       std::array<std::int64_t, nccl_host::kIdMessageWords> id{};
       boot.recv(id.data(), id.size(), DataType::int64, 0, nccl_host::kUniqueIdTag)->wait();

@@ -43,7 +43,8 @@ GlooOptions quick() {
 UniqueId real_unique_id() {
   ncclUniqueId id;
   const ncclResult_t rc = ncclGetUniqueId(&id);
-  if (rc != ncclSuccess) throw BackendError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
+  if (rc != ncclSuccess)
+    throw BackendError(std::string("ncclGetUniqueId: ") + ncclGetErrorString(rc));
   UniqueId out{};
   std::memcpy(out.data(), id.internal, out.size());
   return out;
@@ -62,28 +63,40 @@ TEST(NcclHost, RootsRealUniqueIdReachesEveryRank) {
   std::mutex mu;
   std::vector<UniqueId> got(kRanks);
   std::atomic<int> made{0};
-  run_local_ranks(kRanks, [&](Communicator& world) {
-    const UniqueId id = nccl_host::broadcast_unique_id(world, 2, [&] {
-      ++made;
-      return real_unique_id();
-    }, "test");
-    std::lock_guard lock(mu);
-    got[static_cast<std::size_t>(world.rank())] = id;
-  }, quick());
+  run_local_ranks(
+      kRanks,
+      [&](Communicator& world) {
+        const UniqueId id = nccl_host::broadcast_unique_id(
+            world, 2,
+            [&] {
+              ++made;
+              return real_unique_id();
+            },
+            "test");
+        std::lock_guard lock(mu);
+        got[static_cast<std::size_t>(world.rank())] = id;
+      },
+      quick());
   EXPECT_EQ(made.load(), 1);  // only the root makes one
-  for (int r = 1; r < kRanks; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << "rank " << r;
+  for (int r = 1; r < kRanks; ++r)
+    EXPECT_EQ(got[static_cast<std::size_t>(r)], got[0]) << "rank " << r;
   EXPECT_NE(got[0], UniqueId{}) << "NCCL's id is not all zero";
 }
 
 TEST(NcclHost, RootFailingToMakeAnIdFailsEveryRankWithItsReason) {
-  LocalRunResult run = run_local_ranks_collect(3, [&](Communicator& world) {
-    nccl_host::broadcast_unique_id(world, 0, []() -> UniqueId {
-      throw BackendError("ncclGetUniqueId: no socket interface found");
-    }, "create world");
-  }, quick());
+  LocalRunResult run = run_local_ranks_collect(
+      3,
+      [&](Communicator& world) {
+        nccl_host::broadcast_unique_id(
+            world, 0,
+            []() -> UniqueId { throw BackendError("ncclGetUniqueId: no socket interface found"); },
+            "create world");
+      },
+      quick());
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
-    const std::string msg = message_of([&] { std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]); });
+    const std::string msg =
+        message_of([&] { std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]); });
     EXPECT_NE(msg.find("nccl create world: rank 0 of world could not make the NCCL unique id: "
                        "ncclGetUniqueId: no socket interface found"),
               std::string::npos)
@@ -99,22 +112,26 @@ TEST(NcclHost, MemberOnlyIdsGoToTheirGroupsOnly) {
   std::mutex mu;
   std::vector<std::vector<UniqueId>> got(kRanks);
   std::atomic<int> made{0};
-  run_local_ranks(kRanks, [&](Communicator& world) {
-    const int me = world.rank();
-    for (const auto* round : {&round1, &round2}) {
-      for (std::size_t g = 0; g < round->size(); ++g) {
-        const std::vector<int>& members = (*round)[g];
-        if (std::find(members.begin(), members.end(), me) == members.end()) continue;
-        const std::string name = std::string(round == &round1 ? "tp" : "dp") + "#" + std::to_string(g);
-        const UniqueId id = nccl_host::distribute_unique_id(world, members, name, [&] {
-          ++made;
-          return pattern_id(static_cast<int>(round == &round1 ? 10 : 20) + me);
-        });
-        std::lock_guard lock(mu);
-        got[static_cast<std::size_t>(me)].push_back(id);
-      }
-    }
-  }, quick());
+  run_local_ranks(
+      kRanks,
+      [&](Communicator& world) {
+        const int me = world.rank();
+        for (const auto* round : {&round1, &round2}) {
+          for (std::size_t g = 0; g < round->size(); ++g) {
+            const std::vector<int>& members = (*round)[g];
+            if (std::find(members.begin(), members.end(), me) == members.end()) continue;
+            const std::string name =
+                std::string(round == &round1 ? "tp" : "dp") + "#" + std::to_string(g);
+            const UniqueId id = nccl_host::distribute_unique_id(world, members, name, [&] {
+              ++made;
+              return pattern_id(static_cast<int>(round == &round1 ? 10 : 20) + me);
+            });
+            std::lock_guard lock(mu);
+            got[static_cast<std::size_t>(me)].push_back(id);
+          }
+        }
+      },
+      quick());
   EXPECT_EQ(made.load(), 4);  // one per group: its first member
   EXPECT_EQ(got[0][0], pattern_id(10));
   EXPECT_EQ(got[1][0], pattern_id(10));
@@ -127,11 +144,14 @@ TEST(NcclHost, MemberOnlyIdsGoToTheirGroupsOnly) {
 }
 
 TEST(NcclHost, MemberWithAnotherGroupNameFailsNamingTheLeader) {
-  LocalRunResult run = run_local_ranks_collect(2, [&](Communicator& world) {
-    const std::vector<int> members = {0, 1};
-    nccl_host::distribute_unique_id(world, members, world.rank() == 0 ? "tp#0" : "pp#0",
-                                    [] { return pattern_id(1); });
-  }, quick());
+  LocalRunResult run = run_local_ranks_collect(
+      2,
+      [&](Communicator& world) {
+        const std::vector<int> members = {0, 1};
+        nccl_host::distribute_unique_id(world, members, world.rank() == 0 ? "tp#0" : "pp#0",
+                                        [] { return pattern_id(1); });
+      },
+      quick());
   EXPECT_FALSE(run.errors[0]) << "the leader sent its id and returns";
   ASSERT_TRUE(run.errors[1]);
   const std::string msg = message_of([&] { std::rethrow_exception(run.errors[1]); });
@@ -146,18 +166,21 @@ TEST(NcclHost, HostInfoExchangeAndLocalRanksOnOneHost) {
   std::mutex mu;
   std::vector<nccl_host::LocalRank> local(kRanks);
   std::vector<std::vector<HostInfo>> seen(kRanks);
-  run_local_ranks(kRanks, [&](Communicator& world) {
-    HostInfo mine;
-    mine.host = "node-a";
-    mine.device_count = 8;
-    mine.device = world.rank();
-    mine.bus_id = "0000:0" + std::to_string(world.rank()) + ":00.0";
-    mine.problem = world.rank() == 2 ? std::string(300, 'x') : "";  // cut to fit its field
-    auto all = nccl_host::exchange_host_info(world, mine);
-    std::lock_guard lock(mu);
-    local[static_cast<std::size_t>(world.rank())] = nccl_host::local_rank_of(all, world.rank());
-    seen[static_cast<std::size_t>(world.rank())] = std::move(all);
-  }, quick());
+  run_local_ranks(
+      kRanks,
+      [&](Communicator& world) {
+        HostInfo mine;
+        mine.host = "node-a";
+        mine.device_count = 8;
+        mine.device = world.rank();
+        mine.bus_id = "0000:0" + std::to_string(world.rank()) + ":00.0";
+        mine.problem = world.rank() == 2 ? std::string(300, 'x') : "";  // cut to fit its field
+        auto all = nccl_host::exchange_host_info(world, mine);
+        std::lock_guard lock(mu);
+        local[static_cast<std::size_t>(world.rank())] = nccl_host::local_rank_of(all, world.rank());
+        seen[static_cast<std::size_t>(world.rank())] = std::move(all);
+      },
+      quick());
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_EQ(local[static_cast<std::size_t>(r)].rank, r);
     EXPECT_EQ(local[static_cast<std::size_t>(r)].size, kRanks);
@@ -188,15 +211,21 @@ TEST(NcclHost, DeviceChoice) {
   EXPECT_EQ(choose_device(std::nullopt, {3, 8}, 8, "h", ""), 3);
   EXPECT_EQ(choose_device(std::nullopt, {3, 8}, 1, "h", ""), 0);  // one visible device each
   EXPECT_EQ(choose_device(5, {0, 1}, 8, "h", ""), 5);
-  EXPECT_EQ(message_of([] { choose_device(std::nullopt, {2, 3}, 2, "gpu7", ""); }),
+  EXPECT_EQ(message_of([] {
+              choose_device(std::nullopt, {2, 3}, 2, "gpu7", "");
+            }),
             "local rank 2 of 3 on host gpu7 has no CUDA device of its own (this process sees "
             "2); start at most 2 ranks per host, or give each process one device with "
             "CUDA_VISIBLE_DEVICES");
   EXPECT_THROW(choose_device(std::nullopt, {2, 3}, 2, "gpu7", ""), InvalidValueError);
-  EXPECT_EQ(message_of([] { choose_device(4, {0, 1}, 2, "gpu7", ""); }),
+  EXPECT_EQ(message_of([] {
+              choose_device(4, {0, 1}, 2, "gpu7", "");
+            }),
             "device 4 is not in [0, 2): the CUDA devices this process sees on host gpu7");
   EXPECT_THROW(choose_device(0, {0, 1}, 0, "h", "no CUDA device (test)"), BackendError);
-  EXPECT_EQ(message_of([] { choose_device(0, {0, 1}, 0, "h", "no CUDA device (test)"); }),
+  EXPECT_EQ(message_of([] {
+              choose_device(0, {0, 1}, 0, "h", "no CUDA device (test)");
+            }),
             "no CUDA device (test)");
 }
 
@@ -288,9 +317,7 @@ TEST(NcclHost, BuffersInPlaceStagedOrRefused) {
   try {
     use_in_place(MemoryKind::device, 1, 0, "send", "pp#0", "buf");
     ADD_FAILURE() << "no exception";
-  } catch (const ConfigError& e) {
-    EXPECT_EQ(e.parameter(), "buf");
-  }
+  } catch (const ConfigError& e) { EXPECT_EQ(e.parameter(), "buf"); }
 }
 
 TEST(NcclHost, AnAbortedOperationIsNeverReportedComplete) {
@@ -429,8 +456,10 @@ TEST(NcclHost, TryUseNeverWaitsForACallOrAnAbortInProgress) {
   std::atomic<bool> in_destroy{false}, let_destroy_end{false};
   nccl_host::AbortableHandle<FakeComm*> handle(&fake, [&](FakeComm* c) {
     in_destroy = true;
-    const auto until = std::chrono::steady_clock::now() + 30s;  // a broken try_use fails, never hangs
-    while (!let_destroy_end && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    const auto until =
+        std::chrono::steady_clock::now() + 30s;  // a broken try_use fails, never hangs
+    while (!let_destroy_end && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(1ms);
     c->alive = false;
   });
   EXPECT_EQ(handle.try_use([](FakeComm* c) { return c->alive.load(); }),
@@ -442,7 +471,8 @@ TEST(NcclHost, TryUseNeverWaitsForACallOrAnAbortInProgress) {
     (void)handle.use([&](FakeComm*) {
       in_call = true;
       const auto until = std::chrono::steady_clock::now() + 30s;
-      while (!let_call_end && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      while (!let_call_end && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(1ms);
       return 0;
     });
     call_ended = true;
@@ -610,9 +640,10 @@ TEST(NcclHost, TheCommunicatorNameOutlivesItsSource) {
 
 TEST(NcclHost, ErrorTexts) {
   const std::vector<std::int64_t> members = {4, 5, 12, 13};
-  EXPECT_EQ(nccl_host::timeout_message("split", "world", "tp#2 (color 2)", 2500ms, "world", members),
-            "nccl split on world for tp#2 (color 2): did not complete within 2.5 s; world "
-            "aborted (members [4,5,12,13])");
+  EXPECT_EQ(
+      nccl_host::timeout_message("split", "world", "tp#2 (color 2)", 2500ms, "world", members),
+      "nccl split on world for tp#2 (color 2): did not complete within 2.5 s; world "
+      "aborted (members [4,5,12,13])");
   EXPECT_EQ(nccl_host::timeout_message("allreduce", "dp#0", "", 1000ms, "dp#0", members),
             "nccl allreduce on dp#0: did not complete within 1 s; dp#0 aborted (members "
             "[4,5,12,13])");
@@ -648,17 +679,20 @@ TEST(NcclHost, VersionOfTheLinkedLibrary) {
 }
 
 TEST(NcclHost, BadOptionsAreRejectedBeforeAnyCommunication) {
-  run_local_ranks(1, [&](Communicator& world) {
-    NcclOptions bad_device;
-    bad_device.device = -1;
-    EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_device); }),
-              "nccl world: device must be >= 0, got -1");
-    EXPECT_THROW((void)make_nccl_world(world, bad_device), InvalidValueError);
-    NcclOptions bad_timeout;
-    bad_timeout.timeout = 0ms;
-    EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_timeout); }),
-              "nccl world: timeout must be > 0 ms, got 0");
-  }, quick());
+  run_local_ranks(
+      1,
+      [&](Communicator& world) {
+        NcclOptions bad_device;
+        bad_device.device = -1;
+        EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_device); }),
+                  "nccl world: device must be >= 0, got -1");
+        EXPECT_THROW((void)make_nccl_world(world, bad_device), InvalidValueError);
+        NcclOptions bad_timeout;
+        bad_timeout.timeout = 0ms;
+        EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_timeout); }),
+                  "nccl world: timeout must be > 0 ms, got 0");
+      },
+      quick());
 }
 
 // Sets an environment variable for one scope and puts the old value back.
@@ -669,10 +703,8 @@ class ScopedEnv {
     ::setenv(name, value, 1);
   }
   ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
@@ -712,9 +744,8 @@ TEST(NcclHost, NcclVariablesThatWouldUndoTheTimeoutsAreRefusedOnEveryRank) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const ScopedEnv env(c.name, c.value);
-    LocalRunResult run = run_local_ranks_collect(2, [&](Communicator& world) {
-      (void)make_nccl_world(world);
-    }, quick());
+    LocalRunResult run = run_local_ranks_collect(
+        2, [&](Communicator& world) { (void)make_nccl_world(world); }, quick());
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
       try {
@@ -743,14 +774,13 @@ TEST(NcclHost, ABufferCudaCannotPlaceIsAnErrorNeverHostMemory) {
     std::string msg;
     try {
       (void)nccl_backend::memory_kind(pageable.data(), &dev, "allreduce", "tp#1");
-    } catch (const BackendError& e) {
-      msg = e.what();
-    }
+    } catch (const BackendError& e) { msg = e.what(); }
     EXPECT_EQ(msg.rfind("nccl allreduce on tp#1: cudaPointerGetAttributes: ", 0), 0u) << msg;
     return;
   }
   using nccl_host::MemoryKind;
-  EXPECT_EQ(nccl_backend::memory_kind(pageable.data(), &dev, "allreduce", "world"), MemoryKind::host);
+  EXPECT_EQ(nccl_backend::memory_kind(pageable.data(), &dev, "allreduce", "world"),
+            MemoryKind::host);
   void* pinned = nullptr;
   void* device = nullptr;
   void* managed = nullptr;
@@ -775,13 +805,13 @@ TEST(NcclHost, WithoutADeviceEveryRankFailsAlikeAndNoneHangs) {
   // A 100 s timeout: a rank left waiting for the others would show; a loaded machine not.
   GlooOptions slow = quick();
   slow.timeout = 100s;
-  LocalRunResult run = run_local_ranks_collect(3, [&](Communicator& world) {
-    (void)make_nccl_world(world);
-  }, slow);
+  LocalRunResult run = run_local_ranks_collect(
+      3, [&](Communicator& world) { (void)make_nccl_world(world); }, slow);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 50s) << "a rank waited for its timeout";
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
-    const std::string msg = message_of([&] { std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]); });
+    const std::string msg =
+        message_of([&] { std::rethrow_exception(run.errors[static_cast<std::size_t>(r)]); });
     EXPECT_EQ(msg.rfind("nccl world: rank 0 (host ", 0), 0u) << msg;
     EXPECT_NE(msg.find("): " + why), std::string::npos) << msg;
   }

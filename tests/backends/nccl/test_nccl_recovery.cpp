@@ -44,9 +44,7 @@ template <class F>
 std::string parameter_of(F&& f) {
   try {
     f();
-  } catch (const ConfigError& e) {
-    return e.parameter();
-  }
+  } catch (const ConfigError& e) { return e.parameter(); }
   return "(none)";
 }
 
@@ -60,14 +58,16 @@ SparePlacement spares(std::int64_t s) {
 
 TEST(NcclRecoveryHost, AShrinkKeepsTheSurvivorsInTheirOrder) {
   const int exclude[] = {3, 1};
-  const nccl_host::WorldShrink p = nccl_host::plan_world_shrink(6, 4, exclude, "nccl shrink of world");
+  const nccl_host::WorldShrink p =
+      nccl_host::plan_world_shrink(6, 4, exclude, "nccl shrink of world");
   EXPECT_EQ(p.exclude, (std::vector<int>{1, 3}));  // ascending, as NCCL is given it
   EXPECT_EQ(p.size, 4);
   EXPECT_EQ(p.rank, 2);
   EXPECT_EQ(p.survivors, (std::vector<std::int64_t>{0, 2, 4, 5}));
   for (int r : {0, 2, 5})
-    EXPECT_EQ(nccl_host::plan_world_shrink(6, r, exclude, "s").survivors[static_cast<std::size_t>(
-                  nccl_host::plan_world_shrink(6, r, exclude, "s").rank)],
+    EXPECT_EQ(nccl_host::plan_world_shrink(6, r, exclude, "s")
+                  .survivors[static_cast<std::size_t>(
+                      nccl_host::plan_world_shrink(6, r, exclude, "s").rank)],
               r);
   // Excluding none: the same world (a world of 1 shrunk by nothing, the one-GPU device test).
   const nccl_host::WorldShrink none = nccl_host::plan_world_shrink(1, 0, {}, "s");
@@ -85,13 +85,17 @@ TEST(NcclRecoveryHost, BadShrinkArgumentsAreTypedErrorsNamingTheRank) {
   EXPECT_THROW(plan({4}), RankOutOfRangeError);
   EXPECT_THROW(plan({-1}), RankOutOfRangeError);
   EXPECT_EQ(parameter_of([&] { plan({4}); }), "exclude");
-  EXPECT_EQ(message_of([&] { plan({1, 4}); }),
+  EXPECT_EQ(message_of([&] {
+              plan({1, 4});
+            }),
             "nccl shrink of world: excluded rank 4 is not in [0, 4)");
   EXPECT_THROW(plan({2, 2}), InvalidValueError);
   EXPECT_EQ(message_of([&] { plan({2, 3, 2}); }), "nccl shrink of world: rank 2 is excluded twice");
   EXPECT_THROW(plan({1}, 1), InvalidValueError);
   EXPECT_EQ(parameter_of([&] { plan({1}, 1); }), "exclude");
-  EXPECT_EQ(message_of([&] { plan({0, 1}, 1); }),
+  EXPECT_EQ(message_of([&] {
+              plan({0, 1}, 1);
+            }),
             "nccl shrink of world: this rank (1) is excluded; an excluded rank takes no part in "
             "the shrink, only the survivors call it");
   // Every one a ConfigError, as the other backends' argument errors.
@@ -160,7 +164,8 @@ TEST(NcclRecoveryHost, AShrinkWithoutSparesIsAnNcclShrinkAndASpareMeansAFreshWor
 TEST(NcclRecoveryHost, ExcludedRanksFromARealDecision) {
   auto store = make_memory_store();
   const std::string sigkill = "SIGKILL";
-  store->set(dead_process_key("resilience", 1, 0), std::span<const char>(sigkill.data(), sigkill.size()));
+  store->set(dead_process_key("resilience", 1, 0),
+             std::span<const char>(sigkill.data(), sigkill.size()));
   const RankMap m0(2, spares(1));
   RecoveryOptions o;
   o.timeout = 30s;
@@ -177,9 +182,7 @@ TEST(NcclRecoveryHost, ExcludedRanksFromARealDecision) {
           const EpochDecision& d = r.agree();
           excluded[static_cast<std::size_t>(p)] = nccl_excluded_ranks(m0, d.dead);
           rank_after[static_cast<std::size_t>(p)] = r.logical_rank();
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(p)] = e.what();
-        }
+        } catch (const std::exception& e) { errors[static_cast<std::size_t>(p)] = e.what(); }
       });
   }
   for (std::int64_t p : {0, 2}) {
@@ -218,16 +221,16 @@ TEST(NcclRecoveryHost, TheShrinkRefusesSharingTheOldWorldsResources) {
   EXPECT_NO_THROW(nccl_host::check_nccl_environment("nccl world"));  // only a shrink cares
   EXPECT_EQ(parameter_of([] { nccl_host::check_nccl_environment("nccl shrink of world", true); }),
             "NCCL_COMM_SHRINK_SHARE_RESOURCES");
-  EXPECT_EQ(message_of([] { nccl_host::check_nccl_environment("nccl shrink of world", true); })
-                .rfind("nccl shrink of world: NCCL_COMM_SHRINK_SHARE_RESOURCES=1 makes a shrunk world "
-                       "share the old world's resources", 0),
-            0u);
+  EXPECT_EQ(
+      message_of([] { nccl_host::check_nccl_environment("nccl shrink of world", true); })
+          .rfind("nccl shrink of world: NCCL_COMM_SHRINK_SHARE_RESOURCES=1 makes a shrunk world "
+                 "share the old world's resources",
+                 0),
+      0u);
   ::setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", "0", 1);
   EXPECT_NO_THROW(nccl_host::check_nccl_environment("nccl shrink of world", true));
-  if (saved)
-    ::setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", saved->c_str(), 1);
-  else
-    ::unsetenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
+  if (saved) ::setenv("NCCL_COMM_SHRINK_SHARE_RESOURCES", saved->c_str(), 1);
+  else ::unsetenv("NCCL_COMM_SHRINK_SHARE_RESOURCES");
 }
 
 // ---- the epoch's abort, on stand-ins -------------------------------------------------------
@@ -244,7 +247,8 @@ FakeEpoch::Abort fake_abort() {
   return [](FakeComm& c, const std::string& why) { return c.handle.abort(why); };
 }
 // n members of `epoch`, each counting its destruction in `destroyed`.
-std::vector<std::shared_ptr<FakeComm>> add_members(FakeEpoch& epoch, int n, std::atomic<int>* destroyed) {
+std::vector<std::shared_ptr<FakeComm>> add_members(FakeEpoch& epoch, int n,
+                                                   std::atomic<int>* destroyed) {
   std::vector<std::shared_ptr<FakeComm>> comms;
   for (int i = 0; i < n; ++i) {
     comms.push_back(std::make_shared<FakeComm>(destroyed));
@@ -271,7 +275,7 @@ TEST(NcclRecoveryHost, AnEpochAbortAbortsEveryLiveMemberOnceAndIsIdempotent) {
   EXPECT_TRUE(world->handle.aborted());
   EXPECT_EQ(world->handle.reason(), "rank 3 died");
   EXPECT_EQ(tp->handle.reason(), "tp#0 timed out");  // the first reason stays
-  EXPECT_EQ(epoch.abort_all("again"), 0u);  // idempotent
+  EXPECT_EQ(epoch.abort_all("again"), 0u);           // idempotent
   EXPECT_EQ(destroyed.load(), 2);
 }
 
@@ -344,8 +348,7 @@ TEST(NcclRecoveryHost, AnEpochAbortNeverWaitsForADeadPeer) {
         if (c->handle.aborted()) looks_seeing_abort.fetch_add(1);
         std::this_thread::sleep_for(1ms);
         return true;
-      })) {
-      }
+      })) {}
     });
   std::this_thread::sleep_for(20ms);
   const auto t0 = std::chrono::steady_clock::now();
@@ -380,7 +383,8 @@ TEST(NcclRecoveryHost, TheFactoryIsTheWorldFactoryRecoveryTakes) {
   static_assert(std::is_same_v<NcclWorldFactory, WorldFactory>);
   EXPECT_THROW((void)make_nccl_world_factory(nullptr), InvalidValueError);
   EXPECT_EQ(parameter_of([] { (void)make_nccl_world_factory(nullptr); }), "bootstrap");
-  EXPECT_EQ(parameter_of([] { (void)make_nccl_world(std::shared_ptr<Communicator>{}); }), "bootstrap");
+  EXPECT_EQ(parameter_of([] { (void)make_nccl_world(std::shared_ptr<Communicator>{}); }),
+            "bootstrap");
   // A bootstrap factory that makes nothing, or a world of another size: refused before NCCL.
   auto nothing = make_nccl_world_factory([](const std::string&, int, int) { return nullptr; });
   EXPECT_EQ(message_of([&] { (void)nothing("epoch/0/world", 0, 1); }),
@@ -392,8 +396,9 @@ TEST(NcclRecoveryHost, TheFactoryIsTheWorldFactoryRecoveryTakes) {
     o.timeout = 20s;
     return make_gloo_world(store, 0, 1, o);
   });
-  EXPECT_EQ(message_of([&] { (void)wrong("epoch/0/world", 0, 2); }),
-            "nccl world factory for epoch/0/world: the bootstrap factory made rank 0 of 1 for rank 0 of 2");
+  EXPECT_EQ(
+      message_of([&] { (void)wrong("epoch/0/world", 0, 2); }),
+      "nccl world factory for epoch/0/world: the bootstrap factory made rank 0 of 1 for rank 0 of 2");
   EXPECT_EQ(parameter_of([&] { (void)wrong("epoch/1/world", 0, 2); }), "bootstrap");
 }
 
@@ -411,7 +416,8 @@ TEST(NcclRecoveryHost, AbortingTheEpochOfAnotherBackendIsAConfigError) {
 // with the same BackendError (no CUDA device), promptly, and marks the epoch failed; nothing
 // crashes or hangs.
 TEST(NcclRecoveryHost, WithoutADeviceRecoveryBuildFailsAlikeOnEveryRank) {
-  if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device; see NcclRecoveryDevice";
+  if (cuda_device_count() > 0)
+    GTEST_SKIP() << "this machine has a CUDA device; see NcclRecoveryDevice";
   auto store = make_memory_store();
   const RankMap m0(3);
   RecoveryOptions ro;
@@ -437,9 +443,7 @@ TEST(NcclRecoveryHost, WithoutADeviceRecoveryBuildFailsAlikeOnEveryRank) {
         });
         try {
           (void)rec.build(factory, config);
-        } catch (const BackendError& e) {
-          errors[i] = e.what();
-        }
+        } catch (const BackendError& e) { errors[i] = e.what(); }
         failed[i] = rec.failed();
       });
   }
@@ -504,13 +508,16 @@ TEST_F(NcclRecoveryDevice, AnEpochAbortEndsEveryCommunicatorThenAFreshWorldWorks
     EXPECT_EQ(abort_nccl_epoch(*split, "rank 7 died"), 4u);  // world, dp#0, tp#0, pp#0
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
     EXPECT_EQ(abort_nccl_epoch(*world, "again"), 0u);
-    for (Communicator* c : {static_cast<Communicator*>(world.get()), split.get(), member.get(), grand.get()}) {
+    for (Communicator* c :
+         {static_cast<Communicator*>(world.get()), split.get(), member.get(), grand.get()}) {
       auto* n = dynamic_cast<NcclCommunicator*>(c);
       ASSERT_NE(n, nullptr);
       EXPECT_TRUE(n->aborted()) << c->name();
       EXPECT_EQ(n->abort_reason(), "rank 7 died") << c->name();
       EXPECT_EQ(n->native(), nullptr) << c->name();
-      EXPECT_NE(message_of([&] { c->barrier()->wait(); }).find("the communicator was aborted: rank 7 died"),
+      EXPECT_NE(message_of([&] {
+                  c->barrier()->wait();
+                }).find("the communicator was aborted: rank 7 died"),
                 std::string::npos);
     }
     boot.barrier()->wait();
@@ -578,24 +585,25 @@ TEST_F(NcclRecoveryDevice, TheFactoryBuildsEpochsAndEndsThePreviousOne) {
       threads.emplace_back([&, p] {
         try {
           Recovery rec(store, m0, p, ro);
-          auto factory = make_nccl_world_factory([&](const std::string& prefix, int rank, int size) {
-            GlooOptions o;
-            o.prefix = prefix + "/boot";
-            o.timeout = 60s;
-            return make_gloo_world(store, rank, size, o);
-          }, device_options());
+          auto factory = make_nccl_world_factory(
+              [&](const std::string& prefix, int rank, int size) {
+                GlooOptions o;
+                o.prefix = prefix + "/boot";
+                o.timeout = 60s;
+                return make_gloo_world(store, rank, size, o);
+              },
+              device_options());
           EpochGroups g = rec.build(factory, config);
           ASSERT_TRUE(g.world);
           expect_allreduce_works(g.groups->group(GroupKind::dp));
           auto next = factory("test/epoch/1/world", rec.logical_rank().value(), n_);
           EXPECT_TRUE(dynamic_cast<NcclCommunicator&>(*g.world).aborted());
           expect_allreduce_works(*next);
-        } catch (const std::exception& e) {
-          errors[static_cast<std::size_t>(p)] = e.what();
-        }
+        } catch (const std::exception& e) { errors[static_cast<std::size_t>(p)] = e.what(); }
       });
   }
-  for (int p = 0; p < n_; ++p) EXPECT_EQ(errors[static_cast<std::size_t>(p)], "") << "process " << p;
+  for (int p = 0; p < n_; ++p)
+    EXPECT_EQ(errors[static_cast<std::size_t>(p)], "") << "process " << p;
 }
 
 // Two or more GPUs: the last rank leaves (its world aborted, as a dead rank's would be), the

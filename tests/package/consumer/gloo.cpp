@@ -34,15 +34,19 @@ int main() {
   std::atomic<int> ok{0};
   commgrid::GlooOptions options;
   options.timeout = std::chrono::seconds(60);
-  commgrid::run_local_ranks(4, [&](commgrid::Communicator& world) {
-    commgrid::ProcessGroups pg;
-    pg.initialize(world, c);
-    std::int64_t mine = world.rank(), sum = 0;
-    pg.group(commgrid::GroupKind::tp).allreduce(&mine, &sum, 1, commgrid::DataType::int64,
-                                                 commgrid::ReduceOp::sum)->wait();
-    const std::int64_t first = world.rank() / 2 * 2;
-    if (sum == first + first + 1) ++ok;
-  }, options);
+  commgrid::run_local_ranks(
+      4,
+      [&](commgrid::Communicator& world) {
+        commgrid::ProcessGroups pg;
+        pg.initialize(world, c);
+        std::int64_t mine = world.rank(), sum = 0;
+        pg.group(commgrid::GroupKind::tp)
+            .allreduce(&mine, &sum, 1, commgrid::DataType::int64, commgrid::ReduceOp::sum)
+            ->wait();
+        const std::int64_t first = world.rank() / 2 * 2;
+        if (sum == first + first + 1) ++ok;
+      },
+      options);
   if (ok != 4) {
     std::cerr << "consumer_gloo: " << ok << " of 4 ranks got the right tp sum\n";
     return 1;

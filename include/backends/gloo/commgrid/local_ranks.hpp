@@ -14,8 +14,7 @@ namespace commgrid {
 /// when every thread has ended. When a rank throws, the store is aborted and that rank's
 /// communicators are closed, so the other ranks fail promptly (or by options.timeout)
 /// instead of hanging. Throws InvalidValueError for size < 1.
-LocalRunResult run_local_ranks_collect(int size,
-                                       const std::function<void(Communicator& world)>& fn,
+LocalRunResult run_local_ranks_collect(int size, const std::function<void(Communicator& world)>& fn,
                                        const GlooOptions& options = {});
 
 /// As run_local_ranks_collect, but throws RankFailedError naming the first real failure.

@@ -54,8 +54,7 @@ class MpiEnvironment {
   /// this process writes one error line and exits 1, and mpirun ends the job.
   explicit MpiEnvironment(ThreadSupport required = ThreadSupport::serialized);
   /// Same, passing the program's arguments on to MPI (some launchers need them).
-  MpiEnvironment(int* argc, char*** argv,
-                 ThreadSupport required = ThreadSupport::serialized);
+  MpiEnvironment(int* argc, char*** argv, ThreadSupport required = ThreadSupport::serialized);
   /// Calls MPI_Finalize if this object called MPI_Init_thread. Every communicator should
   /// be destroyed by then; one destroyed later skips MPI_Comm_free (MPI is gone).
   ~MpiEnvironment();
@@ -88,12 +87,11 @@ class MpiEnvironment {
 /// ranks did not arrive, so the message names the group and this rank only); after a
 /// collective's timeout the communicator is unusable, because MPI cannot cancel a started
 /// collective, and every later call throws. With CollectiveCalls::blocking, collectives are
-/// MPI's blocking calls instead, and a timeout aborts the job (see CollectiveCalls). Creating groups (split, create_group*) uses
-/// MPI's blocking calls, which cannot be cancelled: one process-wide watchdog thread bounds
-/// each by the timeout and, past it, prints which call and group did not complete and
-/// aborts the whole job (MPI_Abort).
-/// Every call completes before returning: the returned Work is already done, except for
-/// isend, irecv and batch_isend_irecv.
+/// MPI's blocking calls instead, and a timeout aborts the job (see CollectiveCalls). Creating
+/// groups (split, create_group*) uses MPI's blocking calls, which cannot be cancelled: one
+/// process-wide watchdog thread bounds each by the timeout and, past it, prints which call and
+/// group did not complete and aborts the whole job (MPI_Abort). Every call completes before
+/// returning: the returned Work is already done, except for isend, irecv and batch_isend_irecv.
 class MpiP2PWork;
 
 class MpiCommunicator final : public Communicator {
@@ -140,8 +138,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> do_barrier() override;
   std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
                                      int root) override;
-  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
-                                     DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count, DataType type,
+                                     ReduceOp op) override;
   std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
                                      DataType type) override;
   std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,

@@ -151,8 +151,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> do_barrier() override;
   std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
                                      int root) override;
-  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
-                                     DataType type, ReduceOp op) override;
+  std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count, DataType type,
+                                     ReduceOp op) override;
   std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
                                      DataType type) override;
   std::unique_ptr<Work> do_reduce_scatter(const void* send, void* recv, std::size_t count,
@@ -202,9 +202,8 @@ class NcclCommunicator final : public Communicator {
 /// NCCL_COMM_SPLIT_SHARE_RESOURCES when one is set on (before anything is sent), BackendError
 /// naming the rank and host without a device (or the ranks sharing one), TimeoutError when
 /// initialization does not complete.
-[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(
-    Communicator& bootstrap, const NcclOptions& options = {});
-
+[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
+                                                                const NcclOptions& options = {});
 
 /// The same, with a bootstrap that the world keeps alive (it and every group made from it
 /// hold it): for worlds made by a factory (make_nccl_world_factory), whose bootstrap has no
