@@ -11,8 +11,8 @@
 #include "commgrid/layout.hpp"
 #include "commgrid/topology.hpp"
 #include "layout_flags.hpp"
-#include "plan_job.hpp"
-#include "plan_output.hpp"
+#include "plan/plan_job.hpp"
+#include "plan/plan_output.hpp"
 
 namespace commgrid::cli {
 namespace {
