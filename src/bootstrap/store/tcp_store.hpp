@@ -1,6 +1,8 @@
-// The tcp:// rendezvous store: served by one process (rank 0, at MASTER_ADDR:MASTER_PORT),
-// the others connect; every connection proves the job's token before any request. Also the
-// bootstrap's helpers shared by the stores (store.cpp and tcp_store.cpp).
+// The tcp:// rendezvous store: served by one process (rank 0, at MASTER_ADDR:MASTER_PORT, or
+// commgrid launch with --spares), the others connect; every connection proves the job's
+// token before any request. Its parts: tcp_wire (frames), tcp_io (sockets and the client's
+// bounded I/O), tcp_auth (challenge and proof), tcp_limits (what the server holds),
+// tcp_server (the event loop) and tcp_client (the Store).
 #pragma once
 
 #include <cstddef>
@@ -15,19 +17,8 @@ namespace commgrid::bootstrap {
 /// Throws JobConflictError when the port serves another job (or is taken), AuthenticationError
 /// when the token is not proven, TimeoutError when no server answers within options.timeout,
 /// BackendError naming the server's limit when it refused this rank for the whole timeout.
-std::shared_ptr<Store> make_tcp_store(const std::string& host, int port,
-                                      const StoreOptions& options);
-
-/// The numeric local address of a connected socket ("127.0.0.1", "10.0.0.5"), or
-/// "127.0.0.1" when it cannot be read.
-std::string socket_local_address(int fd);
-
-/// `bytes` random bytes from OpenSSL's generator, in hex.
-std::string random_hex(std::size_t bytes);
-
-/// Claims the place of options.rank (if >= 0) in a freshly opened store; JobConflictError
-/// when another process holds it (see StoreOptions::rank).
-void join_as_rank(Store& store, const StoreOptions& options);
+[[nodiscard]] std::shared_ptr<Store> make_tcp_store(const std::string& host, int port,
+                                                    const StoreOptions& options);
 
 /// Largest key and value the TCP store accepts (a larger request is refused with an error).
 /// A Gloo world's address blob is about 136 bytes per rank: 64 MiB holds 10^5 ranks' worth.
