@@ -106,9 +106,12 @@ void parse_identity(const LaunchFlags& f, JobSetup& job) {
     job.token = token ? token : "";
     if (!token)
       write_all(STDERR_FILENO,
-                "launch: note: COMMGRID_TOKEN is not set: the ranks of this multi-node "
-                "job do not authenticate each other (set the same COMMGRID_JOB_ID and "
-                "COMMGRID_TOKEN on every node; see docs/security.md)\n");
+                "launch: warning: COMMGRID_TOKEN is not set: anyone who can connect to this "
+                "job's store (tcp://" +
+                    job.master_addr + ":" + std::to_string(job.master_port) +
+                    ") is handed the job's secret and can join or disturb the job, and its ranks "
+                    "do not prove a token to each other; set the same COMMGRID_TOKEN (and "
+                    "COMMGRID_JOB_ID) on every node (docs/security.md)\n");
   } else {
     job.job_id = id ? id : "launch-" + random_hex(8);
     job.token = token ? token : random_hex(32);

@@ -1,11 +1,14 @@
 // launch --spares's part in recovery: a process that dies does not stop the job; its death
 // is posted to the job's store (the survivors need not wait out a timeout for it), and it
-// is restarted as a spare while the --max-restarts budget lasts. docs/resilience.md.
+// is restarted as a spare while the --max-restarts budget lasts; and launch follows the
+// epochs the processes agree on, to label their lines. docs/resilience.md.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "launch/epoch_view.hpp"
 #include "launch/job_store.hpp"
 #include "launch/launch_settings.hpp"
 
@@ -16,8 +19,14 @@ class SpareKeeper {
   SpareKeeper(const LaunchSettings& settings, std::unique_ptr<JobStore> store);
 
   [[nodiscard]] JobStore& store() noexcept { return *store_; }
-  /// Whether the program said the job is finished.
-  [[nodiscard]] bool done() { return store_->done(); }
+  /// The epochs as launch last read them.
+  [[nodiscard]] const EpochView& view() const noexcept { return view_; }
+  /// Whether the program said the job is finished; false when the store cannot be read
+  /// (and true from then on once it was seen).
+  [[nodiscard]] bool done();
+  /// Whether a process of this launch failed once the job was done (not a process a
+  /// decision had declared dead already): the job's end did not go well here.
+  [[nodiscard]] bool failed_after_done() const noexcept { return failed_after_done_; }
 
   /// What to do after a death.
   struct Verdict {
@@ -32,7 +41,10 @@ class SpareKeeper {
  private:
   const LaunchSettings& settings_;
   std::unique_ptr<JobStore> store_;
+  EpochView view_;
   int restarts_ = 0;
+  bool done_seen_ = false;
+  bool failed_after_done_ = false;
 };
 
 }  // namespace commgrid::cli
