@@ -91,9 +91,7 @@ std::string version_text() {
          " (backends: " + (backends.empty() ? "none" : backends) + ")";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using namespace commgrid;
   CLI::App app{
       "commgrid: lay out, create and verify the communication groups of "
@@ -136,5 +134,18 @@ int main(int argc, char** argv) {
     return 2;
   } catch (...) {  // ConfigError: 2, any other failure: 1
     return cli::report_error(std::current_exception());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {
+    // (run catches every error of the command; this is for what escapes its handlers.)
+    try {
+      return commgrid::cli::report_error(std::current_exception());
+    } catch (...) { return 1; }
   }
 }
