@@ -31,6 +31,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "etcd_store.hpp"
 #include "tcp_store.hpp"
 
 namespace commgrid {
@@ -590,8 +591,8 @@ std::string shown_uri(std::string_view uri) {
 [[noreturn]] void bad_uri(std::string_view uri, const std::string& why) {
   throw ConfigError("store", "store '" + shown_uri(uri) + "': " + why +
                                  " (expected file:///absolute/folder, "
-                                 "redis://[:password@]host:port[/prefix], tcp://host:port or "
-                                 "memory)");
+                                 "redis://[:password@]host:port[/prefix], tcp://host:port, "
+                                 "etcd://host:port[,host:port...][/prefix] or memory)");
 }
 
 // Claims a file store folder: the record is written to a private file and linked into
@@ -713,6 +714,7 @@ std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& opti
   constexpr std::string_view kRedis = "redis://";
   constexpr std::string_view kTcp = "tcp://";
   if (uri == "memory") return make_memory_store();
+  if (bootstrap::is_etcd_uri(uri)) return bootstrap::make_etcd_store(uri, options);
   if (uri.starts_with(kFile)) {
     std::string path(uri.substr(kFile.size()));
     if (path.empty() || path.front() != '/') bad_uri(uri, "the folder must be an absolute path");
