@@ -275,6 +275,10 @@ struct JobSetup {
   int spares = 0;
   bool resilient = false;
   int max_restarts = 0;  ///< --max-restarts R: dead processes restarted as spares
+  /// --store URI: the ranks meet there (an etcd cluster, Redis, a shared folder) instead of
+  /// in a store of launch's or rank 0's; with --spares launch posts deaths there and serves
+  /// nothing, so that no one host's loss ends the job (etcd://).
+  std::string store_uri;
 };
 
 /// The variables launch sets for each rank, commgrid's and torchrun's: an inherited value
@@ -289,7 +293,9 @@ constexpr std::string_view kRankVariables[] = {
     "TORCHELASTIC_USE_AGENT_STORE",
     // --spares (docs/resilience.md).
     "COMMGRID_PROCESS", "COMMGRID_NUM_PROCESSES", "COMMGRID_SPARES", "COMMGRID_INCARNATION",
-    "COMMGRID_STORE_SERVED"};
+    "COMMGRID_STORE_SERVED",
+    // Etcd's root password for granting the job's user (--store etcd://): launch's alone.
+    "COMMGRID_ETCD_ROOT_PASSWORD"};
 
 bool is_rank_variable(std::string_view kv) {
   const std::string_view name = kv.substr(0, kv.find('='));
@@ -340,7 +346,7 @@ OutputMode parse_output(const std::string& text) {
 
 struct LaunchArgs {
   std::string nproc, timeout, grace = "5", nnodes = "1", node_rank, master_addr, master_port;
-  std::string rdzv_id, output = "prefixed", stop_before_exec, spares, max_restarts;
+  std::string rdzv_id, output = "prefixed", stop_before_exec, spares, max_restarts, store;
   bool standalone = false;
   std::vector<std::string> command;
 };
@@ -373,7 +379,9 @@ class Launcher {
   int run() {
     std::optional<TempDir> folder;
     std::string store;
-    if (job_.master_port == 0) {
+    if (!job_.store_uri.empty()) {
+      store = job_.store_uri;
+    } else if (job_.master_port == 0) {
       folder.emplace();
       store = "file://" + folder->path();
     } else {
@@ -385,7 +393,7 @@ class Launcher {
       StoreOptions so;
       so.job_id = job_.job_id;
       so.token = job_.token;
-      so.serve = job_.node_rank == 0;
+      so.serve = job_.node_rank == 0 && job_.store_uri.empty();
       if (timeout_)
         so.timeout = std::chrono::milliseconds(
             std::llround(std::strtod(timeout_->c_str(), nullptr) * 1000.0));
@@ -975,6 +983,13 @@ Command add_launch_command(CLI::App& root) {
                   "With --spares: restart up to R dead processes, which rejoin as spares "
                   "(torchrun's name for the budget; default 0)")
       ->type_name("R");
+  app->add_option("--store", args->store,
+                  "Where the ranks meet instead (the same on every node): "
+                  "etcd://host:port[,host:port...][/prefix] (an etcd cluster: no single point "
+                  "of failure, also with --spares), redis://..., file:///shared/folder or "
+                  "tcp://host:port; with etcd and COMMGRID_ETCD_ROOT_PASSWORD, launch first "
+                  "grants the job's etcd user (docs/launching.md)")
+      ->type_name("URI");
   // Hidden (empty group): a rank stops itself between fork and exec, to test launch's bound.
   app->add_option("--stop-before-exec", args->stop_before_exec)->group("");
   app->add_option("command", args->command, "-- PROGRAM ARGS...")->required();
@@ -1012,7 +1027,7 @@ Command add_launch_command(CLI::App& root) {
           job.master_port =
               static_cast<int>(parse_integer("--master-port", args->master_port, 1, 65534));
           job.torch_port = job.master_port + 1;
-        } else if (job.nnodes > 1) {
+        } else if (job.nnodes > 1 && args->store.empty()) {
           throw ConfigError("--master-port", "launch: --nnodes " + std::to_string(job.nnodes) +
                                                  " needs --master-port (the TCP store of node 0)");
         }
@@ -1084,13 +1099,36 @@ Command add_launch_command(CLI::App& root) {
                                                           " needs --spares (a restarted process "
                                                           "rejoins as a spare)");
         }
+        if (!args->store.empty()) {
+          // Checked by its scheme here; the rest (hosts, ports) by open_store, in launch with
+          // --spares, else in each rank (both exit 2 for a malformed URI).
+          const std::string& u = args->store;
+          if (!(u.starts_with("etcd://") || u.starts_with("redis://") ||
+                u.starts_with("file:///") || u.starts_with("tcp://")))
+            throw InvalidValueError("--store", "--store: expected etcd://, redis://, file:/// or "
+                                               "tcp://, got '" +
+                                                   (u.starts_with("redis://") ? "redis://***" : u) +
+                                                   "'");
+          job.store_uri = u;
+#if COMMGRID_HAS_BOOTSTRAP
+          if (const char* root = std::getenv("COMMGRID_ETCD_ROOT_PASSWORD");
+              root != nullptr && *root != '\0' && u.starts_with("etcd://") && !job.token.empty()) {
+            StoreOptions so;
+            so.job_id = job.job_id;
+            so.token = job.token;
+            if (grant_etcd_job(u, "root", root, so))
+              write_all(STDERR_FILENO, "launch: granted etcd user 'commgrid-" + job.job_id +
+                                           "' the job's prefix\n");
+          }
+#endif
+        }
         if (job.resilient) {
 #if !COMMGRID_HAS_BOOTSTRAP
           throw IncompatibleError("--spares",
                                   "launch: --spares needs the bootstrap library "
                                   "(OpenSSL), which this build lacks");
 #endif
-          if (job.master_port == 0) {
+          if (job.master_port == 0 && job.store_uri.empty()) {
             // The TCP store launch serves: on a free port of this machine.
             job.master_port = free_tcp_port();
             if (job.master_port == 0)
