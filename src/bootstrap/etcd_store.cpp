@@ -270,7 +270,10 @@ class EtcdClient {
       if (a.sent && ambiguous != nullptr) *ambiguous = true;
       if (a.refusal) {
         const Refusal& r = *a.refusal;
-        if (r.code == kUnauthenticated && credentials()) {
+        // A token etcd no longer takes: expired, another member's, or older than a change of
+        // users and roles ("revision of auth store is old"): log in again.
+        if ((r.code == kUnauthenticated || r.message.find("auth store is old") != std::string::npos) &&
+            credentials()) {
           tokens_[e].clear();  // a member's simple token is its own, and expires
           continue;
         }
@@ -303,7 +306,9 @@ class EtcdClient {
     const CURLcode rc = curl_easy_perform(curl_);
     reset_handlers();
     if (s.refusal) {
-      if (s.refusal->code == kUnauthenticated) tokens_[e].clear();
+      if (s.refusal->code == kUnauthenticated ||
+          s.refusal->message.find("auth store is old") != std::string::npos)
+        tokens_[e].clear();
       else if (!retryable(*s.refusal)) throw_refused(*s.refusal);
       rotate(e);
       return;
@@ -644,6 +649,7 @@ class EtcdStore final : public Store {
   // What is there now (one range read over the keys' common prefix), then a watch from the
   // next revision for the rest of the slice.
   std::vector<std::string> do_wait(std::vector<std::string> keys, Ms slice) override {
+    if (keys.empty()) return keys;
     std::set<std::string> missing;
     for (const auto& k : keys) missing.insert(full(k));
     std::string common = *missing.begin();
@@ -772,6 +778,15 @@ bool grant_etcd_job(const std::string& uri, const std::string& root_user,
 #else
   const std::string prefix = parsed.prefix.empty() ? "commgrid/" + options.job_id : parsed.prefix;
   const std::string where = "etcd://" + parsed.hosts() + "/" + prefix;
+  // Granted already (by another node's launch, or an earlier run): change nothing, so that
+  // the ranks' tokens stay valid (etcd refuses tokens older than a change of users).
+  {
+    EtcdClient job(parsed, where, job_user(options.job_id), job_password(options),
+                   options.timeout, nullptr);
+    try {
+      if (job.login()) return true;
+    } catch (const AuthenticationError&) {}  // not there yet (or another token's: below)
+  }
   EtcdClient root(parsed, where, root_user, root_password, options.timeout, nullptr);
   if (!root.login()) return false;  // authentication is off: nothing to grant
   const std::string user = job_user(options.job_id), role = user;

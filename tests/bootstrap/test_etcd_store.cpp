@@ -81,6 +81,7 @@ TEST_F(EtcdStoreOneMember, EveryOperation) {
   // Waits: present keys at once; missing ones named after the timeout.
   const std::vector<std::string> keys{"a", "b", "missing/1", "missing/2"};
   EXPECT_EQ(store->wait_for(std::span(keys).first(2), 1s), std::vector<std::string>{});
+  EXPECT_EQ(store->wait_for(std::span(keys).first(0), 1s), std::vector<std::string>{});
   EXPECT_EQ(store->wait_for(keys, 300ms), (std::vector<std::string>{"missing/1", "missing/2"}));
 }
 

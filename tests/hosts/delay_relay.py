@@ -8,8 +8,10 @@ nftables redirects the host's outgoing TCP connections to other hosts to 127.0.0
 (SO_ORIGINAL_DST), connects there itself (its own connections carry the mark 0x4347, which the
 rule lets through) and forwards the bytes both ways, each chunk held DELAY_MS milliseconds
 after it arrived: every connection this host opens gets DELAY_MS more in each direction, so
-a round trip between two hosts takes 2 x DELAY_MS more. Order and end of stream are kept, a
-refused or reset destination closes the client's side. It runs until SIGTERM or SIGKILL.
+a round trip between two hosts takes 2 x DELAY_MS more. Order and end of stream are kept; a
+destination that refuses is tried again for 5 s (the client's connect succeeded at once, at
+the relay, so it cannot retry it itself), then the client's side is closed, as it is when the
+destination resets. It runs until SIGTERM or SIGKILL.
 """
 import asyncio
 import signal
@@ -65,14 +67,27 @@ async def serve_one(client_reader, client_writer, delay):
     sock = client_writer.get_extra_info("socket")
     try:
         host, port = original_destination(sock)
-        out = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        out.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, MARK)
-        out.setblocking(False)
-        # The connection's first packet is delayed too.
+        # The connection's first packet is delayed too. The client's connect succeeded at
+        # once (here): a destination that refuses is tried again for a while, as the client
+        # itself would retry a refused connect (a peer's listener may open a moment later).
         await asyncio.sleep(delay)
-        await asyncio.get_running_loop().sock_connect(out, (host, port))
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + 5
+        while True:
+            out = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            out.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, MARK)
+            out.setblocking(False)
+            try:
+                await loop.sock_connect(out, (host, port))
+                break
+            except ConnectionRefusedError:
+                out.close()
+                if loop.time() > give_up:
+                    raise
+                await asyncio.sleep(0.05)
         server_reader, server_writer = await asyncio.open_connection(sock=out)
-    except (ConnectionError, OSError):
+    except (ConnectionError, OSError) as e:
+        print(f"delay_relay: {e}", file=sys.stderr, flush=True)
         client_writer.close()
         return
     await asyncio.gather(pump(client_reader, server_writer, delay),

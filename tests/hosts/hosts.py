@@ -64,6 +64,12 @@ def log(msg):
     print(f"[hosts {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def table(name, kind, priority, rule):
+    """An nftables table with one chain on the output hook holding one rule."""
+    return (f"table {name} {{\n chain out {{\n  type {kind} hook output priority {priority}\n"
+            f"  {rule}\n }}\n}}\n")
+
+
 class Network:
     """N hosts and a switch, each a network namespace; removed whatever happens (close())."""
 
@@ -179,15 +185,14 @@ class Network:
     def block(self, src, dst, on=True):
         """src's packets to dst are dropped (dst still reaches src's address: one way)."""
         if on:
-            self.nft(src, f"table ip cgblock {{ chain out {{ type filter hook output priority 0; "
-                          f"ip daddr {self.ips[dst]} drop; }} }}\n")
+            self.nft(src, table("ip cgblock", "filter", 0, f"ip daddr {self.ips[dst]} drop"))
         else:
             run(["nft", "delete", "table", "ip", "cgblock"], ns=self.hosts[src], check=False)
 
     def loss(self, percent):
         for i in range(len(self.hosts)):
-            self.nft(i, f"table inet cgloss {{ chain out {{ type filter hook output priority 0; "
-                        f"oifname \"eth0\" numgen random mod 100 < {percent} drop; }} }}\n")
+            self.nft(i, table("inet cgloss", "filter", 0,
+                              f"oifname \"eth0\" numgen random mod 100 < {percent} drop"))
 
     def rate(self, rate="100mbit"):
         for h in self.hosts:
@@ -210,7 +215,10 @@ class Network:
                      f"{ms}ms"], ns=self.switch)
             return f"netem {ms} ms on every switch port"
         for i, h in enumerate(self.hosts):
-            p = self.start(f"relay{i}", i, [sys.executable, os.path.join(HERE, "delay_relay.py"),
+            # Ahead of the job's processes for the CPU: a relay that waits for a core adds its
+            # wait to the delay (and Gloo's connection gate gives a silent peer 2 s).
+            p = self.start(f"relay{i}", i, ["nice", "-n", "-15", sys.executable,
+                                            os.path.join(HERE, "delay_relay.py"),
                                             str(RELAY_PORT), str(ms)])
             relays.append(p)
         for i, h in enumerate(self.hosts):
@@ -219,10 +227,10 @@ class Network:
                 if time.time() > deadline:
                     raise RuntimeError(f"the delay relay of {h} did not start")
                 time.sleep(0.05)
-            self.nft(i, f"table ip cgdelay {{ chain out {{ type nat hook output priority -100; "
-                        f"meta mark != {RELAY_MARK} ip daddr 198.18.{self.subnet}.0/24 "
-                        f"ip daddr != {self.ips[i]} meta l4proto tcp "
-                        f"redirect to :{RELAY_PORT}; }} }}\n")
+            self.nft(i, table("ip cgdelay", "nat", -100,
+                              f"meta mark != {RELAY_MARK} ip daddr 198.18.{self.subnet}.0/24 "
+                              f"ip daddr != {self.ips[i]} meta l4proto tcp "
+                              f"redirect to :{RELAY_PORT}"))
         return f"delay_relay.py {ms} ms each way on every host's connections (no netem here)"
 
 
@@ -356,15 +364,16 @@ class Job:
                         continue
                     if "steps" in doc:
                         return [(s["loss"], s["grad_norm"]) for s in doc["steps"]]
-        # A JSON document over several lines (pretty-printed)?
+        # A JSON document over several lines (train_gpt pretty-prints it).
         for n in range(len(self.net.hosts)):
             out = self.output(n)[0]
-            if "{" in out:
+            at = out.find("{")
+            while at != -1:
                 try:
-                    doc = json.loads(out[out.index("{"):])
+                    doc, _ = json.JSONDecoder().raw_decode(out, at)
                     return [(s["loss"], s["grad_norm"]) for s in doc["steps"]]
-                except (ValueError, KeyError):
-                    pass
+                except (ValueError, KeyError, TypeError):
+                    at = out.find("{", at + 1)
         return None
 
 
@@ -441,7 +450,12 @@ def check(job, ref, expect_finish=True):
                                     f"uninterrupted {rl!r} {rg!r}")
     if problems:
         raise Failed("; ".join(problems) + "\n" + job.all_err())
-    return {"epochs": len(decisions), "dead": dead,
+    failed = {}
+    for k, (v, _, _) in (store_keys or {}).items():
+        m = re.fullmatch(r"resilience/epoch/(\d+)/failed", k)
+        if m:
+            failed[int(m.group(1))] = v[:160]
+    return {"epochs": len(decisions), "dead": dead, "why": failed,
             "fenced": sorted({int(m.group(1)) for m in FENCED.finditer(stderr)}),
             "recoveries": re.findall(r"agreement [\d.]+ s, groups [\d.]+ s, model [\d.]+ s, "
                                      r"state [\d.]+ s", stderr)}
@@ -509,6 +523,19 @@ def _verify(ctx):
     verify_across(ctx.args, ctx.net, "etcd", ctx.etcd())
 
 
+@scenario("clean")
+def _clean(ctx):
+    """No fault: the job across hosts, as a time and behaviour to compare with."""
+    etcd = ctx.etcd()
+    job = Job(ctx.args, ctx.net, "etcd", 24, T, "clean", etcd)
+    job.start()
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(24))
+    if codes != [0, 0, 0] or summary["epochs"] != 0:
+        raise Failed(f"exit codes {codes}, {summary}\n{job.all_err()}")
+    log(f"finished in {job.elapsed:.1f} s; {summary}")
+
+
 @scenario("delay-loss")
 def _delay_loss(ctx):
     """Delay on every link, 3% loss, a rate limit: the job finishes as without them, with no
@@ -536,9 +563,9 @@ def _cut_off(ctx):
     the failure; when the link comes back, host 1's processes (whose own timeout is longer,
     so they are still alive) find themselves fenced and exit saying so."""
     etcd = ctx.etcd()
-    job = Job(ctx.args, ctx.net, "etcd", 24, T, "cutoff", etcd, host_timeout={1: 5 * T})
+    job = Job(ctx.args, ctx.net, "etcd", 40, T, "cutoff", etcd, host_timeout={1: 5 * T})
     job.start()
-    wait_for_training(job, etcd, 0.5)
+    wait_for_training(job, etcd, 2)
     ctx.net.link(1, False)
     cut = time.time()
     log("host 1's link is down")
@@ -555,7 +582,7 @@ def _cut_off(ctx):
     ctx.net.link(1, True)
     log(f"epoch 1 decided {decided:.1f} s after the cut; host 1's link is up again")
     codes = job.wait(240)
-    summary = check(job, ctx.ref(24))
+    summary = check(job, ctx.ref(40))
     if codes[0] != 0 or codes[2] != 0:
         raise Failed(f"exit codes {codes}\n{job.all_err()}")
     if summary["fenced"] != [2, 3]:
@@ -626,10 +653,12 @@ def _store_host_tcp(ctx):
         err = job.output(node)[1]
         if codes[node] != 1:
             raise Failed(f"host {node}'s launch exited {codes[node]}, not 1\n{job.all_err()}")
-        for p in (2 * node, 2 * node + 1):
-            said = [l for l in err.splitlines() if l.startswith("error:") or "] error:" in l]
-            if not any(store in l for l in said):
-                raise Failed(f"host {node}: no error line names the store {store}\n{err[-4000:]}")
+        # Each of its 2 processes wrote one error line naming the store (--output raw: the
+        # lines as they are), and the launch its own.
+        naming = [l for l in err.splitlines() if l.startswith("error:") and store in l]
+        if len(naming) < 2:
+            raise Failed(f"host {node}: {len(naming)} error lines name the store {store}, not "
+                         f"one per process\n{err[-4000:]}")
     check(job, None, expect_finish=False)
     log(f"the job ended {ended:.1f} s after the store's host was lost (timeout {T} s), "
         f"every error naming {store}")
@@ -640,14 +669,14 @@ def _store_host_etcd(ctx):
     """Host 0 (ranks 0, 1 and an etcd member) is lost: the store loses one member of three
     and goes on; the spares take ranks 0 and 1 and the job finishes as without the loss."""
     etcd = ctx.etcd()
-    job = Job(ctx.args, ctx.net, "etcd", 24, T, "etcdlost", etcd)
+    job = Job(ctx.args, ctx.net, "etcd", 40, T, "etcdlost", etcd)
     job.start()
-    wait_for_training(job, etcd, 0.5)
+    wait_for_training(job, etcd, 2)
     ctx.net.kill_host(0)
     lost = time.time()
     log("host 0 lost (its processes and etcd member killed, its link down)")
     codes = job.wait(240)
-    summary = check(job, ctx.ref(24))
+    summary = check(job, ctx.ref(40))
     if codes[1] != 0 and codes[2] != 0:
         raise Failed(f"exit codes {codes}\n{job.all_err()}")
     if sorted(p for p in summary["dead"] if p in (0, 1)) != [0, 1]:
@@ -697,9 +726,10 @@ class Context:
         return self._ref[steps]
 
     def stop_infra(self):
+        # (etcd's data is thrown away: no need for its graceful, slower, shutdown.)
         for p in self.relays + (self._etcd.procs if self._etcd else []):
             if p.poll() is None:
-                p.terminate()
+                p.kill()
         for p in self.relays + (self._etcd.procs if self._etcd else []):
             try:
                 p.wait(timeout=10)
@@ -735,7 +765,7 @@ def main():
         if left and status != SKIP:
             status = 1
             why += "\nFAILED: processes left running in the namespaces: " + "; ".join(left)
-    if status == 0:
+    if status == 0 and not os.environ.get("COMMGRID_HOSTS_KEEP"):
         shutil.rmtree(tmp, ignore_errors=True)
         log(f"passed in {time.time() - t0:.1f} s")
     else:
