@@ -8,8 +8,9 @@ Each scenario makes 3 hosts, each a network namespace with its own address (198.
 benchmarking range) on a veth pair whose other end is a port of a bridge in a fourth namespace
 (the switch), runs one `commgrid launch` per host (and, with etcd, one etcd member per host)
 and injects its faults there: a link down (the switch's port), a one-way block and random
-loss (nftables on the host), a rate limit (tbf) and a delay (netem where the kernel has it,
-else delay_relay.py, a TCP relay that nftables sends the host's outgoing connections through).
+loss (nftables on the host), a rate limit (tbf) and a delay (netem on every switch port where
+the kernel has it, else delay_relay.py, a TCP relay that nftables sends the host's connections
+to the store and between etcd members through).
 Every run is checked: exactly one decision per epoch as the store saw it (etcd: each decision
 key written once), no process acting in an epoch that declared it dead (its lines, and with
 etcd every key naming it written before its fence), the steps' losses equal to those of the
@@ -38,6 +39,10 @@ RELAY_PORT = 47000
 RELAY_MARK = 0x4347
 STORE_PORT = 29400  # tcp:// (node 0's launcher) inside the namespaces: no other job is there
 ETCD_CLIENT, ETCD_PEER = 2379, 2380
+# The relay delays connections to these (the store, etcd's clients and peers) only: through
+# a relay, a refused connect becomes a connection that succeeds and is then closed, which
+# Gloo's pair set-up does not retry.
+STORE_PORTS = f"{STORE_PORT}, {ETCD_CLIENT}, {ETCD_PEER}"
 ROOT_PASSWORD = "hosts-root"
 TOKEN = "hosts-token"
 # The model and run: tiny, so that 3 hosts of 2 processes fit 2 cores.
@@ -229,9 +234,10 @@ class Network:
                 time.sleep(0.05)
             self.nft(i, table("ip cgdelay", "nat", -100,
                               f"meta mark != {RELAY_MARK} ip daddr 198.18.{self.subnet}.0/24 "
-                              f"ip daddr != {self.ips[i]} meta l4proto tcp "
+                              f"ip daddr != {self.ips[i]} tcp dport {{ {STORE_PORTS} }} "
                               f"redirect to :{RELAY_PORT}"))
-        return f"delay_relay.py {ms} ms each way on every host's connections (no netem here)"
+        return (f"delay_relay.py {ms} ms each way on every connection to the store and between "
+                f"etcd members (no netem here; Gloo's connections are not relayed)")
 
 
 class Etcd:
@@ -259,6 +265,9 @@ class Etcd:
                 "--initial-cluster", initial, "--initial-cluster-state", "new",
                 # Heartbeats well above a delayed link's round trip, elections in 2 s.
                 "--heartbeat-interval", "200", "--election-timeout", "2000",
+                # A member back from a partition asks before it starts an election, so that
+                # a flapping link does not depose a leader the others still follow.
+                "--pre-vote",
                 "--log-level", "error", "--logger", "zap"]))
         deadline = time.time() + 60
         while self.ctl_run(["put", "hosts-probe", "1"], user=False).returncode != 0:
