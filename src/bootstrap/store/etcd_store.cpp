@@ -485,14 +485,15 @@ class EtcdClient {
     const CURLcode rc = curl_easy_perform(curl_);
     reset_handlers();
     if (rc != CURLE_OK) {
-      a.sent = rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST;
-      // A connect that timed out sent nothing either.
-      long connected = 0;
-      if (rc == CURLE_OPERATION_TIMEDOUT &&
-          curl_easy_getinfo(curl_, CURLINFO_CONNECT_TIME_T, &connected) == CURLE_OK &&
-          connected == 0)
-        a.sent = false;
       last_error_[e] = error_[0] != '\0' ? error_ : curl_easy_strerror(rc);
+      // Whether the member may have applied it: anything but a connection never made (a
+      // kept-alive connection reports no connect time, so the phase is read from curl's
+      // words: "Connection timed out ..." / "Failed to connect ..." while connecting,
+      // "Operation timed out ..." after).
+      const std::string& what = last_error_[e];
+      a.sent = rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST &&
+               what.rfind("Connection timed out", 0) != 0 &&
+               what.rfind("Failed to connect", 0) != 0;
       return a;
     }
     long status = 0;
