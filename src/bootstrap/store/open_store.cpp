@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "commgrid/store.hpp"
+#include "etcd_store.hpp"
 #include "tcp_store.hpp"
 
 namespace commgrid {
@@ -28,8 +29,8 @@ std::string shown_uri(std::string_view uri) {
 [[noreturn]] void bad_uri(std::string_view uri, const std::string& why) {
   throw ConfigError("store", "store '" + shown_uri(uri) + "': " + why +
                                  " (expected file:///absolute/folder, "
-                                 "redis://[:password@]host:port[/prefix], tcp://host:port or "
-                                 "memory)");
+                                 "redis://[:password@]host:port[/prefix], tcp://host:port, "
+                                 "etcd://host:port[,host:port...][/prefix] or memory)");
 }
 
 // "host:port" (the host may be "[v6]" or empty: the caller checks) split at the last ':'.
@@ -92,6 +93,11 @@ std::shared_ptr<Store> open_redis(std::string_view uri, std::string_view rest,
   return make_redis_store(host, port, prefix, password, options);
 }
 
+std::shared_ptr<Store> open_etcd(std::string_view uri, std::string_view /*rest*/,
+                                 const StoreOptions& options) {
+  return bootstrap::make_etcd_store(uri, options);  // (it parses and masks its own URIs)
+}
+
 struct Scheme {
   std::string_view prefix;  // what the URI starts with
   Opener open;
@@ -102,6 +108,7 @@ constexpr Scheme kSchemes[] = {
     {"file://", open_file},
     {"redis://", open_redis},
     {"tcp://", open_tcp},
+    {"etcd://", open_etcd},
 };
 
 }  // namespace
