@@ -117,6 +117,15 @@ std::chrono::milliseconds parse_timeout(const std::string& t) {
 
 }  // namespace
 
+std::optional<std::chrono::milliseconds> read_launch_timeout(const EnvLookup& lookup) {
+  if (auto t = lookup("COMMGRID_TIMEOUT")) return parse_timeout(*t);
+  return std::nullopt;
+}
+
+std::optional<std::chrono::milliseconds> read_launch_timeout() {
+  return read_launch_timeout(process_env);
+}
+
 bool launched(const EnvLookup& lookup) {
   for (const auto& v : kLaunchers)
     if (lookup(v.rank)) return true;

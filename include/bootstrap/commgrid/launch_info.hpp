@@ -53,6 +53,13 @@ LaunchInfo read_launch_info(const EnvLookup& lookup);
 /// read_launch_info over this process's environment.
 LaunchInfo read_launch_info();
 
+/// COMMGRID_TIMEOUT in seconds when set (parsed as read_launch_info parses it), with or
+/// without a launcher: e.g. the bound of MPI_Init in a program that mpirun started. Throws
+/// InvalidValueError ("COMMGRID_TIMEOUT") for a value that is not a positive number.
+std::optional<std::chrono::milliseconds> read_launch_timeout(const EnvLookup& lookup);
+/// read_launch_timeout over this process's environment.
+std::optional<std::chrono::milliseconds> read_launch_timeout();
+
 /// Whether any known launcher's rank variable is set.
 bool launched(const EnvLookup& lookup);
 /// launched over this process's environment.
