@@ -13,6 +13,9 @@
 #include <vector>
 
 #include "commgrid/mpi.hpp"
+#if COMMGRID_MPI_HAS_LAUNCH_ENV
+#include "commgrid/launch_env.hpp"
+#endif
 #include "deadline_watchdog.hpp"
 #include "fingerprint.hpp"
 #include "reduce_util.hpp"
@@ -173,14 +176,11 @@ namespace {
 // exits 1; mpirun then ends the whole job with its own message. MPI_Abort is not allowed
 // before MPI_Init returns, so this is the only way out.
 std::chrono::milliseconds init_timeout() {
-  const char* t = std::getenv("COMMGRID_TIMEOUT");
-  if (t == nullptr) return kDefaultTimeout;
-  char* end = nullptr;
-  const double seconds = std::strtod(t, &end);
-  if (*t == '\0' || *end != '\0' || !(seconds > 0) || seconds > 1e9)
-    throw InvalidValueError("COMMGRID_TIMEOUT", std::string("COMMGRID_TIMEOUT='") + t +
-                                                    "' is not a positive number of seconds");
-  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
+#if COMMGRID_MPI_HAS_LAUNCH_ENV
+  return read_launch_env().timeout.value_or(kDefaultTimeout);
+#else
+  return kDefaultTimeout;  // a build without the bootstrap layer (no OpenSSL) reads no variable
+#endif
 }
 
 // Past the bound: one line in one write (safe from the watchdog thread), then exit 1.
