@@ -5,7 +5,7 @@
 #include <chrono>
 #include <memory>
 
-#include "bench_runtime.hpp"
+#include "bench/bench_runtime.hpp"
 #include "commgrid/nccl.hpp"
 
 namespace commgrid::bench {

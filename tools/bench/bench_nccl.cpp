@@ -1,4 +1,4 @@
-#include "bench_nccl.hpp"
+#include "bench/bench_nccl.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

@@ -10,11 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench_layout.hpp"
-#include "bench_runtime.hpp"
+#include "bench/bench_layout.hpp"
+#include "bench/bench_runtime.hpp"
 #include "cli_errors.hpp"
 #if COMMGRID_HAS_BOOTSTRAP
-#include "bench_store.hpp"
+#include "bench/bench_store.hpp"
 #endif
 #include "command.hpp"
 #include "commgrid/backends.hpp"
@@ -23,18 +23,18 @@
 #include "layout_flags.hpp"
 #include "world_runner.hpp"
 #if COMMGRID_HAS_MPI
-#include "bench_mpi.hpp"
+#include "bench/bench_mpi.hpp"
 #include "commgrid/mpi.hpp"
 #endif
 #if COMMGRID_HAS_GLOO
-#include "bench_gloo.hpp"
+#include "bench/bench_gloo.hpp"
 #else
 namespace commgrid::bench {
 class GlooDirectHub;
 }
 #endif
 #if COMMGRID_HAS_NCCL
-#include "bench_nccl.hpp"
+#include "bench/bench_nccl.hpp"
 #include "commgrid/nccl.hpp"
 #include "nccl_world.hpp"
 #endif

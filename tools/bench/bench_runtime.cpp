@@ -1,4 +1,4 @@
-#include "bench_runtime.hpp"
+#include "bench/bench_runtime.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -3,7 +3,7 @@
 #include <iomanip>
 #include <string>
 
-#include "plan_output.hpp"
+#include "plan/plan_output.hpp"
 
 namespace commgrid::cli {
 namespace {

@@ -10,10 +10,10 @@
 #include "commgrid/error.hpp"
 #include "commgrid/layout.hpp"
 #include "layout_flags.hpp"
-#include "verify_run.hpp"
+#include "verify/verify_run.hpp"
 #include "world_runner.hpp"
 #if COMMGRID_HAS_GLOO
-#include "verify_job.hpp"
+#include "verify/verify_job.hpp"
 #endif
 #if COMMGRID_HAS_NCCL
 #include "nccl_world.hpp"

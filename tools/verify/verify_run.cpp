@@ -1,4 +1,4 @@
-#include "verify_run.hpp"
+#include "verify/verify_run.hpp"
 #include "cli_errors.hpp"
 
 #include <algorithm>

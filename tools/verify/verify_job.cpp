@@ -1,4 +1,4 @@
-#include "verify_job.hpp"
+#include "verify/verify_job.hpp"
 
 #include <algorithm>
 #include <iostream>
@@ -7,7 +7,7 @@
 #include "commgrid/error.hpp"
 #include "commgrid/hyper_grid_groups.hpp"
 #include "commgrid/local_ranks.hpp"
-#include "plan_job.hpp"
+#include "plan/plan_job.hpp"
 
 namespace commgrid::cli {
 

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "bench_runtime.hpp"
+#include "bench/bench_runtime.hpp"
 #include "commgrid/mpi.hpp"
 
 namespace commgrid::bench {

@@ -4,7 +4,7 @@
 // threads are its alone. The same work runs against commgrid's tcp:// store and against a
 // private redis-server on the loopback (through commgrid's redis:// store, the password as
 // the proof), side by side in one run.
-#include "bench_store.hpp"
+#include "bench/bench_store.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

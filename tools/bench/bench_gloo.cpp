@@ -1,4 +1,4 @@
-#include "bench_gloo.hpp"
+#include "bench/bench_gloo.hpp"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>

@@ -1,4 +1,4 @@
-#include "bench_mpi.hpp"
+#include "bench/bench_mpi.hpp"
 
 #include <string>
 #include <vector>

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "commgrid/error.hpp"
-#include "plan_output.hpp"
+#include "plan/plan_output.hpp"
 
 namespace commgrid::cli {
 

@@ -2,7 +2,7 @@
 // script; nothing is fetched) with a kind selector and hover details.
 #include <string>
 
-#include "plan_output.hpp"
+#include "plan/plan_output.hpp"
 
 namespace commgrid::cli {
 namespace {

@@ -11,8 +11,8 @@
 #include "commgrid/layout.hpp"
 #include "commgrid/topology.hpp"
 #include "layout_flags.hpp"
-#include "plan_job.hpp"
-#include "plan_output.hpp"
+#include "plan/plan_job.hpp"
+#include "plan/plan_output.hpp"
 
 namespace commgrid::cli {
 namespace {
@@ -86,28 +86,22 @@ void warn_all_gather_groups(const Layout& layout) {
   }
 }
 
-int run_plan(const PlanOptions& o) {
-  // Check every flag and the size of the output before writing anything, so that bad input
-  // never leaves a partial document behind.
-  const bool picture = o.format == "svg" || o.format == "html";
-  if (o.format != "table" && o.format != "json" && !picture)
-    throw ConfigError(
-        "format", "format: unknown format \"" + o.format + "\" (valid: table, json, svg, html)");
-  if (!o.job.empty()) {
-    // A multi-module job: the modules' grids come from the file, not the layout flags.
-    for (const auto& [field, opt] : o.layout.options)
-      if (opt->count() > 0)
-        throw ConfigError("job", "job: --" + field +
-                                     " does not apply with --job (the job file gives the layout)");
-    if (o.format != "table" && o.format != "json")
-      throw ConfigError("format", "format: --job supports table and json, not " + o.format);
-    const Job job = read_job(o.job);
-    write_job_plan(std::cout, job, o.format == "json");
-    std::cout.flush();
-    return 0;
-  }
-  const Layout layout(to_config(o.layout));
-  warn_all_gather_groups(layout);
+// A multi-module job (--job): the modules' grids come from the file, not the layout flags.
+int run_job_plan(const PlanOptions& o) {
+  for (const auto& [field, opt] : o.layout.options)
+    if (opt->count() > 0)
+      throw ConfigError(
+          "job", "job: --" + field + " does not apply with --job (the job file gives the layout)");
+  if (o.format != "table" && o.format != "json")
+    throw ConfigError("format", "format: --job supports table and json, not " + o.format);
+  const Job job = read_job(o.job);
+  write_job_plan(std::cout, job, o.format == "json");
+  std::cout.flush();
+  return 0;
+}
+
+// What plan shows of the layout: --rank, --kinds, --gpus-per-node, --spares, --num-layers.
+PlanSelection select(const PlanOptions& o, const Layout& layout, bool picture) {
   PlanSelection sel;
   if (!o.rank.empty()) {
     sel.rank = parse_integer("rank", o.rank, INT64_MIN);
@@ -131,7 +125,6 @@ int run_plan(const PlanOptions& o) {
   }
   if (!o.gpus_per_node.empty())
     sel.gpus_per_node = parse_integer("gpus_per_node", o.gpus_per_node, 1, kMaxWorldSize);
-  const NodeMap nodes(sel.gpus_per_node.value_or(kDefaultGpusPerNode));
   if (!o.spares.empty()) {
     if (picture || o.check_topology)
       throw ConfigError("spares",
@@ -146,50 +139,47 @@ int run_plan(const PlanOptions& o) {
     sel.num_layers = parse_integer("num_layers", o.num_layers, 1, kMaxWorldSize);
     (void)LayerAssignment(*sel.num_layers, layout.config());  // throws unless it divides
   }
-  if (o.strict && !o.check_topology)
-    throw ConfigError("strict", "strict: --strict needs --check-topology");
-  if (o.check_topology && picture && o.output.empty())
-    throw ConfigError("output",
-                      "output: --check-topology prints its report on stdout, so "
-                      "--format " +
-                          o.format + " needs --output FILE");
-  std::optional<std::pair<std::int64_t, std::int64_t>> window;
-  if (!o.nodes.empty()) {
-    if (!picture)
-      throw ConfigError("nodes",
-                        "nodes: --nodes applies to --format svg and html, not " + o.format);
-    window = parse_node_range(o.nodes, nodes.nodes(layout.world_size()));
-  }
+  return sel;
+}
+
+// --max-output-mib: a table or JSON document over the limit is refused before it starts.
+void check_output_size(const PlanOptions& o, const Layout& layout, const PlanSelection& sel) {
   const std::int64_t limit_mib =
       o.max_output_mib.empty()
           ? kDefaultMaxOutputMiB
           : parse_integer("max_output_mib", o.max_output_mib, 0, INT64_MAX / (1 << 20));
-  if (!picture && !o.check_topology && limit_mib > 0) {
-    const std::int64_t bytes =
-        estimate_plan_bytes(layout, sel, o.format == "json" ? PlanFormat::json : PlanFormat::table);
-    if (bytes > limit_mib * 1024 * 1024)
-      throw ConfigError("output",
-                        "output: --format " + o.format + " of this layout would be up to " +
-                            size_text(bytes) + ", over the " + size_text(limit_mib << 20) +
-                            " limit; show one rank with --rank R or fewer kinds with "
-                            "--kinds, or raise the limit with --max-output-mib N (0: none)");
-  }
-  std::optional<PictureOptions> pic;
-  if (picture) {
-    pic.emplace();
-    pic->gpus_per_node = nodes.gpus_per_node();
-    pic->kinds = sel.kinds;
-    pic->highlight = sel.rank;
-    if (window) {
-      pic->first_node = window->first;
-      pic->last_node = window->second;
-    }
-    check_picture(layout, *pic);  // the window's size, before any output
-  }
-  std::optional<TopologyReport> report;
-  if (o.check_topology) report = check_topology(layout, sel.kinds, nodes);
+  if (limit_mib == 0) return;
+  const std::int64_t bytes =
+      estimate_plan_bytes(layout, sel, o.format == "json" ? PlanFormat::json : PlanFormat::table);
+  if (bytes > limit_mib * 1024 * 1024)
+    throw ConfigError("output",
+                      "output: --format " + o.format + " of this layout would be up to " +
+                          size_text(bytes) + ", over the " + size_text(limit_mib << 20) +
+                          " limit; show one rank with --rank R or fewer kinds with "
+                          "--kinds, or raise the limit with --max-output-mib N (0: none)");
+}
 
-  // Only now is a file created: every check above has passed.
+// The picture's options (--format svg|html), checked before any output.
+PictureOptions picture_options(const PlanOptions& o, const Layout& layout, const PlanSelection& sel,
+                               const NodeMap& nodes) {
+  PictureOptions pic;
+  pic.gpus_per_node = nodes.gpus_per_node();
+  pic.kinds = sel.kinds;
+  pic.highlight = sel.rank;
+  if (!o.nodes.empty()) {
+    const auto [first, last] = parse_node_range(o.nodes, nodes.nodes(layout.world_size()));
+    pic.first_node = first;
+    pic.last_node = last;
+  }
+  check_picture(layout, pic);  // the window's size, before any output
+  return pic;
+}
+
+// Writes the document to --output FILE (created only now: every check has passed) or
+// stdout.
+void write_document(const PlanOptions& o, const Layout& layout, const PlanSelection& sel,
+                    const std::optional<PictureOptions>& pic,
+                    const std::optional<TopologyReport>& report) {
   std::ofstream file;
   if (!o.output.empty()) {
     file.open(o.output, std::ios::binary | std::ios::trunc);
@@ -213,6 +203,36 @@ int run_plan(const PlanOptions& o) {
     file.close();
     if (!file) throw Error("output: writing \"" + o.output + "\" failed");
   }
+}
+
+int run_plan(const PlanOptions& o) {
+  // Check every flag and the size of the output before writing anything, so that bad input
+  // never leaves a partial document behind.
+  const bool picture = o.format == "svg" || o.format == "html";
+  if (o.format != "table" && o.format != "json" && !picture)
+    throw ConfigError(
+        "format", "format: unknown format \"" + o.format + "\" (valid: table, json, svg, html)");
+  if (!o.job.empty()) return run_job_plan(o);
+  const Layout layout(to_config(o.layout));
+  warn_all_gather_groups(layout);
+  const PlanSelection sel = select(o, layout, picture);
+  const NodeMap nodes(sel.gpus_per_node.value_or(kDefaultGpusPerNode));
+  if (o.strict && !o.check_topology)
+    throw ConfigError("strict", "strict: --strict needs --check-topology");
+  if (o.check_topology && picture && o.output.empty())
+    throw ConfigError("output",
+                      "output: --check-topology prints its report on stdout, so "
+                      "--format " +
+                          o.format + " needs --output FILE");
+  if (!o.nodes.empty() && !picture)
+    throw ConfigError("nodes", "nodes: --nodes applies to --format svg and html, not " + o.format);
+  if (!picture && !o.check_topology) check_output_size(o, layout, sel);
+  std::optional<PictureOptions> pic;
+  if (picture) pic = picture_options(o, layout, sel, nodes);
+  std::optional<TopologyReport> report;
+  if (o.check_topology) report = check_topology(layout, sel.kinds, nodes);
+
+  write_document(o, layout, sel, pic, report);
   if (report && picture) write_topology_table(std::cout, *report);
   std::cout.flush();
   if (!std::cout) throw Error("plan: writing the output failed");

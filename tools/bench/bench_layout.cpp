@@ -1,4 +1,4 @@
-#include "bench_layout.hpp"
+#include "bench/bench_layout.hpp"
 
 #include <malloc.h>
 #include <sys/resource.h>

@@ -1,4 +1,4 @@
-#include "plan_job.hpp"
+#include "plan/plan_job.hpp"
 
 #include <algorithm>
 #include <fstream>

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "commgrid/error.hpp"
-#include "plan_output.hpp"
+#include "plan/plan_output.hpp"
 
 namespace commgrid::cli {
 

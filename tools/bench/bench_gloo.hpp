@@ -6,7 +6,7 @@
 #include <chrono>
 #include <memory>
 
-#include "bench_runtime.hpp"
+#include "bench/bench_runtime.hpp"
 
 namespace commgrid::bench {
 
