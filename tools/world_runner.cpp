@@ -8,6 +8,7 @@
 #include "cli_errors.hpp"
 #include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
+#include "commgrid/launch_env.hpp"
 #include "layout_flags.hpp"
 #if COMMGRID_HAS_GLOO
 #include "commgrid/gloo.hpp"
@@ -107,7 +108,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   if (plan.alone()) prepare_for(job, plan);
   // MPI_Init waits for every rank of the job: bounded by the launch's timeout.
   const MpiEnvironment env(MpiThreadSupport::serialized,
-                           read_launch_timeout().value_or(kDefaultTimeout));
+                           read_launch_env().timeout.value_or(kDefaultTimeout));
   const std::unique_ptr<MpiCommunicator> world = make_mpi_world({.timeout = o.timeout});
   // A launcher whose variables commgrid does not know may still have started an MPI job:
   // then the world is MPI's, and the input is checked for its size.

@@ -173,14 +173,11 @@ std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
 
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
   gloo_backend::check_unset_placement(options, "gloo world from the launcher");
-  const LaunchInfo info = read_launch_info();
+  const LaunchEnv env = read_launch_env();
+  const LaunchInfo info = launch_info_of(env);
   if (info.timeout) options.timeout = *info.timeout;
   // The one Gloo-specific variable: which interface the pairs listen on.
-  if (const char* h = std::getenv("COMMGRID_GLOO_HOSTNAME")) {
-    if (*h == '\0')
-      throw InvalidValueError("COMMGRID_GLOO_HOSTNAME", "COMMGRID_GLOO_HOSTNAME is set but empty");
-    options.hostname = h;
-  }
+  if (env.gloo_hostname) options.hostname = *env.gloo_hostname;
   options.store = open_launch_store(info, options.timeout);
   if (options.hostname.empty()) options.hostname = options.store->local_address();
   options.prefix = info.job_id + "/" + options.prefix;

@@ -197,7 +197,7 @@ class ScopedEnv {
 std::string env_error(std::initializer_list<std::pair<const char*, const char*>> vars) {
   ScopedEnv env(vars);
   try {
-    read_world_env();
+    (void)read_world_env();
   } catch (const ConfigError& e) { return e.parameter() + ": " + e.what(); }
   return "no error";
 }
