@@ -129,7 +129,10 @@ std::optional<std::vector<StepResult>> run_resilient(const commgrid::SpareLaunch
     o.timeout = rec->options().timeout;
     o.prefix = prefix;
     o.token = commgrid::effective_token(*rec->store(), token);
-    return commgrid::make_gloo_world(rec->store(), rank, size, o);
+    o.store = rec->store();
+    o.rank = rank;
+    o.size = size;
+    return commgrid::make_gloo_world(o);
   };
   // Declared in the order they are released: the trainer before the collections before
   // the groups (the old epoch's connections close when the groups go).

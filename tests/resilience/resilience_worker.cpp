@@ -97,7 +97,10 @@ int run(int argc, char** argv) {
     o.timeout = rec->options().timeout;
     o.prefix = prefix;
     o.token = effective_token(*rec->store(), token);
-    return make_gloo_world(rec->store(), rank, size, o);
+    o.store = rec->store();
+    o.rank = rank;
+    o.size = size;
+    return make_gloo_world(o);
   };
   // Recovery::recover, with the "killrec" fault between the agreement and the build: a
   // process that dies during the recovery.

@@ -12,7 +12,7 @@ namespace commgrid::bench {
 /// Raw MPI on `world`'s native communicator. nonblocking: MPI_Iallreduce / MPI_Iallgather +
 /// MPI_Wait (the algorithm commgrid's MPI backend starts); otherwise the blocking calls.
 /// `world` outlives the result.
-[[nodiscard]] std::unique_ptr<DirectCollectives> make_mpi_direct(mpi::MpiCommunicator& world,
+[[nodiscard]] std::unique_ptr<DirectCollectives> make_mpi_direct(MpiCommunicator& world,
                                                                  bool nonblocking);
 
 }  // namespace commgrid::bench

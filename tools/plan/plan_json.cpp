@@ -55,16 +55,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Pieces of this many members are enumerated at a time: large enough that the per-piece
-// cost vanishes, small enough to stay in cache.
-constexpr std::int64_t kPiece = 1 << 14;
-
-std::int64_t digits(std::int64_t v) {
-  std::int64_t d = 1;
-  for (; v >= 10; v /= 10) ++d;
-  return d;
-}
-
 // Streams entries [first, first + n) of a kind's member list through fn(span).
 template <class Fn>
 void for_each_piece(const Layout& layout, GroupKind k, int level, std::int64_t first,

@@ -16,6 +16,17 @@
 
 namespace commgrid::cli {
 
+/// Member lists are enumerated this many ranks at a time: large enough that the per-piece
+/// cost vanishes, small enough to stay in cache.
+inline constexpr std::int64_t kPiece = 1 << 14;
+
+/// The number of decimal digits of v >= 0 (the width of a rank in a column).
+[[nodiscard]] inline std::int64_t digits(std::int64_t v) {
+  std::int64_t d = 1;
+  for (; v >= 10; v /= 10) ++d;
+  return d;
+}
+
 /// What plan was asked to show.
 struct PlanSelection {
   std::vector<GroupKind> kinds;  ///< existing kinds to show, in reference order

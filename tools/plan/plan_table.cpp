@@ -130,12 +130,6 @@ std::string opt_text(const std::optional<std::int64_t>& v) {
   return v ? std::to_string(*v) : "none";
 }
 
-std::int64_t digits(std::int64_t v) {
-  std::int64_t d = 1;
-  for (; v >= 10; v /= 10) ++d;
-  return d;
-}
-
 // Column titles of the per-rank table: one per kind, one per level for hcp.
 struct Column {
   GroupKind kind;
@@ -165,7 +159,6 @@ std::size_t kind_width(const std::vector<Column>& cols) {
 
 constexpr std::int64_t kShownGroups = 4;
 constexpr std::size_t kFirstGroupsWidth = 90;  // characters of first groups per summary line
-constexpr std::int64_t kPiece = 1 << 14;
 
 // Streams entries [first, first + n) of a kind's member list through fn(piece).
 template <class Fn>
