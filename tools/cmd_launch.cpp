@@ -32,7 +32,7 @@
 #include "commgrid/rank_map.hpp"
 #include "layout_flags.hpp"
 #if COMMGRID_HAS_BOOTSTRAP
-#include "commgrid/recovery.hpp"
+#include "commgrid/resilience_keys.hpp"
 #include "commgrid/store.hpp"
 #endif
 
@@ -448,6 +448,12 @@ class Launcher {
                 "\n");
       return 0;
     }
+    if (const auto ended = job_end(); failure_ && ended) {
+      // The job could not recover (no spare and no smaller layout, a state lost): every
+      // process ended with the same reason, said once here.
+      print_error(*ended + " (after " + *failure_ + ")");
+      return 1;
+    }
     if (failure_) {
       // Bad input is found by every rank alike before any communication: when each one
       // exited 2, so does launch, as the program alone would have.
@@ -476,11 +482,21 @@ class Launcher {
   bool job_done() {
 #if COMMGRID_HAS_BOOTSTRAP
     try {
-      return store_ && store_->has("resilience/done");
+      return store_ && store_->has(job_done_key(kResiliencePrefix));
     } catch (const Error&) { return false; }
 #else
     return false;
 #endif
+  }
+
+  // Why the job cannot go on (Recovery::end_job), or nullopt.
+  std::optional<std::string> job_end() {
+#if COMMGRID_HAS_BOOTSTRAP
+    try {
+      if (store_) return job_end_reason(*store_, kResiliencePrefix);
+    } catch (const Error&) {}
+#endif
+    return std::nullopt;
   }
 
   // What a dead process wrote last, before its stream is replaced by its restart's.
@@ -500,15 +516,18 @@ class Launcher {
   // A process of a job with spares died: its death is posted (the survivors need not wait
   // out a timeout for it) and the job goes on; it is restarted while the budget lasts.
   void on_process_death(Child& c) {
+    // Once the job cannot go on, its processes end one by one with the reason, which is
+    // said once at the end, not per process.
+    if (job_end()) return;
     std::string note = "launch: note: " + describe_status(c.rank, c.status);
 #if COMMGRID_HAS_BOOTSTRAP
     try {
       const std::string why = describe_status(c.rank, c.status);
       const std::span<const char> v(why.data(), why.size());
       // The current epoch: the last one decided.
-      while (store_->has(epoch_decision_key("resilience", epoch_ + 1))) ++epoch_;
-      if (store_->set_if_absent(dead_process_key("resilience", c.rank, c.incarnation), v)) {
-        (void)store_->set_if_absent(epoch_failed_key("resilience", epoch_), v);
+      while (store_->has(epoch_decision_key(kResiliencePrefix, epoch_ + 1))) ++epoch_;
+      if (store_->set_if_absent(dead_process_key(kResiliencePrefix, c.rank, c.incarnation), v)) {
+        (void)store_->set_if_absent(epoch_failed_key(kResiliencePrefix, epoch_), v);
         note += "; posted it to the job's store (epoch " + std::to_string(epoch_) + ")";
       } else {
         // A decision had declared it dead already (a stopped process, fenced when it went
