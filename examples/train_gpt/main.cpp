@@ -405,7 +405,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
     return run(f);
-  } catch (const CLI::Success& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) { return app.exit(e); } catch (const commgrid::RecoveryError&) {
+    // The job cannot go on after a failure: every process raises the same error, and
+    // commgrid launch, which started them, says it once (Recovery::end_job).
+    return 1;
+  } catch (const CLI::ParseError& e) {
     commgrid::cli::print_error(
         commgrid::cli::explain_parse_error(app, e, argc, argv, "commgrid-train-gpt"));
     return 2;

@@ -191,6 +191,8 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const RecoveryError&) {
+    return 1;  // the job's end: commgrid launch says why, once
   } catch (const std::exception& e) {
     // One write, as launch_worker's: a process stopped right after cannot leave half a line.
     std::cerr << ("error: " + std::string(e.what()) + "\n") << std::flush;

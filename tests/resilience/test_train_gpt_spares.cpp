@@ -279,6 +279,29 @@ TEST(TrainGptSpares, NoSmallerLayoutEndsTheJobSayingWhy) {
       "of the 1 data-parallel replicas lost a rank");
 }
 
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(TrainGptSpares, WhenNoRecoveryIsPossibleTheJobSaysWhyOnce) {
+  // No spare and --no-shrink: process 1's death cannot be recovered from. Every process
+  // ends with the same reason; the job says it once, and launch does not note each
+  // process's end as one the job goes on without.
+  const CliResult r = run_with_failure(4, 0, {"--tp", "2"}, "1:2", {"--no-shrink"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  const std::string reason =
+      "recovery: cannot go on without a spare: no spare left for logical rank [1] (0 spares for "
+      "1 failed rank)";
+  EXPECT_EQ(count(r.err, reason), 1u) << r.err;
+  EXPECT_NE(r.err.find("error: " + reason + " (after rank 1 killed by signal 9 (SIGKILL))"),
+            std::string::npos)
+      << r.err;
+  // Only the first death, when the job could still go on, says so.
+  EXPECT_LE(count(r.err, "the job goes on"), 1u) << r.err;
+}
+
 TEST(TrainGptSpares, BadInputExitsTwo) {
   // Replicas asked for on a layout without them, a bad --state-from, and --spares without
   // launch --spares.
