@@ -2,8 +2,11 @@
 #include "commgrid/recovery.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -33,6 +36,39 @@ std::int64_t parse_number(std::string_view s, const std::string& where) {
 
 }  // namespace
 
+// Notices when this process did not run for longer than the job's timeout: a thread that
+// ticks a few times a second sees the monotonic clock jump (SIGSTOP, a paused machine).
+struct Recovery::StallWatch {
+  explicit StallWatch(Ms timeout)
+      : thread([this, timeout](std::stop_token stop) {
+          const Ms period = std::clamp(timeout / 8, Ms(10), Ms(250));
+          std::mutex m;
+          std::condition_variable_any cv;
+          auto last = Clock::now();
+          std::unique_lock lock(m);
+          while (!stop.stop_requested()) {
+            cv.wait_for(lock, stop, period, [] { return false; });
+            const auto now = Clock::now();
+            if (now - last > timeout) {
+              gap_ms.store(std::chrono::duration_cast<Ms>(now - last).count());
+              ended_ns.store(now.time_since_epoch().count());
+            }
+            last = now;
+          }
+        }) {}
+  std::atomic<long long> ended_ns{0};  // when the last stall longer than the timeout ended
+  std::atomic<long long> gap_ms{0};    // and how long it was
+  std::jthread thread;
+};
+
+Recovery::~Recovery() = default;
+
+void Recovery::saw_healthy(Clock::time_point observed) {
+  long long ended = stall_->ended_ns.load();
+  if (ended != 0 && ended <= observed.time_since_epoch().count())
+    (void)stall_->ended_ns.compare_exchange_strong(ended, 0);
+}
+
 std::string Recovery::identity(std::int64_t process, int incarnation) {
   return process_identity(process, incarnation);
 }
@@ -40,8 +76,8 @@ std::string Recovery::identity(std::int64_t process, int incarnation) {
 Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t process,
                    RecoveryOptions options)
     : store_(std::move(store)), map_(std::move(map)), process_(process),
-      options_(std::move(options)),
-      incarnation_(static_cast<std::size_t>(map_.num_processes()), 0) {
+      options_(std::move(options)), incarnation_(static_cast<std::size_t>(map_.num_processes()), 0),
+      stall_(std::make_unique<StallWatch>(options_.timeout)) {
   if (!store_) throw ConfigError("store", "recovery: no store");
   if (process < 0 || process >= map_.num_processes())
     throw RankOutOfRangeError("process", "recovery: process " + std::to_string(process) +
@@ -100,7 +136,12 @@ void Recovery::mark_failed(const std::string& reason) {
                               bytes("process " + std::to_string(process_) + ": " + reason));
 }
 
-bool Recovery::failed() { return store_->has(epoch_failed_key(options_.prefix, epoch())); }
+bool Recovery::failed() {
+  const auto asked = Clock::now();
+  const bool f = store_->has(epoch_failed_key(options_.prefix, epoch()));
+  if (!f) saw_healthy(asked);
+  return f;
+}
 
 std::string Recovery::failure_reason() {
   const std::string k = epoch_failed_key(options_.prefix, epoch());
@@ -135,7 +176,10 @@ bool Recovery::wait_for_failure() {
   for (;;) {
     if (done()) return false;
     // Slices of a second: a finished job is seen within one.
-    if (store_->wait_for(keys, Ms(1000)).empty()) {
+    const auto asked = Clock::now();
+    if (!store_->wait_for(keys, Ms(1000)).empty()) {
+      saw_healthy(asked);
+    } else {
       check_ended();
       return true;
     }
@@ -262,6 +306,23 @@ const EpochDecision& Recovery::agree() {
   const std::string decision_key = epoch_decision_key(options_.prefix, next);
   const std::string ended_key = job_ended_key(options_.prefix);
   check_ended();
+  if (stall_->ended_ns.load() != 0) {
+    // This process did not run for longer than a timeout, and the job went on without it
+    // (its epoch failed): by the failure model it is dead. It says so itself, at once, so
+    // that nobody waits for it, and may not rejoin.
+    char text[96];
+    std::snprintf(text, sizeof text, "%.1f s, longer than the job's timeout of %.1f s",
+                  static_cast<double>(stall_->gap_ms.load()) / 1000.0,
+                  static_cast<double>(options_.timeout.count()) / 1000.0);
+    const std::string why = "process " + std::to_string(process_) + " did not run for " + text +
+                            ", and the job went on without it (epoch " + std::to_string(epoch()) +
+                            " failed): it is fenced: it may not rejoin; exiting";
+    (void)store_->set_if_absent(dead_process_key(options_.prefix, process_, options_.incarnation),
+                                bytes(why));
+    mark_failed(why);
+    (void)store_->fence(identity(process_, options_.incarnation), why);
+    throw FencedError(why);
+  }
   mark_failed("joined the agreement on epoch " + std::to_string(next));
   (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
                               bytes(std::to_string(options_.incarnation)));

@@ -7,7 +7,9 @@
 // end every rank prints its sums. "killlaunch P K": process P SIGKILLs
 // its launcher at step K (on node 0, the store dies with it):
 //   resilience_worker STEPS [kill P K]... [stop P K] [killrec P E] [killlaunch P K]
+//   resilience_worker STEPS ... [stopfor P K MS]   (P stops at step K, is continued after MS ms)
 //   resilience_worker continue PID   (waits for epoch 1's decision, then SIGCONTs PID)
+//   resilience_worker continue-after PID MS
 #include <signal.h>
 #include <unistd.h>
 
@@ -36,6 +38,8 @@ struct Fault {
   int signal = SIGKILL;
   bool in_recovery = false;  // "killrec P E": dies right after adopting epoch E's decision
   bool launcher = false;     // "killlaunch P K": SIGKILLs its launcher, not itself
+  long long stop_ms = -1;    // "stopfor P K MS": continued after MS ms, not after epoch 1
+  bool fired = false;        // each fault happens once (a rollback runs its step again)
 };
 
 // This process's parent when it is `commgrid launch` (argv[1] "launch"), else nothing: a
@@ -70,6 +74,12 @@ int run(int argc, char** argv) {
     std::cerr << "error: run under commgrid launch --spares\n";
     return 2;
   }
+  if (argc == 4 && std::string(argv[1]) == "continue-after") {
+    // The helper of a process stopped for a while: SIGCONTs it after MS milliseconds.
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(argv[3])));
+    ::kill(static_cast<pid_t>(std::atoll(argv[2])), SIGCONT);
+    return 0;
+  }
   if (argc == 3 && std::string(argv[1]) == "continue") {
     // The helper of a stopped process: once the others decided epoch 1, wake it.
     StoreOptions so;
@@ -85,11 +95,16 @@ int run(int argc, char** argv) {
   std::vector<Fault> faults;
   for (int i = 2; i + 2 < argc; i += 3) {
     Fault f;
-    f.signal = std::string(argv[i]) == "stop" ? SIGSTOP : SIGKILL;
+    f.signal =
+        std::string(argv[i]) == "stop" || std::string(argv[i]) == "stopfor" ? SIGSTOP : SIGKILL;
     f.in_recovery = std::string(argv[i]) == "killrec";
     f.launcher = std::string(argv[i]) == "killlaunch";
     f.process = std::atoll(argv[i + 1]);
     f.step = std::atoi(argv[i + 2]);
+    if (std::string(argv[i]) == "stopfor" && i + 3 < argc) {  // "stopfor P K MS"
+      f.stop_ms = std::atoll(argv[i + 3]);
+      ++i;
+    }
     faults.push_back(f);
   }
   ResilientOptions options;
@@ -129,9 +144,10 @@ int run(int argc, char** argv) {
         ::raise(SIGKILL);
   };
   callbacks.step = [&](std::int64_t step) {
-    for (const Fault& f : faults)
-      if (!f.in_recovery && f.process == launch->process && f.step == step &&
+    for (Fault& f : faults)
+      if (!f.in_recovery && !f.fired && f.process == launch->process && f.step == step &&
           launch->incarnation == 0) {
+        f.fired = true;
         // A second failure is only survivable with a spare: when none is left, wait for a
         // restarted process to register for the next epoch first (the test's order of
         // events, not the runtime's).
@@ -164,8 +180,13 @@ int run(int argc, char** argv) {
           // A helper wakes it once the others have declared it dead.
           if (::fork() == 0) {
             const std::string self = argv[0], pid = std::to_string(::getppid());
-            ::execl(self.c_str(), self.c_str(), "continue", pid.c_str(),
-                    static_cast<char*>(nullptr));
+            const std::string ms = std::to_string(f.stop_ms);
+            if (f.stop_ms >= 0)
+              ::execl(self.c_str(), self.c_str(), "continue-after", pid.c_str(), ms.c_str(),
+                      static_cast<char*>(nullptr));
+            else
+              ::execl(self.c_str(), self.c_str(), "continue", pid.c_str(),
+                      static_cast<char*>(nullptr));
             ::_exit(127);
           }
         }

@@ -88,6 +88,9 @@ class Recovery {
   /// restarted process (options.incarnation > 0) first finds the job's current epoch.
   Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t process,
            RecoveryOptions options = {});
+  ~Recovery();
+  Recovery(const Recovery&) = delete;
+  Recovery& operator=(const Recovery&) = delete;
 
   /// The current epoch: map().epoch(), the job's one epoch counter (0, then one more per
   /// decision adopted).
@@ -112,7 +115,8 @@ class Recovery {
 
   /// Marks the current epoch failed (the first reason is kept); idempotent, never blocks.
   void mark_failed(const std::string& reason);
-  /// Whether the current epoch is marked failed: one store read (the per-step check).
+  /// Whether the current epoch is marked failed: one store read (the per-step check). (It
+  /// also tells this process that the job has not moved on since it last ran: see agree().)
   [[nodiscard]] bool failed();
   /// The reason the current epoch was marked failed; empty when it was not.
   [[nodiscard]] std::string failure_reason();
@@ -144,6 +148,11 @@ class Recovery {
   /// the decision's shrink differs from this process's (different ShrinkOptions),
   /// TimeoutError when no decision comes within the timeout. The job's end is posted
   /// (end_job) by the first process to find it.
+  ///
+  /// A process that did not run for longer than the timeout (stopped, SIGSTOP; a thread
+  /// watches for such gaps) and finds, when it runs again, that the job went on without it
+  /// (its epoch failed) is dead to the job, by the failure model: it posts its own death,
+  /// fences its identity and throws FencedError, however soon it could have registered.
   const EpochDecision& agree();
 
   /// Creates the current epoch's world and groups (nothing on a spare). Once the world has
@@ -158,6 +167,8 @@ class Recovery {
 
  private:
   void adopt(const std::string& text);
+  /// Forgets a stall that ended before `observed`, when this process saw the epoch healthy.
+  void saw_healthy(std::chrono::steady_clock::time_point observed);
   /// Throws RecoveryError when the job ended.
   void check_ended();
   std::string decide(const std::vector<std::int64_t>& dead,
@@ -173,6 +184,8 @@ class Recovery {
   std::vector<EpochDecision> history_;
   std::optional<ParallelConfig> config_;  ///< with options_.shrink: the current epoch's
   bool shrunk_ = false;                   ///< whether some epoch shrank the world
+  struct StallWatch;                      ///< the thread that notices this process stopped
+  std::unique_ptr<StallWatch> stall_;
 };
 
 /// What `commgrid launch --spares S` tells each of its processes (COMMGRID_PROCESS,
