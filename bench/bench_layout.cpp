@@ -12,7 +12,7 @@
 #include <new>
 #include <vector>
 
-#include "bench_layout.hpp"
+#include "bench/bench_layout.hpp"
 #include "commgrid/layout.hpp"
 
 namespace {
