@@ -232,8 +232,8 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
     state.trainer.reset();
     collections.reset();
   };
+  callbacks.begin_step = [&](std::int64_t step) { fault_kill(static_cast<int>(step)); };
   callbacks.step = [&](std::int64_t step) {
-    fault_kill(static_cast<int>(step));
     state.results.push_back(state.trainer->step(static_cast<int>(step)));
     state.step = static_cast<int>(step) + 1;
   };

@@ -538,6 +538,7 @@ struct ResilientDriver::Impl {
         recover();
         continue;
       }
+      if (cb->begin_step) cb->begin_step(step);
       try {
         if (step % options.snapshot_every == 0) {
           if (snapshots.empty() || snapshots.back().step != step) {

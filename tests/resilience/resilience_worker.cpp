@@ -143,7 +143,8 @@ int run(int argc, char** argv) {
           launch->incarnation == 0)
         ::raise(SIGKILL);
   };
-  callbacks.step = [&](std::int64_t step) {
+  // Faults at the start of a step, before its snapshot.
+  callbacks.begin_step = [&](std::int64_t step) {
     for (Fault& f : faults)
       if (!f.in_recovery && !f.fired && f.process == launch->process && f.step == step &&
           launch->incarnation == 0) {
@@ -192,6 +193,8 @@ int run(int argc, char** argv) {
         }
         ::raise(f.signal);
       }
+  };
+  callbacks.step = [&](std::int64_t step) {
     const auto r = static_cast<double>(epoch.rank);
     double v = static_cast<double>(step + 1) * (r + 1);
     epoch.groups->group(GroupKind::dp).allreduce(std::span<double>(&v, 1), ReduceOp::sum)->wait();

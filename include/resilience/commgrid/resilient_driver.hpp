@@ -101,6 +101,9 @@ struct ResilientCallbacks {
   std::function<void(const EpochContext&)> start_epoch;
   /// Releases everything that refers to the epoch's groups; the driver releases them next.
   std::function<void()> stop_epoch;
+  /// At the start of each step, before its snapshot (for logs and tests: a fault injected
+  /// here happens before this process could learn of another's failure).
+  std::function<void(std::int64_t step)> begin_step;
   /// One training step (0-based). A BackendError (a peer died) starts a recovery; any
   /// other exception ends this process. Required.
   std::function<void(std::int64_t step)> step;
