@@ -192,7 +192,10 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
     o.timeout = rec->options().timeout;
     o.prefix = prefix;
     o.token = commgrid::effective_token(*rec->store(), token);
-    return commgrid::make_gloo_world(rec->store(), rank, size, o);
+    o.store = rec->store();
+    o.rank = rank;
+    o.size = size;
+    return commgrid::make_gloo_world(o);
   };
   auto driver = commgrid::make_resilient_driver(launch, options);
   rec = &driver->recovery();

@@ -2,6 +2,7 @@
 one-line messages; ``parameter`` names the offending input."""
 
 import builtins
+import operator
 
 
 class Error(Exception):
@@ -78,3 +79,14 @@ def as_builtin(error, builtin):
     made = _AS_BUILTIN[key](*error.args)
     made.parameter = getattr(error, "parameter", "")
     return made
+
+
+def check_int(name, value):
+    """An integer argument (anything with __index__, e.g. numpy integers; not bool), as a
+    Python int, for the pure-Python entry points."""
+    if isinstance(value, bool):
+        raise InvalidValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidValueError(f"{name} must be an integer, got {value!r}") from None

@@ -1,7 +1,5 @@
 """commgrid.Layout: every group of a parallel configuration, from the C++ core."""
 
-import operator
-
 from . import _commgrid
 from .errors import InvalidValueError, UnknownKindError
 
@@ -133,14 +131,3 @@ class Layout(_commgrid.Layout):
         keys = _REPR_SEED + (_REPR_HEAD if c.get("compat") == "head" else ())
         fields = ", ".join(f"{k}={c[k]!r}" for k in keys)
         return f"commgrid.Layout({fields})"
-
-
-def check_int(name, value):
-    """An integer argument (anything with __index__, e.g. numpy integers; not bool), as a
-    Python int, for the pure-Python entry points."""
-    if isinstance(value, bool):
-        raise InvalidValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise InvalidValueError(f"{name} must be an integer, got {value!r}") from None

@@ -1,8 +1,7 @@
 """A drop-in for Megatron-core's ``RankGenerator`` whose groups come from the C++ core."""
 
 from . import _commgrid
-from .errors import IncompatibleError, InvalidValueError, OrderError
-from .layout import check_int
+from .errors import IncompatibleError, InvalidValueError, OrderError, check_int
 
 # Megatron's name_to_size order: the sequence in which omitted axes are appended (HEAD adds
 # gtp_remat last).

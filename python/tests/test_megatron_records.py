@@ -3,7 +3,7 @@ the records in data/megatron_records/ hold, for configs of the seed (8c1e094afe:
 decoder splits, the split rank, Gloo twins, dist-opt instances, hcp) and of HEAD
 (d98e8a64dd: gtp_remat, expert gtp_remat, hybrid cp), every new_group call Megatron's code
 makes (ranks, backend, group_desc, in order) and every rank's module globals afterwards.
-They were made by ``tools/megatron_tests.py --record`` from Megatron's parallel_state.py
+They were made by ``python/tools/megatron_tests.py --record`` from Megatron's parallel_state.py
 with torch.distributed replaced by a recorder. Here every rank of each world is played in
 turn with the same recorder and commgrid.torch (or commgrid.torch.head) must make exactly
 the same calls and leave exactly the same globals."""

@@ -1,7 +1,10 @@
 """The creation order of commgrid.torch, without processes: torch.distributed's calls are
 replaced by recorders so that every rank of a world of 16 can be played in turn. The real
-groups are tested in test_torch.py (8 Gloo processes); this covers the "local" strategy
-(new_group with use_local_synchronization), which Debian's torch 1.13 does not offer."""
+groups are tested in test_torch.py (8 Gloo processes); this covers both strategies on every
+rank at once, and the naming rule of torch's new_group that "local" must keep: a group made
+with use_local_synchronization is named by its ranks and the number of groups the calling
+rank made before, so that number must agree on every member (and, for later new_group
+calls, on every rank)."""
 
 import itertools
 
@@ -24,8 +27,8 @@ class Recorder:
 
     def new_group(self, ranks=None, timeout=None, backend=None, pg_options=None,
                   use_local_synchronization=False):
-        assert use_local_synchronization == self.local
-        self.calls.append((tuple(ranks), backend))
+        assert self.local or not use_local_synchronization
+        self.calls.append((tuple(ranks), backend, use_local_synchronization))
         return ("group", len(self.calls), tuple(sorted(ranks)))
 
 
@@ -60,20 +63,37 @@ def test_every_rank_gets_its_groups(monkeypatch, creation):
                 assert state[kind][2] == tuple(sorted(members)), (rank, kind)
                 assert ranks[kind] == members
         if creation == "local":
-            # Only its own groups, each with this rank among the members.
-            assert all(rank in r for r, _ in calls)
-            orders[rank] = [r for r, _ in calls]
+            # Its own groups with use_local_synchronization, each with this rank a member;
+            # the groups of kinds that leave ranks out (embd, pos_embd) made by every rank.
+            assert all(rank in r for r, _, local in calls if local)
+            assert any(not local for _, _, local in calls) and any(local for _, _, local in calls)
         else:
-            orders[rank] = calls
+            assert not any(local for _, _, local in calls)
+        orders[rank] = calls
     if creation == "megatron":
-        # Every rank made the same calls in the same order (old torch numbers groups by call).
+        # Every rank made the same calls in the same order (torch numbers such groups by call).
         assert len({tuple(c) for c in orders.values()}) == 1
         return
+    # torch's names: a local group is (its sorted ranks, the caller's count of groups made
+    # before); a group made without use_local_synchronization is the count alone.
+    names = {}
+    for rank, calls in orders.items():
+        names[rank] = [(tuple(sorted(r)), n) if local else n for n, (r, _, local) in enumerate(calls)]
+    # Every rank made the same number of groups: later new_group calls stay consistent.
+    assert len({len(n) for n in names.values()}) == 1
+    # Every member of a local group computed the same name for it, and the non-local ones
+    # came at the same counts on every rank.
+    for rank, ns in names.items():
+        for name in ns:
+            if isinstance(name, tuple):
+                assert all(name in names[m] for m in name[0]), (rank, name)
+        assert [n for n in ns if not isinstance(n, tuple)] == \
+            [n for n in names[0] if not isinstance(n, tuple)]
     # Two ranks that share groups create them in the same relative order: no member waits
     # on another that is creating a different group first.
     for a, b in itertools.combinations(range(WORLD), 2):
-        shared_a = [g for g in orders[a] if b in g]
-        shared_b = [g for g in orders[b] if a in g]
+        shared_a = [g for g, _, local in orders[a] if b in g and local]
+        shared_b = [g for g, _, local in orders[b] if a in g and local]
         assert shared_a == shared_b, (a, b)
 
 

@@ -1,6 +1,8 @@
 // Recovery: the agreement on each next epoch through the job's store (docs/resilience.md).
 #include "commgrid/recovery.hpp"
 
+#include "commgrid/launch_env.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -447,52 +449,20 @@ EpochGroups Recovery::recover(const WorldFactory& factory, const ParallelConfig&
   }
 }
 
-namespace {
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
-}
-std::string required_env(const char* name) {
-  auto v = env(name);
-  if (!v || v->empty())
-    throw ConfigError(name, std::string(name) + " is not set (commgrid launch --spares sets it)");
-  return *v;
-}
-std::int64_t env_number(const char* name, std::int64_t min) {
-  const std::string t = required_env(name);
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (ec != std::errc() || end != t.data() + t.size() || v < min)
-    throw InvalidValueError(
-        name, std::string(name) + "=" + t + " is not an integer >= " + std::to_string(min));
-  return v;
-}
-}  // namespace
-
 std::optional<SpareLaunch> read_spare_launch() {
-  if (!env("COMMGRID_PROCESS")) return std::nullopt;
+  // The variables are read and checked by the launch environment (launch_env.hpp).
+  const LaunchEnv env = read_launch_env();
+  const std::optional<SpareEnv> spare = read_spare_env(env);
+  if (!spare) return std::nullopt;
   SpareLaunch l;
-  l.process = env_number("COMMGRID_PROCESS", 0);
-  l.num_processes = env_number("COMMGRID_NUM_PROCESSES", 1);
-  l.spares = env_number("COMMGRID_SPARES", 0);
-  l.incarnation = static_cast<int>(env_number("COMMGRID_INCARNATION", 0));
-  if (l.process >= l.num_processes || l.spares >= l.num_processes)
-    throw InvalidValueError(
-        "COMMGRID_PROCESS",
-        "COMMGRID_PROCESS=" + std::to_string(l.process) +
-            " and COMMGRID_SPARES=" + std::to_string(l.spares) +
-            " do not fit COMMGRID_NUM_PROCESSES=" + std::to_string(l.num_processes));
-  l.store = required_env("COMMGRID_STORE");
-  l.job_id = env("COMMGRID_JOB_ID").value_or("default");
-  l.token = env("COMMGRID_TOKEN").value_or("");
-  if (auto t = env("COMMGRID_TIMEOUT")) {
-    const double s = std::strtod(t->c_str(), nullptr);
-    if (!(s > 0))
-      throw InvalidValueError("COMMGRID_TIMEOUT",
-                              "COMMGRID_TIMEOUT=" + *t + " is not a positive number of seconds");
-    l.timeout = std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
-  }
+  l.process = spare->process;
+  l.num_processes = spare->num_processes;
+  l.spares = spare->spares;
+  l.incarnation = static_cast<int>(spare->incarnation);
+  l.store = env.store.value_or("");
+  l.job_id = env.job_id.value_or("default");
+  l.token = env.token.value_or("");
+  l.timeout = env.timeout;
   return l;
 }
 

@@ -113,12 +113,15 @@ int run(int argc, char** argv) {
   options.shrink = false;
   Recovery* rec = nullptr;
   const std::string token = launch->token;
-  options.factory = [&](const std::string& prefix, int rank, int size) {
+  options.factory = [&](const std::string& prefix, Rank rank, Rank size) {
     GlooOptions o;
     o.timeout = rec->options().timeout;
     o.prefix = prefix;
     o.token = effective_token(*rec->store(), token);
-    return make_gloo_world(rec->store(), rank, size, o);
+    o.store = rec->store();
+    o.rank = rank;
+    o.size = size;
+    return make_gloo_world(o);
   };
   auto driver = make_resilient_driver(*launch, options);
   rec = &driver->recovery();

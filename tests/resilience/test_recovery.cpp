@@ -297,7 +297,10 @@ WorldFactory gloo_worlds(const std::shared_ptr<Store>& store) {
     GlooOptions o;
     o.timeout = 30s;
     o.prefix = prefix;
-    return make_gloo_world(store, rank, size, o);
+    o.store = store;
+    o.rank = rank;
+    o.size = size;
+    return make_gloo_world(o);
   };
 }
 

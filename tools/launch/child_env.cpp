@@ -20,7 +20,9 @@ constexpr std::string_view kProcessVariables[] = {
     "TORCHELASTIC_USE_AGENT_STORE",
     // --spares (docs/resilience.md).
     "COMMGRID_PROCESS", "COMMGRID_NUM_PROCESSES", "COMMGRID_SPARES", "COMMGRID_INCARNATION",
-    "COMMGRID_STORE_SERVED"};
+    "COMMGRID_STORE_SERVED",
+    // Etcd's root password for granting the job's user (--store etcd://): launch's alone.
+    "COMMGRID_ETCD_ROOT_PASSWORD"};
 
 bool is_process_variable(std::string_view kv) {
   const std::string_view name = kv.substr(0, kv.find('='));

@@ -11,7 +11,7 @@ JobStore::JobStore(const std::string& uri, const LaunchSettings& s)
   StoreOptions so;
   so.job_id = s.job.job_id;
   so.token = s.job.token;
-  so.serve = s.job.node_rank == 0;
+  so.serve = s.job.node_rank == 0 && s.job.store_uri.empty();
   if (s.timeout) so.timeout = *s.timeout;
   store_ = open_store(uri, so);
 }

@@ -79,7 +79,7 @@ void parse_placement(const LaunchFlags& f, LaunchSettings& s) {
     // torch's store takes the next port: both must be ports.
     job.master_port = static_cast<int>(parse_integer("--master-port", f.master_port, 1, 65534));
     job.torch_port = job.master_port + 1;
-  } else if (job.nnodes > 1) {
+  } else if (job.nnodes > 1 && f.store.empty()) {
     throw ConfigError("--master-port", "launch: --nnodes " + std::to_string(job.nnodes) +
                                            " needs --master-port (the TCP store of node 0)");
   }
@@ -115,6 +115,18 @@ void parse_identity(const LaunchFlags& f, JobSetup& job) {
   }
 }
 
+// --store: checked by its scheme here; the rest (hosts, ports) by open_store, in launch with
+// --spares, else in each rank (both exit 2 for a malformed URI).
+void parse_store(const LaunchFlags& f, JobSetup& job) {
+  if (f.store.empty()) return;
+  const std::string& u = f.store;
+  if (!(u.starts_with("etcd://") || u.starts_with("redis://") || u.starts_with("file:///") ||
+        u.starts_with("tcp://")))
+    throw InvalidValueError(
+        "--store", "--store: expected etcd://, redis://, file:/// or tcp://, got '" + u + "'");
+  job.store_uri = u;
+}
+
 // --spares and --max-restarts; the store launch serves for them.
 void parse_spares(const LaunchFlags& f, LaunchSettings& s) {
   JobSetup& job = s.job;
@@ -140,7 +152,7 @@ void parse_spares(const LaunchFlags& f, LaunchSettings& s) {
                               "launch: --max-restarts " + f.max_restarts +
                                   " needs --spares (a restarted process rejoins as a spare)");
   }
-  if (job.resilient && job.master_port == 0) {
+  if (job.resilient && job.master_port == 0 && job.store_uri.empty()) {
     // The TCP store launch serves: on a free port of this machine.
     job.master_port = free_tcp_port();
     if (job.master_port == 0) throw Error("launch: --spares: no free TCP port for the store");
@@ -196,6 +208,13 @@ void add_launch_flags(CLI::App& app, LaunchFlags& f) {
                  "With --spares: restart up to R dead processes, which rejoin as spares "
                  "(torchrun's name for the budget; default 0)")
       ->type_name("R");
+  app.add_option("--store", f.store,
+                 "Where the ranks meet instead (the same on every node): "
+                 "etcd://host:port[,host:port...][/prefix] (an etcd cluster: no single point "
+                 "of failure, also with --spares), redis://..., file:///shared/folder or "
+                 "tcp://host:port; with etcd and COMMGRID_ETCD_ROOT_PASSWORD, launch first "
+                 "grants the job's etcd user (docs/launching.md)")
+      ->type_name("URI");
   // Hidden (empty group): a rank stops itself between fork and exec, to test launch's bound.
   app.add_option("--stop-before-exec", f.stop_before_exec)->group("");
   app.add_option("command", f.command, "-- PROGRAM ARGS...")->required();
@@ -218,6 +237,7 @@ LaunchSettings parse_launch_flags(const LaunchFlags& f) {
     throw ConfigError("command",
                       "launch: no program given (usage: commgrid launch -n N -- PROGRAM ARGS...)");
   s.command = f.command;
+  parse_store(f, s.job);
   parse_spares(f, s);
   if (s.job.torch_port == 0) s.job.torch_port = free_tcp_port();
   return s;

@@ -14,7 +14,7 @@ namespace commgrid::cli {
 /// The flags as given, still text (parsed by parse_launch_flags, which names each one).
 struct LaunchFlags {
   std::string nproc, timeout, grace = "5", nnodes = "1", node_rank, master_addr, master_port;
-  std::string rdzv_id, output = "prefixed", stop_before_exec, spares, max_restarts;
+  std::string rdzv_id, output = "prefixed", stop_before_exec, spares, max_restarts, store;
   bool standalone = false;
   std::vector<std::string> command;
 };

@@ -36,6 +36,10 @@ struct JobSetup {
   int spares = 0;
   bool resilient = false;
   int max_restarts = 0;  ///< --max-restarts R: dead processes restarted as spares
+  /// --store URI: the processes meet there (an etcd cluster, Redis, a shared folder) instead
+  /// of in a store of launch's or rank 0's; with --spares launch posts deaths there and
+  /// serves nothing, so that no one host's loss ends the job (etcd://).
+  std::string store_uri;
 };
 
 /// Everything launch runs with.

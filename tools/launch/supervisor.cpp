@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "cli_errors.hpp"
 #include "commgrid/error.hpp"
+#include "commgrid/store.hpp"
 #include "launch/child_env.hpp"
 
 namespace commgrid::cli {
@@ -21,9 +23,26 @@ Supervisor::Supervisor(LaunchSettings settings) : s_(std::move(settings)) {}
 
 Supervisor::~Supervisor() = default;
 
+void Supervisor::grant_etcd_user() const {
+  const char* root = std::getenv("COMMGRID_ETCD_ROOT_PASSWORD");
+  if (root == nullptr || *root == '\0' || !store_uri_.starts_with("etcd://") ||
+      s_.job.token.empty())
+    return;
+  StoreOptions so;
+  so.job_id = s_.job.job_id;
+  so.token = s_.job.token;
+  if (s_.timeout) so.timeout = *s_.timeout;
+  if (grant_etcd_job(store_uri_, "root", root, so))
+    write_all(STDERR_FILENO,
+              "launch: granted etcd user 'commgrid-" + s_.job.job_id + "' the job's prefix\n");
+}
+
 int Supervisor::run() {
   std::optional<TempDir> folder;
-  if (s_.job.master_port == 0) {
+  if (!s_.job.store_uri.empty()) {
+    store_uri_ = s_.job.store_uri;
+    grant_etcd_user();
+  } else if (s_.job.master_port == 0) {
     folder.emplace();
     store_uri_ = "file://" + folder->path();
   } else {

@@ -31,6 +31,9 @@ class Supervisor {
   [[nodiscard]] int run();
 
  private:
+  /// --store etcd:// with COMMGRID_ETCD_ROOT_PASSWORD and a token: creates the job's etcd user
+  /// and role (grant_etcd_job; idempotent on every node), before any process starts.
+  void grant_etcd_user() const;
   using Clock = std::chrono::steady_clock;
 
   /// One process of this launch.

@@ -179,10 +179,21 @@ std::shared_ptr<Store> make_redis_store(const std::string& host, int port,
                                         const StoreOptions& options);
 
 /// Opens a store from its URI: `file:///absolute/folder`, `redis://[:password@]host:port[/prefix]`,
-/// `tcp://host:port` (served by the process with options.serve) or `memory` (only useful
-/// within one process). Throws ConfigError (parameter "store") for anything else, naming
-/// the text (without a password) and the accepted forms.
+/// `tcp://host:port` (served by the process with options.serve),
+/// `etcd://[user:password@]host:port[,host:port...][/prefix]` (an etcd cluster's members;
+/// docs/launching.md) or `memory` (only useful within one process). Throws ConfigError
+/// (parameter "store") for anything else, naming the text (without a password) and the
+/// accepted forms.
 std::shared_ptr<Store> open_store(std::string_view uri, const StoreOptions& options = {});
+
+/// Creates (or checks) the etcd user of job options.job_id, "commgrid-<job id>", whose
+/// password is derived from options.token, with a role that may read and write only the
+/// job's key prefix (the URI's, else "commgrid/<job id>"), as etcd's `root_user`. Returns
+/// false when the cluster has authentication off (nothing to create). Throws
+/// AuthenticationError when etcd refuses the root user, JobConflictError when the job's user
+/// exists with another token's password, ConfigError without a token. docs/security.md.
+bool grant_etcd_job(const std::string& uri, const std::string& root_user,
+                    const std::string& root_password, const StoreOptions& options);
 
 /// The secret a job's ranks prove to each other (the Gloo connection gate and pair proofs):
 /// `token` when it is not empty, else store.job_secret(). Without a token this keeps out

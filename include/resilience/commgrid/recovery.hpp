@@ -75,10 +75,10 @@ struct EpochGroups {
 };
 
 /// Creates the world of an epoch: `prefix` is the epoch's store prefix, `rank` this
-/// process's logical rank, `size` the world size. E.g. make_gloo_world(store, rank, size,
-/// {.timeout = t, .prefix = prefix, .token = token}).
+/// process's logical rank, `size` the world size. E.g. make_gloo_world({.store = store,
+/// .rank = rank, .size = size, .timeout = t, .prefix = prefix, .token = token}).
 using WorldFactory =
-    std::function<std::unique_ptr<Communicator>(const std::string& prefix, int rank, int size)>;
+    std::function<std::unique_ptr<Communicator>(const std::string& prefix, Rank rank, Rank size)>;
 
 /// One process's view of the job's epochs. Not thread-safe: one thread per process uses it.
 class Recovery {

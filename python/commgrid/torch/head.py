@@ -12,44 +12,19 @@ import torch.distributed as dist
 from .. import _groups as _g
 from .._state import HEAD_GLOBALS, STATE
 from ..errors import StateError
-from . import _impl
-from ._impl import (GlobalMemoryBuffer, create_all_gather_groups, create_group,  # noqa: F401
-                    create_hierarchical_groups, create_hybrid_dp_cp_groups, creation_strategies,
-                    get_nccl_options, overwrite_nccl_comm_cfgs, update_pg_timeout)
-# Everything whose arguments and behaviour HEAD kept from the seed.
-from . import (RankGenerator, destroy_global_memory_buffer,  # noqa: F401
-               destroy_model_parallel, generate_masked_orthogonal_rank_groups, get_amax_reduction_group,
-               get_context_parallel_global_ranks, get_context_parallel_group, get_context_parallel_rank,
-               get_context_parallel_world_size, get_data_parallel_group_gloo, get_data_parallel_src_rank,
-               get_embedding_group, get_expert_data_parallel_group_gloo,
-               get_expert_gtp_weight_remat_global_ranks, get_expert_gtp_weight_remat_group,
-               get_expert_gtp_weight_remat_rank, get_expert_gtp_weight_remat_world_size,
-               get_expert_model_parallel_group, get_expert_model_parallel_rank,
-               get_expert_model_parallel_src_rank, get_expert_model_parallel_world_size,
-               get_expert_tensor_and_model_parallel_group, get_expert_tensor_and_model_parallel_rank,
-               get_expert_tensor_and_model_parallel_world_size, get_expert_tensor_parallel_group,
-               get_expert_tensor_parallel_rank, get_expert_tensor_parallel_world_size,
-               get_global_memory_buffer, get_global_ranks, get_gtp_weight_remat_global_ranks,
-               get_gtp_weight_remat_group, get_gtp_weight_remat_rank, get_gtp_weight_remat_world_size,
-               get_hierarchical_context_parallel_groups, get_hybrid_data_context_parallel_groups,
-               get_model_parallel_group, get_model_parallel_src_rank,
-               get_pipeline_model_parallel_first_rank, get_pipeline_model_parallel_group,
-               get_pipeline_model_parallel_last_rank, get_pipeline_model_parallel_next_rank,
-               get_pipeline_model_parallel_prev_rank, get_pipeline_model_parallel_rank,
-               get_pipeline_model_parallel_world_size, get_position_embedding_group,
-               get_tensor_and_context_parallel_group, get_tensor_and_context_parallel_rank,
-               get_tensor_and_context_parallel_world_size, get_tensor_model_parallel_group,
-               get_tensor_model_parallel_rank, get_tensor_model_parallel_src_rank,
-               get_tensor_model_parallel_world_size, get_virtual_pipeline_model_parallel_rank,
-               get_virtual_pipeline_model_parallel_world_size, is_initialized,
-               is_rank_in_position_embedding_group, model_parallel_is_initialized,
-               set_data_parallel_rank, set_expert_model_parallel_rank,
-               set_expert_model_parallel_world_size, set_expert_tensor_parallel_rank,
-               set_expert_tensor_parallel_world_size, set_pipeline_model_parallel_rank,
-               set_pipeline_model_parallel_world_size, set_tensor_model_parallel_rank,
-               set_tensor_model_parallel_world_size, set_virtual_pipeline_model_parallel_world_size,
-               _set_global_memory_buffer)
-from . import _override, _ready_or_zero, _in_embedding_group
+from ..rank_generator import RankGenerator, generate_masked_orthogonal_rank_groups  # noqa: F401
+from . import _init, _runtime
+from ._api import *  # noqa: F401,F403  (what HEAD kept of the seed; redefined below where it differs)
+from ._api import _in_embedding_group, _override, _ready_or_zero, _set_global_memory_buffer  # noqa: F401
+from ._config import InitArgs
+from ._create import (create_group, create_hierarchical_groups,  # noqa: F401
+                      create_hybrid_dp_cp_groups, creation_strategies, get_nccl_options,
+                      overwrite_nccl_comm_cfgs)
+from ._init import create_all_gather_groups  # noqa: F401
+from ._mesh import device_mesh  # noqa: F401
+from ._policies import default_embedding_ranks_head as default_embedding_ranks  # noqa: F401
+from ._policies import default_position_embedding_ranks_head as default_position_embedding_ranks  # noqa: F401
+from ._runtime import GlobalMemoryBuffer, update_pg_timeout  # noqa: F401
 
 _V = STATE.vars
 
@@ -84,32 +59,8 @@ def initialize_model_parallel(
     """Creates this rank's torch.distributed group of every kind of Megatron-core HEAD's
     initialize_model_parallel (HEAD's arguments, in its order), in HEAD's creation order.
     Collective over the default group; validates the whole configuration first."""
-    _impl.initialize(
-        "head", (local_world_size if local_world_size is not None
-                 else dist.get_world_size() if dist.is_initialized() else 0),
-        tp=tensor_model_parallel_size, pp=pipeline_model_parallel_size,
-        vpp=virtual_pipeline_model_parallel_size, pp_split_rank=None,
-        pp_backend=pipeline_model_parallel_comm_backend, use_sharp=use_sharp,
-        cp=context_parallel_size, hcp=hierarchical_context_parallel_sizes,
-        ep=expert_model_parallel_size, etp=expert_tensor_parallel_size,
-        dist_opt_instances=num_distributed_optimizer_instances,
-        nccl_config_path=nccl_communicator_config_path, timeout_minutes=distributed_timeout_minutes,
-        order=order, enc_tp=0, enc_pp=0, embedding_ranks=get_embedding_ranks,
-        position_embedding_ranks=get_position_embedding_ranks, gloo=create_gloo_process_groups,
-        creation=creation, gtp_remat=gtp_remat_size, expert_gtp_remat=expert_gtp_remat_size,
-        hybrid_context_parallel=hybrid_context_parallel, rank_offset=rank_offset,
-        local_world_size=local_world_size, high_priority_stream_groups=high_priority_stream_groups,
-        sharp_enabled_group=sharp_enabled_group)
-
-
-def default_embedding_ranks(pp_ranks):
-    """HEAD's default embedding policy: the first and last stage (one stage: itself)."""
-    return [pp_ranks[0]] if len(pp_ranks) == 1 else [pp_ranks[0], pp_ranks[-1]]
-
-
-def default_position_embedding_ranks(pp_ranks):
-    """HEAD's default position-embedding policy: the first stage."""
-    return [pp_ranks[0]]
+    given = dict(locals())  # the arguments, under HEAD's names: one InitArgs
+    _init.initialize(InitArgs(compat="head", **given))
 
 
 def _inject_gtp_remat_axis(order_str, after="tp"):
@@ -134,22 +85,22 @@ get_inter_distributed_optimizer_instance_group = _g.get_inter_distributed_optimi
 def get_data_parallel_world_size(with_context_parallel=False, with_gtp_remat=True,
                                  partial_data_parallel=False):
     """HEAD: the size of the dp group (default: with gtp_remat, replicate dp x gtp_remat)."""
-    return _override("_MPU_DATA_PARALLEL_WORLD_SIZE", lambda: _ready_or_zero(lambda: _impl.size_of(
+    return _override("_MPU_DATA_PARALLEL_WORLD_SIZE", lambda: _ready_or_zero(lambda: _runtime.size_of(
         get_data_parallel_group(with_context_parallel, with_gtp_remat, partial_data_parallel))))
 
 
 def get_data_parallel_rank(with_context_parallel=False, with_gtp_remat=True, partial_data_parallel=False):
-    return _override("_MPU_DATA_PARALLEL_RANK", lambda: _ready_or_zero(lambda: _impl.rank_in(
+    return _override("_MPU_DATA_PARALLEL_RANK", lambda: _ready_or_zero(lambda: _runtime.rank_in(
         get_data_parallel_group(with_context_parallel, with_gtp_remat, partial_data_parallel))))
 
 
 def get_expert_data_parallel_rank(with_gtp_remat=True, partial_expert_data_parallel=False):
-    return _ready_or_zero(lambda: _impl.rank_in(get_expert_data_parallel_group(
+    return _ready_or_zero(lambda: _runtime.rank_in(get_expert_data_parallel_group(
         with_gtp_remat=with_gtp_remat, partial_expert_data_parallel=partial_expert_data_parallel)))
 
 
 def get_expert_data_parallel_world_size(with_gtp_remat=True, partial_expert_data_parallel=False):
-    return _ready_or_zero(lambda: _impl.size_of(get_expert_data_parallel_group(
+    return _ready_or_zero(lambda: _runtime.size_of(get_expert_data_parallel_group(
         with_gtp_remat=with_gtp_remat, partial_expert_data_parallel=partial_expert_data_parallel)))
 
 
@@ -199,4 +150,4 @@ def get_all_ranks():
     return "_".join(str(x or 0) for x in ranks)
 
 
-_impl.expose_globals(__name__, HEAD_GLOBALS)
+_runtime.expose_globals(__name__, HEAD_GLOBALS)

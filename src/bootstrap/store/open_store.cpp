@@ -1,9 +1,10 @@
 // open_store: a store from its URL. kSchemes is the one place where a scheme maps to the
 // store that serves it; a new store adds one entry.
 #include <charconv>
-#include <cstdlib>
 
+#include "commgrid/launch_env.hpp"
 #include "commgrid/store.hpp"
+#include "etcd_store.hpp"
 #include "tcp_store.hpp"
 
 namespace commgrid {
@@ -28,8 +29,8 @@ std::string shown_uri(std::string_view uri) {
 [[noreturn]] void bad_uri(std::string_view uri, const std::string& why) {
   throw ConfigError("store", "store '" + shown_uri(uri) + "': " + why +
                                  " (expected file:///absolute/folder, "
-                                 "redis://[:password@]host:port[/prefix], tcp://host:port or "
-                                 "memory)");
+                                 "redis://[:password@]host:port[/prefix], tcp://host:port, "
+                                 "etcd://host:port[,host:port...][/prefix] or memory)");
 }
 
 // "host:port" (the host may be "[v6]" or empty: the caller checks) split at the last ':'.
@@ -75,13 +76,7 @@ std::shared_ptr<Store> open_redis(std::string_view uri, std::string_view rest,
     if (password.empty()) bad_uri(uri, "empty password before '@'");
     rest = uri.substr(at + 1);
   }
-  if (password.empty())
-    if (const char* p = std::getenv("COMMGRID_REDIS_PASSWORD"); p != nullptr) {
-      if (*p == '\0')
-        throw InvalidValueError("COMMGRID_REDIS_PASSWORD",
-                                "COMMGRID_REDIS_PASSWORD is set but empty");
-      password = p;
-    }
+  if (password.empty()) password = read_launch_env().redis_password.value_or("");
   std::string prefix = "commgrid";
   if (auto slash = rest.find('/'); slash != std::string_view::npos) {
     prefix = std::string(rest.substr(slash + 1));
@@ -90,6 +85,11 @@ std::shared_ptr<Store> open_redis(std::string_view uri, std::string_view rest,
   }
   const auto [host, port] = host_port(uri, rest);
   return make_redis_store(host, port, prefix, password, options);
+}
+
+std::shared_ptr<Store> open_etcd(std::string_view uri, std::string_view /*rest*/,
+                                 const StoreOptions& options) {
+  return bootstrap::make_etcd_store(uri, options);  // (it parses and masks its own URIs)
 }
 
 struct Scheme {
@@ -102,6 +102,7 @@ constexpr Scheme kSchemes[] = {
     {"file://", open_file},
     {"redis://", open_redis},
     {"tcp://", open_tcp},
+    {"etcd://", open_etcd},
 };
 
 }  // namespace

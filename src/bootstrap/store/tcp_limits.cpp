@@ -5,40 +5,22 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
-#include <cstdlib>
-#include <optional>
 
-#include "text.hpp"
+#include "commgrid/launch_env.hpp"
 
 namespace commgrid::bootstrap::tcp {
-namespace {
-
-std::optional<size_t> size_from_env(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return std::nullopt;
-  const std::string_view t(text);
-  size_t v = 0;
-  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (t.empty() || ec != std::errc() || end != t.data() + t.size() || v == 0)
-    throw InvalidValueError(
-        name, std::string(name) + "='" + printable(t) + "' is not a positive whole number");
-  return v;
-}
-
-}  // namespace
 
 Limit connection_limit(const StoreOptions& o) {
   if (o.max_connections > 0) return {o.max_connections, "StoreOptions::max_connections"};
-  if (auto v = size_from_env("COMMGRID_STORE_MAX_CONNECTIONS"))
+  if (auto v = read_launch_env().store_max_connections)
     return {*v, "COMMGRID_STORE_MAX_CONNECTIONS=" + std::to_string(*v)};
   return {SIZE_MAX, ""};  // the descriptor limit alone
 }
 
 Limit byte_limit(const StoreOptions& o) {
   if (o.max_bytes > 0) return {o.max_bytes, "StoreOptions::max_bytes"};
-  if (auto v = size_from_env("COMMGRID_STORE_MAX_BYTES"))
+  if (auto v = read_launch_env().store_max_bytes)
     return {*v, "COMMGRID_STORE_MAX_BYTES=" + std::to_string(*v)};
   constexpr size_t kCeiling = size_t{16} << 30;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);

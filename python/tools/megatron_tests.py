@@ -1,41 +1,39 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs Megatron-LM's own parallel-state unit tests on 8 Gloo ranks on the CPU, against
-Megatron's real modules or against commgrid's drop-ins, and counts what passes.
+megatron-core's real modules (the installed package, 0.19.2 in .venv/) or against
+commgrid's drop-ins, and counts what passes.
 
-Nothing of Megatron is kept in this repository: the test files and (for --impl megatron)
-the modules under test are read from a Megatron-LM git directory at run time
-(``git archive REV``) into a temporary directory, which is removed afterwards.
+Nothing of Megatron is kept in this repository: the test files are read from a Megatron-LM
+git directory at run time (``git archive REV``) into a temporary directory, which is removed
+afterwards; the modules under test are the installed megatron-core's.
 
-    /usr/bin/python3 tools/megatron_tests.py --megatron-git <Megatron-LM git dir> \
-        --rev 8c1e094afe --rev d98e8a64dd --impl megatron --impl commgrid \
-        --commgrid build/python
+    .venv/bin/python python/tools/megatron_tests.py --megatron-git <Megatron-LM git dir> \
+        --rev f8837c04ef --impl megatron --impl commgrid --commgrid build/python
 
-The files: tests/unit_tests/test_parallel_state.py, test_process_groups_config.py and
-test_hyper_comm_grid.py (where the revision has them). With --impl commgrid,
-``megatron.core.parallel_state`` is ``commgrid.torch`` (``commgrid.torch.head`` at a
-revision whose parallel_state has ``gtp_remat_size``), ``megatron.core.process_groups_config``
-and ``megatron.core.hyper_comm_grid`` are commgrid's classes of those names.
+(f8837c04ef is the head of Megatron-LM's core_r0.19.0 branch, whose parallel_state.py,
+process_groups_config.py and hyper_comm_grid.py are byte for byte those of the
+megatron-core 0.19.2 wheel.) The files: tests/unit_tests/test_parallel_state.py,
+test_process_groups_config.py and test_hyper_comm_grid.py (where the revision has them).
+With --impl commgrid, ``megatron.core.parallel_state`` is ``commgrid.torch.head``,
+``megatron.core.process_groups_config`` and ``megatron.core.hyper_comm_grid`` are modules
+holding commgrid's classes of those names, put in place before megatron.core is imported
+(so the rest of megatron-core, and the tests, see commgrid's).
 
 How a test runs: every test id runs on its own, on WORLD_SIZE processes at once (one per
 rank; each forks a fresh pytest for the test from a process that has imported torch once),
 with a fresh rendezvous, and the ranks start each test together, so a test that fails or
-hangs on one rank cannot leave the next one out of step. A test passes when it passes on every rank; a rank that runs longer than
---timeout is killed (the test counts as failed, "timeout").
+hangs on one rank cannot leave the next one out of step. A test passes when it passes on
+every rank; a rank that runs longer than --timeout is killed (the test counts as failed,
+"timeout").
 
 What is adapted, and only the environment (no assertion of any test is changed):
 - Megatron's tests ask for NCCL and GPUs. ``torch.distributed.init_process_group`` and
   ``new_group`` get backend "gloo" instead of "nccl" (with a bounded timeout);
   ``torch.cuda.set_device``, ``synchronize``, ``current_device`` and ``memory.empty_cache``
   do nothing and ``torch.cuda.device_count()`` is the world size.
-- Megatron targets torch >= 2; Debian 12 has 1.13. ``new_group`` accepts and drops the
-  newer keywords Megatron passes at their defaults (``group_desc``,
-  ``use_local_synchronization=False``) and keeps its own signature for introspection;
-  ``torch.distributed.distributed_c10d._world.pg_map`` reads 1.13's ``_pg_map``.
-- Modules the tested code imports but never uses in these tests are stubs:
-  ``megatron.core.utils`` (GlobalMemoryBuffer, is_torch_min_version),
-  ``megatron.core.inference.symmetric_memory``, ``megatron.training.argument_utils`` and,
-  where it is not installed, ``einops`` (Debian 12 has no package for it).
-- pytest-mock (``mocker``) comes from Debian's python3-pytest-mock.
+- ``megatron.training.argument_utils``, which Megatron's test utilities import and these
+  tests never use, is not part of megatron-core: a stub.
+- pytest-mock (``mocker``) comes from .venv/ (python/requirements.txt).
 """
 
 import argparse
@@ -64,7 +62,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 _TIMEOUT = timedelta(seconds=float(os.environ["HARNESS_PG_TIMEOUT"]))
 _WORLD = int(os.environ["WORLD_SIZE"])
@@ -86,9 +83,6 @@ dist.init_process_group = init_process_group
 
 _new_group = dist.new_group
 def new_group(*args, **kwargs):
-    kwargs.pop("group_desc", None)
-    if kwargs.get("use_local_synchronization") is False:
-        kwargs.pop("use_local_synchronization")
     if "backend" in kwargs:
         kwargs["backend"] = _gloo(kwargs["backend"])
     if kwargs.get("timeout") is None:
@@ -97,43 +91,30 @@ def new_group(*args, **kwargs):
 new_group.__signature__ = __import__("inspect").signature(_new_group)
 dist.new_group = new_group
 
-if not hasattr(c10d, "_world"):
-    class _World:
-        @property
-        def pg_map(self):
-            return c10d._pg_map
-    c10d._world = _World()
-
 def _module(name, **attrs):
     mod = types.ModuleType(name)
     mod.__dict__.update(attrs)
     sys.modules[name] = mod
     return mod
 
-class GlobalMemoryBuffer:
-    pass
-
-def is_torch_min_version(version, check_equality=True):
-    have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2] if x.isdigit())
-    want = tuple(int(x) for x in version.split(".")[:2])
-    return have >= want if check_equality else have > want
-
-_module("megatron.core.utils", GlobalMemoryBuffer=GlobalMemoryBuffer,
-        is_torch_min_version=is_torch_min_version)
-_module("megatron.core.inference").__path__ = []
-_module("megatron.core.inference.symmetric_memory",
-        SymmetricMemoryManager=type("SymmetricMemoryManager", (), {"destroy": staticmethod(lambda: None)}))
 def _not_here(*a, **k):
-    raise NotImplementedError("megatron.training is not part of this harness")
+    raise NotImplementedError("megatron.training is not part of megatron-core")
 _module("megatron.training").__path__ = []
 _module("megatron.training.argument_utils", gpt_config_from_args=_not_here,
         hybrid_config_from_args=_not_here, pretrain_cfg_container_from_args=_not_here)
-try:
-    import einops  # noqa: F401
-except ImportError:
-    sys.path.insert(0, os.environ["HARNESS_TOOLS"])
-    from head_creation_order import rearrange
-    _module("einops", rearrange=rearrange)
+
+if os.environ.get("HARNESS_IMPL") == "commgrid":
+    # Before megatron.core is imported: its parallel state is commgrid's.
+    import commgrid
+    import commgrid.torch.head
+    sys.modules["megatron.core.parallel_state"] = commgrid.torch.head
+    _module("megatron.core.process_groups_config", ProcessGroupCollection=commgrid.ProcessGroupCollection,
+            MultiModuleProcessGroupCollection=commgrid.MultiModuleProcessGroupCollection,
+            ModelCommProcessGroups=commgrid.ModelCommProcessGroups,
+            GradCommProcessGroups=commgrid.GradCommProcessGroups)
+    _module("megatron.core.hyper_comm_grid", HyperCommGrid=commgrid.HyperCommGrid)
+    import megatron.core
+    assert megatron.core.parallel_state is commgrid.torch.head
 
 def pytest_configure(config):
     for mark in ("flaky", "flaky_in_dev", "internal"):  # Megatron's own markers
@@ -157,18 +138,6 @@ def pytest_sessionfinish(session, exitstatus):
             json.dump(_outcome, f)
 '''
 
-# The package shell of megatron.core: for --impl commgrid it resolves the modules under test
-# to commgrid's.
-CORE_INIT_MEGATRON = '"""The package shell of megatron.core (the harness imports only what it tests)."""\n'
-CORE_INIT_COMMGRID = '''"""megatron.core, with its parallel state resolved to commgrid."""
-import sys
-import {ps} as parallel_state
-sys.modules[__name__ + ".parallel_state"] = parallel_state
-'''
-PGC_COMMGRID = "from commgrid import GradCommProcessGroups, ModelCommProcessGroups, ProcessGroupCollection  # noqa: F401\n"
-HCG_COMMGRID = "from commgrid import HyperCommGrid  # noqa: F401\n"
-
-
 def git(repo, *args, binary=False):
     return subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True,
                           text=not binary).stdout
@@ -179,48 +148,32 @@ def has_path(repo, rev, path):
                           capture_output=True).returncode == 0
 
 
-def lay_out(repo, rev, impl, root):
-    """The temporary tree for one revision and implementation; returns the test files."""
+def lay_out(repo, rev, root):
+    """The temporary tree of Megatron's test files for one revision; returns them. The
+    modules under test are the installed megatron-core's (no megatron/ here)."""
     tests = [p for p in TEST_FILES if has_path(repo, rev, p)]
-    paths = tests + list(SUPPORT)
-    if impl == "megatron":
-        paths += [p for p in MODULES if has_path(repo, rev, p)]
-    archive = git(repo, "archive", rev, *paths, binary=True)
+    archive = git(repo, "archive", rev, *(tests + list(SUPPORT)), binary=True)
     subprocess.run(["tar", "-x", "-C", root], input=archive, check=True)
-    for pkg in ("megatron", "tests", "tests/unit_tests"):
-        os.makedirs(os.path.join(root, pkg), exist_ok=True)
+    for pkg in ("tests", "tests/unit_tests"):
         open(os.path.join(root, pkg, "__init__.py"), "a").close()
-    core = os.path.join(root, "megatron", "core")
-    os.makedirs(core, exist_ok=True)
     with open(os.path.join(root, "conftest.py"), "w") as f:
         f.write(CONFTEST)
-    if impl == "megatron":
-        with open(os.path.join(core, "__init__.py"), "w") as f:
-            f.write(CORE_INIT_MEGATRON)
-    else:
-        head = "gtp_remat_size" in git(repo, "show", f"{rev}:megatron/core/parallel_state.py")
-        with open(os.path.join(core, "__init__.py"), "w") as f:
-            f.write(CORE_INIT_COMMGRID.format(ps="commgrid.torch.head" if head else "commgrid.torch"))
-        with open(os.path.join(core, "process_groups_config.py"), "w") as f:
-            f.write(PGC_COMMGRID)
-        with open(os.path.join(core, "hyper_comm_grid.py"), "w") as f:
-            f.write(HCG_COMMGRID)
     return tests
 
 
-def environment(root, world, rank, args):
+def environment(root, world, rank, args, impl):
     env = dict(os.environ)
     path = [root] + ([os.path.abspath(args.commgrid)] if args.commgrid else [])
     env.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
                MASTER_ADDR="127.0.0.1", PYTHONDONTWRITEBYTECODE="1",
                PYTHONPATH=os.pathsep.join(path + [env.get("PYTHONPATH", "")]),
-               HARNESS_PG_TIMEOUT=str(args.pg_timeout),
+               HARNESS_PG_TIMEOUT=str(args.pg_timeout), HARNESS_IMPL=impl,
                HARNESS_TOOLS=os.path.dirname(os.path.abspath(__file__)))
     return env
 
 
-def collect(root, tests, args):
-    env = environment(root, args.world_size, 0, args)
+def collect(root, tests, args, impl):
+    env = environment(root, args.world_size, 0, args, impl)
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
            "--rootdir", root, *tests]
     if args.k:
@@ -237,6 +190,12 @@ def rank_runner(args):
     import pytest  # noqa: F401  (imported once here, inherited by every fork)
     import numpy  # noqa: F401
     import torch  # noqa: F401
+    # megatron.core too (slow to import), resolved as the conftest resolves it.
+    if os.environ.get("HARNESS_IMPL") == "commgrid":
+        import commgrid
+        import commgrid.torch.head
+        sys.modules["megatron.core.parallel_state"] = commgrid.torch.head
+    import megatron.core  # noqa: F401
     with open(args.ids) as f:
         ids = json.load(f)
     results = {}
@@ -312,22 +271,51 @@ def free_port_base(count):
     raise SystemExit(f"error: found no {count} free consecutive ports")
 
 
+def _run_session(root, ids, impl, port, args):
+    """--session: one pytest session per rank over every test id, in one order, as
+    Megatron-LM's CI runs its unit tests (torchrun ... -m pytest FILE); each rank's outcomes
+    go to rank<r>.json. Faster (one start per rank), but a test that hangs holds up the rest
+    until the Gloo timeout."""
+    procs = []
+    for r in range(args.world_size):
+        env = environment(root, args.world_size, r, args, impl)
+        env.update(MASTER_PORT=str(port), HARNESS_RESULT=os.path.join(root, f"rank{r}.json"))
+        log = open(os.path.join(args.logs or root, f"session-{impl}-rank{r}.log"), "w")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", root,
+               "-W", "ignore::DeprecationWarning", *ids]
+        procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=log))
+    deadline = time.monotonic() + args.timeout * len(ids)
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    for r in range(args.world_size):
+        out = os.path.join(root, f"rank{r}.json")
+        if not os.path.exists(out):
+            with open(out, "w") as f:
+                json.dump({}, f)
+
+
 def run(repo, rev, impl, args):
     root = tempfile.mkdtemp(prefix=f"megatron-{rev[:10]}-{impl}-")
     try:
-        tests = lay_out(repo, rev, impl, root)
-        ids = collect(root, tests, args)
+        tests = lay_out(repo, rev, root)
+        ids = collect(root, tests, args, impl)
         with open(os.path.join(root, "ids.json"), "w") as f:
             json.dump(ids, f)
         port_base = free_port_base(len(ids))
         procs = []
-        for r in range(args.world_size):
+        if args.session:
+            _run_session(root, ids, impl, port_base, args)
+        for r in range(0 if args.session else args.world_size):
             cmd = [sys.executable, os.path.abspath(__file__), "--rank-runner",
                    "--rank", str(r), "--world", str(args.world_size), "--root", root, "--ids", os.path.join(root, "ids.json"),
                    "--out", os.path.join(root, f"rank{r}.json"),
                    "--log", os.path.join(args.logs or root, f"{rev[:10]}-{impl}-rank{r}.log"),
                    "--port-base", str(port_base), "--timeout", str(args.timeout)]
-            procs.append(subprocess.Popen(cmd, cwd=root, env=environment(root, args.world_size, r, args)))
+            procs.append(subprocess.Popen(cmd, cwd=root, env=environment(root, args.world_size, r, args, impl)))
         for p in procs:
             p.wait()
         per_rank = []
@@ -499,6 +487,9 @@ def main():
     p.add_argument("--timeout", type=float, default=150, help="seconds per test and rank")
     p.add_argument("--pg-timeout", type=float, default=60, help="Gloo collective timeout (s)")
     p.add_argument("-k", help="pytest -k expression: run only the matching tests")
+    p.add_argument("--session", action="store_true",
+                   help="run every test in one pytest session per rank (as Megatron's CI does) "
+                        "instead of each test id in a fresh one")
     p.add_argument("--json", help="write every outcome to this file")
     p.add_argument("--logs", help="directory for the per-rank pytest logs (default: dropped)")
     p.add_argument("--keep", action="store_true", help="keep the temporary trees")

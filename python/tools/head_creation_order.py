@@ -12,7 +12,7 @@ once. commgrid's per-group strategy under ``--compat head`` is tested against th
 
 Usage (the files under tests/data/head_creation_order/ were made with exactly this):
 
-    /usr/bin/python3 tools/head_creation_order.py \
+    /usr/bin/python3 python/tools/head_creation_order.py \
         --megatron-git <Megatron-LM git dir> --rev d98e8a64dd \
         --vectors tests/vectors/head --out tests/data/head_creation_order
 

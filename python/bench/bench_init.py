@@ -1,0 +1,91 @@
+"""Initialization time of commgrid.torch against megatron-core's own parallel_state, side
+by side in one run on the same torch: WORLD Gloo processes on this machine; each
+implementation's initialize_model_parallel (tp 2, pp 2, the Gloo twins, as Megatron's
+defaults) is timed between two barriers, alternating, REPEATS times each, then destroyed.
+The time of a round is the slowest rank's.
+
+    .venv/bin/python python/bench/bench_init.py --world 8 16 32 --repeats 3
+
+(with the package importable: PYTHONPATH=build/python). Prints one Markdown row per world.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from datetime import timedelta
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank, world, port, repeats, out):
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    import torch
+    import torch.distributed as dist
+    import megatron.core.parallel_state as megatron
+    import commgrid.torch as commgrid_torch
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    kwargs = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    times = {"megatron": [], "commgrid": []}
+    for _ in range(repeats):
+        for name, ps in (("megatron", megatron), ("commgrid", commgrid_torch)):
+            dist.barrier()
+            start = time.perf_counter()
+            ps.initialize_model_parallel(**kwargs)
+            took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank's
+            times[name].append(float(took.item()))
+            ps.destroy_model_parallel()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(times, f)
+    dist.destroy_process_group()
+
+
+def run_world(world, repeats):
+    port = free_port()
+    out = f"/tmp/bench_init_{os.getpid()}_{world}.json"
+    procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--world", str(world),
+                               "--port", str(port), "--repeats", str(repeats), "--out", out],
+                              stderr=subprocess.DEVNULL) for r in range(world)]
+    for p in procs:
+        if p.wait(timeout=1800) != 0:
+            raise SystemExit(f"error: a rank of world {world} exited with {p.returncode}")
+    with open(out) as f:
+        times = json.load(f)
+    os.remove(out)
+    return times
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--world", type=int, nargs="+", default=[8, 16, 32])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank is not None:
+        return rank_main(args.rank, args.world[0], args.port, args.repeats, args.out)
+    print("| ranks | megatron-core (median s) | commgrid.torch (median s) | ratio |")
+    print("|---|---|---|---|")
+    for world in args.world:
+        t = run_world(world, args.repeats)
+        med = {k: sorted(v)[len(v) // 2] for k, v in t.items()}
+        print(f"| {world} | {med['megatron']:.3f} | {med['commgrid']:.3f} | "
+              f"{med['megatron'] / med['commgrid']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,802 @@
+#!/usr/bin/env python3
+"""Hosts that are hosts: a job across network namespaces, and network faults during it.
+
+    hosts.py --cli COMMGRID --train-gpt TRAIN_GPT [--etcd ETCD --etcdctl ETCDCTL] SCENARIO
+    hosts.py ... bench          (recovery times across hosts, with and without delay)
+
+Each scenario makes 3 hosts, each a network namespace with its own address (198.18.N.1-3, the
+benchmarking range) on a veth pair whose other end is a port of a bridge in a fourth namespace
+(the switch), runs one `commgrid launch` per host (and, with etcd, one etcd member per host)
+and injects its faults there: a link down (the switch's port), a one-way block and random
+loss (nftables on the host), a rate limit (tbf) and a delay (netem on every switch port where
+the kernel has it, else delay_relay.py, a TCP relay that nftables sends the host's connections
+to the store and between etcd members through).
+Every run is checked: exactly one decision per epoch as the store saw it (etcd: each decision
+key written once), no process acting in an epoch that declared it dead (its lines, and with
+etcd every key naming it written before its fence), the steps' losses equal to those of the
+same layout without failures step by step, and nothing left running in any namespace (the
+harness fails the scenario otherwise, then kills it and removes every namespace).
+
+Exit 0: passed; 1: failed (the reasons on stderr); 77: skipped (not root, no namespaces, no
+etcd), saying why.
+"""
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SKIP = 77
+HERE = os.path.dirname(os.path.abspath(__file__))
+RELAY_PORT = 47000
+RELAY_MARK = 0x4347
+STORE_PORT = 29400  # tcp:// (node 0's launcher) inside the namespaces: no other job is there
+ETCD_CLIENT, ETCD_PEER = 2379, 2380
+# The relay delays connections to these (the store, etcd's clients and peers) only: through
+# a relay, a refused connect becomes a connection that succeeds and is then closed, which
+# Gloo's pair set-up does not retry.
+STORE_PORTS = f"{STORE_PORT}, {ETCD_CLIENT}, {ETCD_PEER}"
+ROOT_PASSWORD = "hosts-root"
+TOKEN = "hosts-token"
+# The model and run: tiny, so that 3 hosts of 2 processes fit 2 cores.
+MODEL = ["--tp", "2", "--hidden", "16", "--seq", "16", "--layers", "2"]
+
+
+class Skip(Exception):
+    pass
+
+
+class Failed(Exception):
+    pass
+
+
+def run(cmd, ns=None, check=True, timeout=30, env=None):
+    full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+    r = subprocess.run(full, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(full)}: exit {r.returncode}: {r.stderr.strip()}")
+    return r
+
+
+def log(msg):
+    print(f"[hosts {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def table(name, kind, priority, rule):
+    """An nftables table with one chain on the output hook holding one rule."""
+    return (f"table {name} {{\n chain out {{\n  type {kind} hook output priority {priority}\n"
+            f"  {rule}\n }}\n}}\n")
+
+
+class Network:
+    """N hosts and a switch, each a network namespace; removed whatever happens (close())."""
+
+    def __init__(self, hosts, tmp):
+        self.tag = f"{os.getpid() % 100000}"
+        self.switch = f"cg{self.tag}sw"
+        self.hosts = [f"cg{self.tag}h{i}" for i in range(hosts)]
+        self.subnet = 1 + os.getpid() % 250
+        self.ips = [f"198.18.{self.subnet}.{i + 1}" for i in range(hosts)]
+        self.tmp = tmp
+        self.procs = []  # (name, Popen, out path, err path)
+        self.made = []
+        self.netem = None
+
+    # ---- setup and teardown -------------------------------------------------------------
+    def up(self):
+        if os.geteuid() != 0:
+            raise Skip("network namespaces need root (this runs as uid %d)" % os.geteuid())
+        if shutil.which("ip") is None:
+            raise Skip("iproute2's ip is not installed")
+        try:
+            run(["ip", "netns", "add", self.switch])
+        except RuntimeError as e:
+            raise Skip(f"cannot make a network namespace: {e}")
+        self.made.append(self.switch)
+        run(["ip", "-n", self.switch, "link", "set", "lo", "up"])
+        run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+        run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+        for i, h in enumerate(self.hosts):
+            run(["ip", "netns", "add", h])
+            self.made.append(h)
+            run(["ip", "link", "add", "name", "eth0", "netns", h, "type", "veth", "peer", "name",
+                 f"p{i}", "netns", self.switch])
+            run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0"])
+            run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up"])
+            run(["ip", "-n", h, "link", "set", "lo", "up"])
+            run(["ip", "-n", h, "addr", "add", f"{self.ips[i]}/24", "dev", "eth0"])
+            run(["ip", "-n", h, "link", "set", "eth0", "up"])
+
+    def start(self, name, host, cmd, env=None):
+        out = os.path.join(self.tmp, f"{name}.out")
+        err = os.path.join(self.tmp, f"{name}.err")
+        p = subprocess.Popen(["ip", "netns", "exec", self.hosts[host]] + list(cmd),
+                             stdin=subprocess.DEVNULL, stdout=open(out, "w"),
+                             stderr=open(err, "w"), env=env, start_new_session=True)
+        self.procs.append((name, p, out, err))
+        return p
+
+    def pids(self, ns):
+        r = run(["ip", "netns", "pids", ns], check=False)
+        return [int(x) for x in r.stdout.split()]
+
+    @staticmethod
+    def describe(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:120].strip()
+            return f"{pid} ({command})"
+        except OSError:
+            return str(pid)
+
+    def kill_host(self, i):
+        """The host is lost: every process in it dies at once and its link goes down."""
+        self.link(i, False)
+        for pid in self.pids(self.hosts[i]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def close(self, stop_infra):
+        """Stops what the harness itself runs (etcd, relays: stop_infra), then checks that no
+        process is left in any namespace; kills whatever is and removes every namespace.
+        Returns the leftovers ("host: pid (command)")."""
+        stop_infra()
+        left = []
+        deadline = time.time() + 10
+        for ns in self.made:
+            while self.pids(ns) and time.time() < deadline:
+                time.sleep(0.1)
+            left += [f"{ns}: {self.describe(p)}" for p in self.pids(ns)]
+        for ns in self.made:
+            for _ in range(50):
+                pids = self.pids(ns)
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.1)
+        for _, p, _, _ in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for ns in reversed(self.made):
+            run(["ip", "netns", "del", ns], check=False)
+        self.made = []
+        return left
+
+    # ---- faults ------------------------------------------------------------------------
+    def link(self, i, up):
+        run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up" if up else "down"])
+
+    def nft(self, i, script):
+        p = subprocess.run(["ip", "netns", "exec", self.hosts[i], "nft", "-f", "-"], input=script,
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            raise RuntimeError(f"nft on {self.hosts[i]}: {p.stderr.strip()}\n{script}")
+
+    def block(self, src, dst, on=True):
+        """src's packets to dst are dropped (dst still reaches src's address: one way)."""
+        if on:
+            self.nft(src, table("ip cgblock", "filter", 0, f"ip daddr {self.ips[dst]} drop"))
+        else:
+            run(["nft", "delete", "table", "ip", "cgblock"], ns=self.hosts[src], check=False)
+
+    def loss(self, percent):
+        for i in range(len(self.hosts)):
+            self.nft(i, table("inet cgloss", "filter", 0,
+                              f"oifname \"eth0\" numgen random mod 100 < {percent} drop"))
+
+    def rate(self, rate="100mbit"):
+        for h in self.hosts:
+            run(["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst",
+                 "256kb", "latency", "200ms"], ns=h)
+
+    def delay(self, ms, relays):
+        """Each host's outgoing traffic to other hosts gets ms in each direction: netem if
+        the kernel has it, else the relay. Returns which ran."""
+        if self.netem is None:
+            r = run(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                    ns=self.switch, check=False)
+            self.netem = r.returncode == 0
+            if self.netem:
+                run(["tc", "qdisc", "del", "dev", "lo", "root"], ns=self.switch, check=False)
+        if self.netem:
+            # On the switch's ports: each direction of every link, ms/2 at each end's port.
+            for i in range(len(self.hosts)):
+                run(["tc", "qdisc", "replace", "dev", f"p{i}", "root", "netem", "delay",
+                     f"{ms}ms"], ns=self.switch)
+            return f"netem {ms} ms on every switch port"
+        for i, h in enumerate(self.hosts):
+            # Ahead of the job's processes for the CPU: a relay that waits for a core adds its
+            # wait to the delay (and Gloo's connection gate gives a silent peer 2 s).
+            p = self.start(f"relay{i}", i, ["nice", "-n", "-15", sys.executable,
+                                            os.path.join(HERE, "delay_relay.py"),
+                                            str(RELAY_PORT), str(ms)])
+            relays.append(p)
+        for i, h in enumerate(self.hosts):
+            deadline = time.time() + 20
+            while "ready" not in open(os.path.join(self.tmp, f"relay{i}.out")).read():
+                if time.time() > deadline:
+                    raise RuntimeError(f"the delay relay of {h} did not start")
+                time.sleep(0.05)
+            self.nft(i, table("ip cgdelay", "nat", -100,
+                              f"meta mark != {RELAY_MARK} ip daddr 198.18.{self.subnet}.0/24 "
+                              f"ip daddr != {self.ips[i]} tcp dport {{ {STORE_PORTS} }} "
+                              f"redirect to :{RELAY_PORT}"))
+        return (f"delay_relay.py {ms} ms each way on every connection to the store and between "
+                f"etcd members (no netem here; Gloo's connections are not relayed)")
+
+
+class Etcd:
+    """One etcd member per host (the first `members` hosts), auth on with a root user."""
+
+    def __init__(self, net, exe, ctl, members):
+        self.net, self.exe, self.ctl, self.members = net, exe, ctl, members
+        self.procs = []
+
+    def endpoints(self, first=0):
+        order = [first] + [i for i in range(self.members) if i != first] \
+            if first < self.members else list(range(self.members))
+        return ",".join(f"{self.net.ips[i]}:{ETCD_CLIENT}" for i in order)
+
+    def start(self):
+        initial = ",".join(f"m{i}=http://{self.net.ips[i]}:{ETCD_PEER}" for i in range(self.members))
+        for i in range(self.members):
+            ip = self.net.ips[i]
+            shutil.rmtree(os.path.join(self.net.tmp, f"etcd{i}"), ignore_errors=True)
+            self.procs.append(self.net.start(f"etcd{i}", i, [
+                self.exe, "--name", f"m{i}", "--data-dir", os.path.join(self.net.tmp, f"etcd{i}"),
+                "--listen-client-urls", f"http://{ip}:{ETCD_CLIENT}",
+                "--advertise-client-urls", f"http://{ip}:{ETCD_CLIENT}",
+                "--listen-peer-urls", f"http://{ip}:{ETCD_PEER}",
+                "--initial-advertise-peer-urls", f"http://{ip}:{ETCD_PEER}",
+                "--initial-cluster", initial, "--initial-cluster-state", "new",
+                # Heartbeats well above a delayed link's round trip, elections in 2 s.
+                "--heartbeat-interval", "200", "--election-timeout", "2000",
+                # A member back from a partition asks before it starts an election, so that
+                # a flapping link does not depose a leader the others still follow.
+                "--pre-vote",
+                "--log-level", "error", "--logger", "zap"]))
+        deadline = time.time() + 60
+        while self.ctl_run(["put", "hosts-probe", "1"], user=False).returncode != 0:
+            if time.time() > deadline:
+                raise RuntimeError("the etcd cluster did not start within 60 s: " +
+                                   open(os.path.join(self.net.tmp, "etcd0.err")).read()[-2000:])
+            time.sleep(0.2)
+        for args in (["user", "add", f"root:{ROOT_PASSWORD}", "--interactive=false"],
+                     ["auth", "enable"]):
+            r = self.ctl_run(args, user=False)
+            if r.returncode != 0:
+                raise RuntimeError(f"etcdctl {' '.join(args)}: {r.stderr}")
+
+    def ctl_run(self, args, user=True, host=None):
+        hosts = [host] if host is not None else range(len(self.net.hosts))
+        r = None
+        for h in hosts:  # from a host that still reaches the cluster
+            cmd = [self.ctl, "--endpoints", self.endpoints(), "--dial-timeout", "3s",
+                   "--command-timeout", "5s"] + (["--user", f"root:{ROOT_PASSWORD}"] if user else []) + args
+            env = dict(os.environ, ETCDCTL_API="3")
+            r = run(cmd, ns=self.net.hosts[h], check=False, timeout=30, env=env)
+            if r.returncode == 0:
+                return r
+        return r
+
+    def dump(self, prefix):
+        """Every key under prefix as etcd holds it: {key: (value, create_revision, version)}."""
+        r = self.ctl_run(["get", "--prefix", prefix, "-w", "json"])
+        if r.returncode != 0:
+            raise Failed(f"cannot read the job's keys from etcd: {r.stderr.strip()}")
+        out = {}
+        for kv in json.loads(r.stdout).get("kvs", []):
+            k = base64.b64decode(kv["key"]).decode(errors="replace")
+            v = base64.b64decode(kv.get("value", "")).decode(errors="replace")
+            out[k[len(prefix):]] = (v, int(kv.get("create_revision", 0)), int(kv.get("version", 0)))
+        return out
+
+
+class Job:
+    """One commgrid launch per host: hosts 0 and 1 hold the 4 ranks (tp 2 x dp 2), host 2
+    the 2 spares. The store is node 0's tcp:// (served by its launcher) or the etcd cluster."""
+
+    def __init__(self, args, net, store, steps, timeout, name, etcd=None, host_timeout=None,
+                 extra=()):
+        self.args, self.net, self.store, self.steps, self.timeout = args, net, store, steps, timeout
+        self.extra = list(extra)
+        self.name, self.etcd = name, etcd
+        self.job_id = f"hosts-{name}-{os.getpid()}"
+        self.launches = []
+        self.host_timeout = host_timeout or {}
+        self.t0 = None
+
+    def start(self):
+        self.t0 = time.time()
+        for node in range(len(self.net.hosts)):
+            t = self.host_timeout.get(node, self.timeout)
+            flags = ["launch", "-n", "2", "--nnodes", str(len(self.net.hosts)), "--node-rank",
+                     str(node), "--spares", "2", "--timeout", str(t), "--output", "raw",
+                     "--rdzv-id", self.job_id]
+            if self.store == "tcp":
+                flags += ["--master-addr", self.net.ips[0], "--master-port", str(STORE_PORT)]
+            else:
+                flags += ["--store", f"etcd://{self.etcd.endpoints(node)}"]
+            env = dict(os.environ, COMMGRID_TOKEN=TOKEN, COMMGRID_ETCD_ROOT_PASSWORD=ROOT_PASSWORD)
+            cmd = [self.args.cli] + flags + ["--", self.args.train_gpt] + MODEL + [
+                "--steps", str(self.steps), "--format", "json", "--spares", "2",
+                "--snapshot-every", "2"] + self.extra
+            self.launches.append(self.net.start(f"{self.name}-node{node}", node, cmd, env=env))
+
+    def wait(self, bound):
+        """Waits for every launch (at most `bound` seconds in all); their exit codes (None:
+        still running at the bound, then killed)."""
+        deadline = time.time() + bound
+        codes = []
+        for p in self.launches:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        for p, c in zip(self.launches, codes):
+            if c is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        self.elapsed = time.time() - self.t0
+        return codes
+
+    def output(self, node):
+        base = os.path.join(self.net.tmp, f"{self.name}-node{node}")
+        return open(base + ".out").read(), open(base + ".err").read()
+
+    def all_err(self):
+        return "".join(f"--- node {n} stderr:\n{self.output(n)[1][-6000:]}"
+                       for n in range(len(self.net.hosts)))
+
+    def steps_out(self):
+        """The steps of the JSON that logical rank 0 printed (on whichever host it ended)."""
+        for n in range(len(self.net.hosts)):
+            for line in self.output(n)[0].splitlines():
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        doc = json.loads(line)
+                    except ValueError:
+                        continue
+                    if "steps" in doc:
+                        return [(s["loss"], s["grad_norm"]) for s in doc["steps"]]
+        # A JSON document over several lines (train_gpt pretty-prints it).
+        for n in range(len(self.net.hosts)):
+            out = self.output(n)[0]
+            at = out.find("{")
+            while at != -1:
+                try:
+                    doc, _ = json.JSONDecoder().raw_decode(out, at)
+                    return [(s["loss"], s["grad_norm"]) for s in doc["steps"]]
+                except (ValueError, KeyError, TypeError):
+                    at = out.find("{", at + 1)
+        return None
+
+
+def reference(args, steps):
+    r = subprocess.run([args.train_gpt] + MODEL + ["--local", "4", "--steps", str(steps),
+                                                   "--format", "json", "--timeout", "60"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"the reference run failed: {r.stderr}")
+    return [(s["loss"], s["grad_norm"]) for s in json.loads(r.stdout)["steps"]]
+
+
+# ---- the checker ----------------------------------------------------------------------------
+ADOPTED = re.compile(r"train_gpt: process (\d+) is logical rank (\d+) of epoch (\d+)")
+FENCED = re.compile(r"process (\d+) was declared dead in epoch (\d+) and is fenced")
+
+
+def check(job, ref, expect_finish=True):
+    """The run's invariants; returns a summary of its epochs. Raises Failed."""
+    problems = []
+    stderr = "".join(job.output(n)[1] for n in range(len(job.net.hosts)))
+    # Decisions, as the store saw them.
+    decisions = {}
+    store_keys = None
+    if job.etcd is not None:
+        store_keys = job.etcd.dump(f"commgrid/{job.job_id}/")
+        for k, (v, rev, version) in store_keys.items():
+            m = re.fullmatch(r"resilience/epoch/(\d+)/decision", k)
+            if m:
+                decisions[int(m.group(1))] = v
+                if version != 1:
+                    problems.append(f"the decision of epoch {m.group(1)} was written {version} times")
+        if sorted(decisions) != list(range(1, len(decisions) + 1)):
+            problems.append(f"the decided epochs are {sorted(decisions)}, not 1..{len(decisions)}")
+    else:
+        # The tcp:// store lives in node 0's launcher: the processes' lines stand in for it.
+        for m in ADOPTED.finditer(stderr):
+            decisions.setdefault(int(m.group(3)), "(seen by the processes)")
+        decisions.pop(0, None)
+    dead = {}  # process -> first epoch that declared it dead
+    for e, text in sorted(decisions.items()):
+        m = re.search(r"^dead=([\d,]*)$", text, re.M)
+        for p in (m.group(1).split(",") if m and m.group(1) else []):
+            dead.setdefault(int(p), e)
+    # No process acting in an epoch that declared it dead.
+    for m in ADOPTED.finditer(stderr):
+        p, e = int(m.group(1)), int(m.group(3))
+        if e > max(decisions, default=0):
+            problems.append(f"process {p} took part in epoch {e}, which no decision made")
+        if p in dead and e >= dead[p]:
+            problems.append(f"process {p} acted in epoch {e}, after epoch {dead[p]} declared it dead")
+    if store_keys is not None:
+        for p, d in dead.items():
+            fences = [rev for k, (_, rev, _) in store_keys.items()
+                      if re.fullmatch(rf"commgrid-fence/process/{p}/\d+", k)]
+            if not fences:
+                problems.append(f"process {p} was declared dead in epoch {d} but never fenced")
+                continue
+            for k, (_, rev, _) in store_keys.items():
+                m = re.fullmatch(rf"resilience/epoch/(\d+)/alive/{p}", k)
+                if m and int(m.group(1)) >= d and rev > min(fences):
+                    problems.append(f"key {k} was written after process {p}'s fence")
+    # No step applied twice or skipped: every step's loss equal to the reference's.
+    if expect_finish:
+        got = job.steps_out()
+        if got is None:
+            problems.append("no process printed the job's steps (JSON)")
+        elif len(got) != len(ref):
+            problems.append(f"{len(got)} steps, the reference has {len(ref)}")
+        else:
+            for i, ((l, g), (rl, rg)) in enumerate(zip(got, ref)):
+                if abs(l - rl) > 1e-9 * abs(rl) or abs(g - rg) > 1e-9 * abs(rg):
+                    problems.append(f"step {i + 1}: loss {l!r} grad norm {g!r}, "
+                                    f"uninterrupted {rl!r} {rg!r}")
+    if problems:
+        raise Failed("; ".join(problems) + "\n" + job.all_err())
+    failed = {}
+    for k, (v, _, _) in (store_keys or {}).items():
+        m = re.fullmatch(r"resilience/epoch/(\d+)/failed", k)
+        if m:
+            failed[int(m.group(1))] = v[:160]
+    return {"epochs": len(decisions), "dead": dead, "why": failed,
+            "fenced": sorted({int(m.group(1)) for m in FENCED.finditer(stderr)}),
+            "recoveries": re.findall(r"agreement [\d.]+ s, groups [\d.]+ s, model [\d.]+ s, "
+                                     r"state [\d.]+ s", stderr)}
+
+
+# ---- scenarios -----------------------------------------------------------------------------
+T = 3  # every operation's timeout (seconds)
+
+
+def wait_for_training(job, etcd, seconds):
+    """Until the job's epoch-0 world exists (etcd: its key; tcp: a moment), then `seconds`."""
+    if etcd is not None:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            r = etcd.ctl_run(["get", "--prefix", "--keys-only",
+                              f"commgrid/{job.job_id}/resilience/epoch/0/world"])
+            if r.returncode == 0 and r.stdout.strip():
+                break
+            time.sleep(0.2)
+    else:
+        time.sleep(3)
+    time.sleep(seconds)
+
+
+def verify_across(args, net, store, etcd):
+    """commgrid verify with tp 2 x pp 3 over the 3 hosts."""
+    codes, outs = [], []
+    job_id = f"hosts-verify-{store}-{os.getpid()}"
+    procs = []
+    for node in range(3):
+        flags = ["launch", "-n", "2", "--nnodes", "3", "--node-rank", str(node), "--timeout", "60",
+                 "--rdzv-id", job_id, "--output", "rank0"]
+        flags += (["--master-addr", net.ips[0], "--master-port", str(STORE_PORT)] if store == "tcp"
+                  else ["--store", f"etcd://{etcd.endpoints(node)}"])
+        env = dict(os.environ, COMMGRID_TOKEN=TOKEN, COMMGRID_ETCD_ROOT_PASSWORD=ROOT_PASSWORD)
+        procs.append(net.start(f"verify-{store}-{node}", node,
+                               [args.cli] + flags + ["--", args.cli, "verify", "--tp", "2", "--pp", "3"],
+                               env=env))
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=120))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            codes.append(None)
+    out = open(os.path.join(net.tmp, f"verify-{store}-0.out")).read()
+    err = "".join(open(os.path.join(net.tmp, f"verify-{store}-{n}.err")).read() for n in range(3))
+    if codes != [0, 0, 0] or "verified" not in out or "on 6 ranks" not in out:
+        raise Failed(f"verify across hosts ({store}): exit codes {codes}\n{out[-3000:]}{err[-3000:]}")
+    log(f"verify across 3 hosts over {store}: {out.strip().splitlines()[-1]}")
+
+
+def scenario(name):
+    def wrap(fn):
+        SCENARIOS[name] = fn
+        return fn
+    return wrap
+
+
+SCENARIOS = {}
+
+
+@scenario("verify")
+def _verify(ctx):
+    verify_across(ctx.args, ctx.net, "tcp", None)
+    verify_across(ctx.args, ctx.net, "etcd", ctx.etcd())
+
+
+@scenario("clean")
+def _clean(ctx):
+    """No fault: the job across hosts, as a time and behaviour to compare with."""
+    etcd = ctx.etcd()
+    job = Job(ctx.args, ctx.net, "etcd", 24, T, "clean", etcd)
+    job.start()
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(24))
+    if codes != [0, 0, 0] or summary["epochs"] != 0:
+        raise Failed(f"exit codes {codes}, {summary}\n{job.all_err()}")
+    log(f"finished in {job.elapsed:.1f} s; {summary}")
+
+
+@scenario("delay-loss")
+def _delay_loss(ctx):
+    """Delay on every link, 3% loss, a rate limit: the job finishes as without them, with no
+    operation past its timeout (no failure, so no epoch after the first)."""
+    # The delay first: nftables redirects new connections only, so etcd's members must
+    # connect to each other through the relays.
+    how = ctx.net.delay(50, ctx.relays)
+    etcd = ctx.etcd()
+    ctx.net.loss(3)
+    ctx.net.rate("200mbit")
+    log(f"faults: {how}; 3% loss (nftables numgen) on every host; tbf 200mbit")
+    job = Job(ctx.args, ctx.net, "etcd", 6, 60, "delay", etcd)
+    job.start()
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(6))
+    if summary["epochs"] != 0:
+        raise Failed(f"an operation ran past its timeout: {summary}\n{job.all_err()}")
+    if any(c != 0 for c in codes):
+        raise Failed(f"exit codes {codes}\n{job.all_err()}")
+    log(f"finished in {job.elapsed:.1f} s under delay and loss; {summary}")
+
+
+@scenario("cut-off")
+def _cut_off(ctx):
+    """Host 1 (ranks 2, 3) loses its link while training: the others time out, declare its
+    processes dead, the spares of host 2 take their ranks and the job finishes as without
+    the failure; when the link comes back, host 1's processes (whose own timeout is longer,
+    so they are still alive) find themselves fenced and exit saying so."""
+    etcd = ctx.etcd()
+    job = Job(ctx.args, ctx.net, "etcd", 40, T, "cutoff", etcd, host_timeout={1: 5 * T})
+    job.start()
+    wait_for_training(job, etcd, 2)
+    ctx.net.link(1, False)
+    cut = time.time()
+    log("host 1's link is down")
+    # Until the others have replaced host 1's processes (a new epoch decided), then back.
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        r = etcd.ctl_run(["get", "--keys-only",
+                          f"commgrid/{job.job_id}/resilience/epoch/1/decision"], host=0)
+        if r.returncode == 0 and r.stdout.strip():
+            break
+        time.sleep(0.2)
+    decided = time.time() - cut
+    time.sleep(1)
+    ctx.net.link(1, True)
+    log(f"epoch 1 decided {decided:.1f} s after the cut; host 1's link is up again")
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(40))
+    if codes[0] != 0 or codes[2] != 0:
+        raise Failed(f"exit codes {codes}\n{job.all_err()}")
+    if summary["fenced"] != [2, 3]:
+        raise Failed(f"host 1's processes 2 and 3 did not both exit fenced: {summary}\n{job.all_err()}")
+    if 2 not in summary["dead"] or 3 not in summary["dead"]:
+        raise Failed(f"processes 2, 3 were not declared dead: {summary}")
+    log(f"job finished in {job.elapsed:.1f} s; detected and decided {decided:.1f} s after the "
+        f"cut (timeout {T} s); {summary}")
+
+
+@scenario("asymmetric")
+def _asymmetric(ctx):
+    """Host 1 cannot send to host 0 (host 0 still sends to host 1) for a while: the job goes
+    on with whichever processes the decisions keep and finishes as without the fault."""
+    etcd = ctx.etcd()
+    job = Job(ctx.args, ctx.net, "etcd", 24, T, "asym", etcd)
+    job.start()
+    wait_for_training(job, etcd, 0.5)
+    ctx.net.block(1, 0)
+    log("host 1 -> host 0 dropped (one way)")
+    time.sleep(2 * T)
+    ctx.net.block(1, 0, on=False)
+    log("host 1 -> host 0 restored")
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(24))
+    if not any(c == 0 for c in codes):
+        raise Failed(f"no launch finished: {codes}\n{job.all_err()}")
+    log(f"job finished in {job.elapsed:.1f} s; exit codes {codes}; {summary}")
+
+
+@scenario("flapping")
+def _flapping(ctx):
+    """Host 1's link goes down and up every 0.4-0.8 s for 8 s while training."""
+    etcd = ctx.etcd()
+    job = Job(ctx.args, ctx.net, "etcd", 24, T, "flap", etcd)
+    job.start()
+    wait_for_training(job, etcd, 0.3)
+    end = time.time() + 8
+    n = 0
+    while time.time() < end:
+        ctx.net.link(1, False)
+        time.sleep(0.4 + 0.1 * (n % 5))
+        ctx.net.link(1, True)
+        time.sleep(0.4)
+        n += 1
+    log(f"host 1's link flapped {n} times")
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(24))
+    if not any(c == 0 for c in codes):
+        raise Failed(f"no launch finished: {codes}\n{job.all_err()}")
+    log(f"job finished in {job.elapsed:.1f} s; exit codes {codes}; {summary}")
+
+
+@scenario("store-host-tcp")
+def _store_host_tcp(ctx):
+    """Host 0 (its launcher serves the tcp:// store) is lost: every other process ends within
+    its timeouts with an error naming the store; the launches of hosts 1 and 2 exit 1."""
+    job = Job(ctx.args, ctx.net, "tcp", 200, T, "tcplost")
+    job.start()
+    wait_for_training(job, None, 0.5)
+    ctx.net.kill_host(0)
+    lost = time.time()
+    log("host 0 lost (its processes killed, its link down)")
+    codes = job.wait(120)
+    ended = time.time() - lost
+    store = f"tcp://{ctx.net.ips[0]}:{STORE_PORT}"
+    for node in (1, 2):
+        err = job.output(node)[1]
+        if codes[node] != 1:
+            raise Failed(f"host {node}'s launch exited {codes[node]}, not 1\n{job.all_err()}")
+        # Each of its 2 processes wrote one error line naming the store (--output raw: the
+        # lines as they are), and the launch its own.
+        naming = [l for l in err.splitlines() if l.startswith("error:") and store in l]
+        if len(naming) < 2:
+            raise Failed(f"host {node}: {len(naming)} error lines name the store {store}, not "
+                         f"one per process\n{err[-4000:]}")
+    check(job, None, expect_finish=False)
+    log(f"the job ended {ended:.1f} s after the store's host was lost (timeout {T} s), "
+        f"every error naming {store}")
+
+
+@scenario("store-host-etcd")
+def _store_host_etcd(ctx):
+    """Host 0 (ranks 0, 1 and an etcd member) is lost: the store loses one member of three
+    and goes on; the spares take ranks 0 and 1 and the job finishes as without the loss."""
+    etcd = ctx.etcd()
+    job = Job(ctx.args, ctx.net, "etcd", 40, T, "etcdlost", etcd)
+    job.start()
+    wait_for_training(job, etcd, 2)
+    ctx.net.kill_host(0)
+    lost = time.time()
+    log("host 0 lost (its processes and etcd member killed, its link down)")
+    codes = job.wait(240)
+    summary = check(job, ctx.ref(40))
+    if codes[1] != 0 and codes[2] != 0:
+        raise Failed(f"exit codes {codes}\n{job.all_err()}")
+    if sorted(p for p in summary["dead"] if p in (0, 1)) != [0, 1]:
+        raise Failed(f"processes 0 and 1 were not declared dead: {summary}")
+    log(f"job finished {time.time() - lost:.1f} s after host 0 was lost; {summary}")
+
+
+@scenario("bench")
+def _bench(ctx):
+    """Recovery across hosts, a process SIGKILLed at step 4, without and with 50 ms delay."""
+    rows = []
+    for label in ("no delay", "50 ms each way (relay)"):
+        if label != "no delay":
+            # A new cluster behind the relays (nftables redirects new connections only).
+            ctx.stop_infra()
+            ctx._etcd = None
+            ctx.net.delay(50, ctx.relays)
+        etcd = ctx.etcd()
+        # Process 2 (host 1) dies at step 4: train_gpt's own --fault-kill.
+        job = Job(ctx.args, ctx.net, "etcd", 8, 60, f"bench{len(rows)}", etcd,
+                  extra=["--fault-kill", "2:4"])
+        job.start()
+        codes = job.wait(300)
+        summary = check(job, ctx.ref(8))
+        rows.append((label, job.elapsed, summary["recoveries"]))
+    for label, total, rec in rows:
+        parts = [[float(x) for x in re.findall(r"[\d.]+(?= s)", r)] for r in rec]
+        if not parts:
+            raise Failed(f"bench {label}: no recovery was reported")
+        slowest = max(parts, key=sum)
+        log(f"bench {label}: whole run {total:.1f} s; recovery of the slowest process "
+            f"{sum(slowest):.2f} s (agreement {slowest[0]:.2f} s, groups {slowest[1]:.2f} s, "
+            f"state {slowest[3]:.3f} s)")
+
+
+class Context:
+    def __init__(self, args, net):
+        self.args, self.net = args, net
+        self.relays = []
+        self._etcd = None
+        self._ref = {}
+
+    def etcd(self):
+        if self._etcd is None:
+            if not self.args.etcd or not os.access(self.args.etcd, os.X_OK):
+                raise Skip("etcd is not installed (Debian's etcd-server; scripts/install-deps)")
+            if not self.args.etcdctl or not os.access(self.args.etcdctl, os.X_OK):
+                raise Skip("etcdctl is not installed (Debian's etcd-client; scripts/install-deps)")
+            self._etcd = Etcd(self.net, self.args.etcd, self.args.etcdctl, 3)
+            self._etcd.start()
+        return self._etcd
+
+    def ref(self, steps):
+        if steps not in self._ref:
+            self._ref[steps] = reference(self.args, steps)
+        return self._ref[steps]
+
+    def stop_infra(self):
+        # (etcd's data is thrown away: no need for its graceful, slower, shutdown.)
+        for p in self.relays + (self._etcd.procs if self._etcd else []):
+            if p.poll() is None:
+                p.kill()
+        for p in self.relays + (self._etcd.procs if self._etcd else []):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--train-gpt", required=True)
+    ap.add_argument("--etcd", default="")
+    ap.add_argument("--etcdctl", default="")
+    ap.add_argument("scenario", choices=sorted(SCENARIOS))
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="commgrid-hosts-")
+    net = Network(3, tmp)
+    ctx = Context(args, net)
+    status, why = 0, ""
+    t0 = time.time()
+    try:
+        net.up()
+        log(f"3 hosts {net.ips} on a bridge; scenario {args.scenario}")
+        SCENARIOS[args.scenario](ctx)
+    except Skip as e:
+        status, why = SKIP, f"SKIPPED: {e}"
+    except Failed as e:
+        status, why = 1, f"FAILED: {e}"
+    except Exception as e:  # the harness itself failed: a failure too, never a hang
+        status, why = 1, f"FAILED: {type(e).__name__}: {e}"
+    finally:
+        left = net.close(ctx.stop_infra)
+        if left and status != SKIP:
+            status = 1
+            why += "\nFAILED: processes left running in the namespaces: " + "; ".join(left)
+    if status == 0 and not os.environ.get("COMMGRID_HOSTS_KEEP"):
+        shutil.rmtree(tmp, ignore_errors=True)
+        log(f"passed in {time.time() - t0:.1f} s")
+    else:
+        print(why, file=sys.stderr if status == 1 else sys.stdout, flush=True)
+        if status == 1:
+            print(f"(logs kept in {tmp})", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
