@@ -2,7 +2,7 @@
 
 #include <span>
 
-#include "commgrid/recovery.hpp"
+#include "commgrid/resilience_keys.hpp"
 
 namespace commgrid::cli {
 namespace {
@@ -16,7 +16,7 @@ const std::string kOverKey = "launch/over";
 }  // namespace
 
 JobStore::JobStore(const std::string& uri, const LaunchSettings& s)
-    : uri_(uri), prefix_(RecoveryOptions{}.prefix) {
+    : uri_(uri), prefix_(kResiliencePrefix) {
   StoreOptions so;
   so.job_id = s.job.job_id;
   so.token = s.job.token;
@@ -25,7 +25,13 @@ JobStore::JobStore(const std::string& uri, const LaunchSettings& s)
   store_ = open_store(uri, so);
 }
 
-bool JobStore::done() { return store_->has(prefix_ + "/done"); }
+bool JobStore::done() { return store_->has(job_done_key(prefix_)); }
+
+std::optional<std::string> JobStore::ended() {
+  try {
+    return job_end_reason(*store_, prefix_);
+  } catch (const Error&) { return std::nullopt; }
+}
 
 JobStore::Posted JobStore::post_death(std::int64_t process, int incarnation,
                                       const std::string& why) {

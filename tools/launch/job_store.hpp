@@ -26,6 +26,9 @@ class JobStore {
   /// Whether the program said the job is finished (Recovery::mark_done). Throws
   /// commgrid::Error when the store fails.
   [[nodiscard]] bool done();
+  /// Why the job cannot go on (Recovery::end_job), or nullopt (also when the store cannot
+  /// be read).
+  [[nodiscard]] std::optional<std::string> ended();
 
   /// What posting a death did.
   struct Posted {

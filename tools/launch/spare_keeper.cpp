@@ -24,6 +24,9 @@ SpareKeeper::Verdict SpareKeeper::on_death(std::int64_t process, int incarnation
   const std::string why = who + " " + describe_end(status);
   const bool was_done = done();
   Verdict v;
+  // Once the job cannot go on, its processes end one by one with the reason, which is said
+  // once at the end, not per process.
+  if (ended()) return v;
   v.note = "launch: note: " + why;
   try {
     const JobStore::Posted p = store_->post_death(process, incarnation, why);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "launch/epoch_view.hpp"
@@ -27,10 +28,13 @@ class SpareKeeper {
   /// Whether a process of this launch failed once the job was done (not a process a
   /// decision had declared dead already): the job's end did not go well here.
   [[nodiscard]] bool failed_after_done() const noexcept { return failed_after_done_; }
+  /// Why the job cannot go on, once a process said so (Recovery::end_job).
+  [[nodiscard]] std::optional<std::string> ended() { return store_->ended(); }
 
   /// What to do after a death.
   struct Verdict {
-    std::string note;      ///< launch's line about it ("launch: note: ..."), no newline
+    std::string note;      ///< launch's line about it ("launch: note: ..."), no newline;
+                           ///< empty once the job ended (its reason is said once, at the end)
     bool restart = false;  ///< start the process again, as a spare (its incarnation + 1)
   };
   /// `process` (in `incarnation`), described as `who`, ended with wait status `status`;

@@ -392,7 +392,7 @@ void Supervisor::on_failures(std::vector<Child*>& failed) {
 void Supervisor::on_process_death(Child& c) {
   const SpareKeeper::Verdict v =
       spares_->on_death(c.process, c.incarnation, who(c), c.status, stopping_);
-  write_all(STDERR_FILENO, v.note + "\n");
+  if (!v.note.empty()) write_all(STDERR_FILENO, v.note + "\n");
   if (!v.restart) return;
   // What the dead process wrote last, before its streams are replaced by its restart's.
   c.out.read_rest();
@@ -438,6 +438,14 @@ int Supervisor::finish() {
   }
   if (s_.job.resilient) return finish_resilient();
   if (!failure_) return 0;
+  if (s_.job.resilient) {
+    if (const auto ended = spares_->ended()) {
+      // The job could not recover (no spare and no smaller layout, a state lost): every
+      // process ended with the same reason, said once here.
+      print_error(*ended + " (after " + *failure_ + ")");
+      return 1;
+    }
+  }
   // Bad input is found by every rank alike before any communication: when each one exited
   // 2, so does launch, as the program alone would have.
   if (every_process_exited(2)) {
