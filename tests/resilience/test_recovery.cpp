@@ -325,7 +325,7 @@ TEST(GlooRegroup, AWorldWhoseEpochIsMarkedFailedEndsAtOnceNotAtTheTimeout) {
     ADD_FAILURE() << "the world was built without rank 1";
   } catch (const AbortedError& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "resilience/epoch/0/failed is set (process 1: killed by signal 9)"),
+                  "resilience/epoch/0/failed is set to 'process 1: killed by signal 9'"),
               std::string::npos)
         << e.what();
   }
