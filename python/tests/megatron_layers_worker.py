@@ -219,14 +219,65 @@ def run_blocks(tp_group, pgc, tp, dp_rank, implicit=None):
     return out
 
 
+def cuda_only_calls(tp_group, tp):
+    """The calls of the same blocks that need CUDA: each allocates a tensor on
+    torch.cuda.current_device() (or "cuda") before its first collective, so on a machine
+    without CUDA every rank raises there alike. Returns their names; raises if one ran."""
+    cfg = config(tp)
+    x = data(0, SEQ, BATCH, OUT)
+
+    def scatter_backward():
+        y = mappings.scatter_to_tensor_model_parallel_region(x.clone().requires_grad_(), group=tp_group)
+        y.sum().backward()
+
+    def column_gathered():
+        col = ColumnParallelLinear(OUT, OUT, config=cfg, init_method=init_method, bias=True,
+                                   gather_output=True, tp_group=tp_group)
+        col(x)
+
+    def row_split_backward():
+        row = RowParallelLinear(OUT, OUT, config=cfg, init_method=init_method, bias=True,
+                                input_is_parallel=False, skip_bias_add=False, tp_group=tp_group)
+        row(x.clone().requires_grad_())[0].sum().backward()
+
+    def attention():
+        pgc = ProcessGroupCollection.use_mpu_process_groups()
+        layer = build_module(get_gpt_layer_local_spec(), config=cfg, layer_number=1, pg_collection=pgc)
+        layer(data(0, SEQ, BATCH, HIDDEN), attention_mask=None)
+
+    calls = {
+        "mappings.gather_from_tensor_model_parallel_region (forward)":
+            lambda: mappings.gather_from_tensor_model_parallel_region(x, group=tp_group),
+        "mappings.scatter_to_tensor_model_parallel_region (backward)": scatter_backward,
+        "mappings.gather_from_sequence_parallel_region (forward)":
+            lambda: mappings.gather_from_sequence_parallel_region(x, group=tp_group),
+        "mappings.reduce_scatter_to_sequence_parallel_region (forward)":
+            lambda: mappings.reduce_scatter_to_sequence_parallel_region(x, group=tp_group),
+        "ColumnParallelLinear(gather_output=True) (forward)": column_gathered,
+        "RowParallelLinear(input_is_parallel=False) (backward)": row_split_backward,
+        "TransformerLayer of get_gpt_layer_local_spec() (DotProductAttention, forward)": attention,
+    }
+    for name, call in calls.items():
+        try:
+            call()
+        except (RuntimeError, AssertionError) as e:  # torch's CUDA-less builds assert instead
+            expect("cuda" in str(e).lower() or "nvidia" in str(e).lower(), f"{name}: {e}")
+        else:
+            raise AssertionError(f"rank {dist.get_rank()}: {name} ran without CUDA")
+    return sorted(calls)
+
+
 # --- the three runs -----------------------------------------------------------------------
 
-def on_megatron(tp):
+def on_megatron(tp, report):
     mps.initialize_model_parallel(tensor_model_parallel_size=tp, create_gloo_process_groups=False)
     try:
         g = mps.get_tensor_model_parallel_group()
-        return run_blocks(g, ProcessGroupCollection.use_mpu_process_groups(), tp,
-                          mps.get_data_parallel_rank(), implicit=g)
+        out = run_blocks(g, ProcessGroupCollection.use_mpu_process_groups(), tp,
+                         mps.get_data_parallel_rank(), implicit=g)
+        if tp == 2 and not torch.cuda.is_available():
+            report["cuda_only"] = cuda_only_calls(g, tp)
+        return out
     finally:
         mps.destroy_model_parallel()
 
@@ -298,7 +349,7 @@ def main():
     alone = [dist.new_group([r]) for r in range(world)][rank]
     report = {"rank": rank}
     for tp in (2, world):
-        theirs = on_megatron(tp)
+        theirs = on_megatron(tp, report)
         ours = on_commgrid(tp)
         expect(sorted(theirs) == sorted(ours), f"tp {tp}: other results {sorted(set(theirs) ^ set(ours))}")
         for name, want in theirs.items():  # bitwise: the same ranks run the same operations

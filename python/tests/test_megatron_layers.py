@@ -28,6 +28,8 @@ DEADLINE_S = 600  # all 4 ranks together: 1 to 3 minutes on a loaded 2-core mach
 WORKER = os.path.join(os.path.dirname(__file__), "megatron_layers_worker.py")
 # What each rank compares per layout (outputs, weights, gradients of every block).
 RESULTS = 45
+# The calls of those blocks that need CUDA (megatron_layers_worker.cuda_only_calls).
+CUDA_ONLY = 7
 
 
 def free_port():
@@ -78,3 +80,5 @@ def test_megatron_tensor_parallel_code_on_commgrid_groups(tmp_path):
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert [r["rank"] for r in reports] == list(range(WORLD))
     assert all(r["tp2"] == RESULTS and r["tp4"] == RESULTS for r in reports), reports
+    if not torch.cuda.is_available():  # the calls docs/python.md names as needing CUDA raise
+        assert all(len(r["cuda_only"]) == CUDA_ONLY for r in reports), reports
