@@ -21,7 +21,6 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import megatron.core  # noqa: E402
 import megatron.core.parallel_state as mps  # noqa: E402
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec  # noqa: E402
 from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
