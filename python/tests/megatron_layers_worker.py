@@ -220,8 +220,8 @@ def run_blocks(tp_group, pgc, tp, dp_rank, implicit=None):
 
 def cuda_only_calls(tp_group, tp):
     """The calls of the same blocks that need CUDA: each allocates a tensor on
-    torch.cuda.current_device() (or "cuda") before its first collective, so on a machine
-    without CUDA every rank raises there alike. Returns their names; raises if one ran."""
+    torch.cuda.current_device() (or "cuda"), so on a machine without CUDA every rank raises
+    there alike and none is left in a collective. Returns their names; raises if one ran."""
     cfg = config(tp)
     x = data(0, SEQ, BATCH, OUT)
 
