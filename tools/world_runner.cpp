@@ -9,6 +9,7 @@
 #include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
 #include "commgrid/launch_env.hpp"
+#include "commgrid/world.hpp"
 #include "layout_flags.hpp"
 #if COMMGRID_HAS_GLOO
 #include "commgrid/gloo.hpp"
@@ -40,7 +41,12 @@ int config_failure(const WorldPlan& plan, const ConfigError& e) {
   return 2;
 }
 
-// One rank of the world, or the device world over it.
+// The options of make_world for the planned backend.
+WorldOptions world_options(const RunnerOptions& o, const WorldPlan& plan) {
+  return {.backend = plan.backend, .timeout = o.timeout};
+}
+
+// One rank-thread of the world, or the device world over it.
 int run_rank(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
              Communicator& boot) {
   if (plan.backend != "nccl") return job.run(boot, plan);
@@ -48,17 +54,17 @@ int run_rank(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
   return job.run(*device, plan);
 }
 
-// One process's rank of a launched world: errors become this rank's exit code, printed
-// with the rank (a ConfigError, the same on every rank, once); `abort_job` ends the other
-// ranks where the launcher would not (MPI).
-int run_launched(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
-                 Communicator& boot, void (*abort_job)()) {
+// One process's rank of a launched world (make_world's: for nccl the device world):
+// errors become this rank's exit code, printed with the rank (a ConfigError, the same on
+// every rank, once); `abort_job` ends the other ranks where the launcher would not (MPI).
+int run_launched(const WorldJob& job, const WorldPlan& plan, Communicator& world,
+                 void (*abort_job)()) {
   try {
-    return run_rank(o, job, plan, boot);
+    return job.run(world, plan);
   } catch (const ConfigError& e) {
     return config_failure(plan, e);
   } catch (const std::exception& e) {
-    print_error("rank " + std::to_string(boot.rank()) + ": " +
+    print_error("rank " + std::to_string(world.rank()) + ": " +
                 e.what());  // one write: never cut mid-line
     if (abort_job != nullptr) abort_job();
     return 1;
@@ -94,10 +100,8 @@ int run_store_ranks(const RunnerOptions& o, const WorldJob& job, const WorldPlan
   try {
     prepare_for(job, plan);
   } catch (const ConfigError& e) { return config_failure(plan, e); }
-  GlooOptions gloo;
-  gloo.timeout = o.timeout;
-  const std::unique_ptr<Communicator> world = make_gloo_world_from_env(gloo);
-  return run_launched(o, job, plan, *world, nullptr);
+  const std::unique_ptr<Communicator> world = make_world(world_options(o, plan), plan);
+  return run_launched(job, plan, *world, nullptr);
 }
 #endif
 
@@ -109,7 +113,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   // MPI_Init waits for every rank of the job: bounded by the launch's timeout.
   const MpiEnvironment env(MpiThreadSupport::serialized,
                            read_launch_env().timeout.value_or(kDefaultTimeout));
-  const std::unique_ptr<MpiCommunicator> world = make_mpi_world({.timeout = o.timeout});
+  const std::unique_ptr<Communicator> world = make_world(world_options(o, plan), plan);
   // A launcher whose variables commgrid does not know may still have started an MPI job:
   // then the world is MPI's, and the input is checked for its size.
   const bool checked = plan.alone() && world->size() == plan.size;
@@ -120,20 +124,20 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
       prepare_for(job, plan);
     } catch (const ConfigError& e) { return config_failure(plan, e); }
   }
-  return run_launched(o, job, plan, *world, [] { MpiEnvironment::abort(1); });
+  return run_launched(job, plan, *world, [] { MpiEnvironment::abort(1); });
 }
 #endif
 
 }  // namespace
 
 WorldPlan plan_world_for(const RunnerOptions& o) {
-  WorldRequest request;
+  // What this build has (make_world's), the program's own backend choices checked by
+  // plan_world against its accepted list.
+  WorldRequest request = world_request({.backend = "auto", .timeout = o.timeout});
   request.backend = o.backend;
   if (!o.local.empty()) request.local = static_cast<int>(parse_integer("local", o.local, 1, 4096));
   request.accepted = o.accepted;
-  request.mpi_built = COMMGRID_HAS_MPI != 0;
-  request.gloo_built = COMMGRID_HAS_GLOO != 0;
-  request.nccl_built = COMMGRID_HAS_NCCL != 0 && static_cast<bool>(o.device_world);
+  request.nccl_built = request.nccl_built && static_cast<bool>(o.device_world);
   return plan_world(request, detect_launcher());
 }
 
