@@ -3,11 +3,13 @@
 # then run under the installed `commgrid launch -n 4`; its losses must equal those of the
 # build tree's program on 4 rank-threads (--local 4).
 # Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR, CXX_FLAGS, LINKER_FLAGS, LAUNCHER
-# (the compiler launcher, e.g. ccache; may be empty), TRAIN_GPT (the build tree's program).
+# (the compiler launcher, e.g. ccache; may be empty), TRAIN_GPT (the build tree's program),
+# BUILD_TYPE and TYPE_FLAGS (the build tree's build type and its flags).
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 set(_prefix ${WORK_DIR}/prefix)
 set(_build ${WORK_DIR}/build)
+string(TOUPPER "${BUILD_TYPE}" _type)
 # Every step is bounded: a hung step fails the test with its output.
 function(step timeout)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
@@ -28,9 +30,10 @@ endforeach()
 # Only the prefix: no package registry, no system-wide commgrid.
 step(300 ${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/train_gpt -B ${_build} -G ${GENERATOR}
      -DCMAKE_PREFIX_PATH=${_prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
-     -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF -DCMAKE_BUILD_TYPE=Release
+     -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
      -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER} -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
-     -DCMAKE_CXX_FLAGS=${CXX_FLAGS} -DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS})
+     -DCMAKE_CXX_FLAGS=${CXX_FLAGS} -DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}
+     "-DCMAKE_CXX_FLAGS_${_type}=${TYPE_FLAGS}")
 file(STRINGS ${_build}/CMakeCache.txt _dir REGEX "^commgrid_DIR:")
 if(NOT _dir MATCHES "=${_prefix}/")
   message(FATAL_ERROR "find_package(commgrid) did not find the install in ${_prefix}: ${_dir}")

@@ -22,7 +22,8 @@ struct WorldOptions {
   /// torchrun or with a store, MPI under mpirun, srun or Hydra), else whichever is built.
   std::string backend = "auto";
   /// Timeout of every rendezvous and every call on the world and its groups (> 0).
-  /// COMMGRID_TIMEOUT, when set, overrides it for Gloo's rendezvous and MPI's start-up.
+  /// COMMGRID_TIMEOUT, when set, overrides it for a Gloo world of launched ranks (as
+  /// make_gloo_world_from_env does) and bounds MPI's start-up.
   std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
