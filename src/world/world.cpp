@@ -36,7 +36,8 @@ void ensure_mpi() {
 
 // The world of the ranks that meet through the plan's engine: Gloo (one process alone or
 // ranks in the launcher's store) or MPI.
-std::unique_ptr<Communicator> bootstrap_world(const WorldOptions& options, const WorldPlan& plan) {
+std::unique_ptr<Communicator> bootstrap_world([[maybe_unused]] const WorldOptions& options,
+                                              const WorldPlan& plan) {
   switch (plan.engine) {
     case WorldEngine::rank_threads:
       if (plan.size != 1)
