@@ -41,12 +41,16 @@ int config_failure(const WorldPlan& plan, const ConfigError& e) {
   return 2;
 }
 
-// The options of make_world for the planned backend.
-WorldOptions world_options(const RunnerOptions& o, const WorldPlan& plan) {
-  return {.backend = plan.backend, .timeout = o.timeout};
+// This launched rank's world from make_world: for nccl its bootstrap world (Gloo in the
+// launcher's store, or MPI), over which run_rank makes the device world once the input has
+// been checked, where a failure is this rank's error.
+std::unique_ptr<Communicator> launched_world(const RunnerOptions& o, const WorldPlan& plan) {
+  WorldPlan boot = plan;
+  boot.backend = plan.engine == WorldEngine::mpi ? "mpi" : "gloo";
+  return make_world({.backend = boot.backend, .timeout = o.timeout}, boot);
 }
 
-// One rank-thread of the world, or the device world over it.
+// One rank of the world, or the device world over it.
 int run_rank(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
              Communicator& boot) {
   if (plan.backend != "nccl") return job.run(boot, plan);
@@ -54,17 +58,17 @@ int run_rank(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
   return job.run(*device, plan);
 }
 
-// One process's rank of a launched world (make_world's: for nccl the device world):
-// errors become this rank's exit code, printed with the rank (a ConfigError, the same on
-// every rank, once); `abort_job` ends the other ranks where the launcher would not (MPI).
-int run_launched(const WorldJob& job, const WorldPlan& plan, Communicator& world,
-                 void (*abort_job)()) {
+// One process's rank of a launched world: errors become this rank's exit code, printed
+// with the rank (a ConfigError, the same on every rank, once); `abort_job` ends the other
+// ranks where the launcher would not (MPI).
+int run_launched(const RunnerOptions& o, const WorldJob& job, const WorldPlan& plan,
+                 Communicator& boot, void (*abort_job)()) {
   try {
-    return job.run(world, plan);
+    return run_rank(o, job, plan, boot);
   } catch (const ConfigError& e) {
     return config_failure(plan, e);
   } catch (const std::exception& e) {
-    print_error("rank " + std::to_string(world.rank()) + ": " +
+    print_error("rank " + std::to_string(boot.rank()) + ": " +
                 e.what());  // one write: never cut mid-line
     if (abort_job != nullptr) abort_job();
     return 1;
@@ -100,8 +104,8 @@ int run_store_ranks(const RunnerOptions& o, const WorldJob& job, const WorldPlan
   try {
     prepare_for(job, plan);
   } catch (const ConfigError& e) { return config_failure(plan, e); }
-  const std::unique_ptr<Communicator> world = make_world(world_options(o, plan), plan);
-  return run_launched(job, plan, *world, nullptr);
+  const std::unique_ptr<Communicator> world = launched_world(o, plan);
+  return run_launched(o, job, plan, *world, nullptr);
 }
 #endif
 
@@ -113,7 +117,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   // MPI_Init waits for every rank of the job: bounded by the launch's timeout.
   const MpiEnvironment env(MpiThreadSupport::serialized,
                            read_launch_env().timeout.value_or(kDefaultTimeout));
-  const std::unique_ptr<Communicator> world = make_world(world_options(o, plan), plan);
+  const std::unique_ptr<Communicator> world = launched_world(o, plan);
   // A launcher whose variables commgrid does not know may still have started an MPI job:
   // then the world is MPI's, and the input is checked for its size.
   const bool checked = plan.alone() && world->size() == plan.size;
@@ -124,7 +128,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
       prepare_for(job, plan);
     } catch (const ConfigError& e) { return config_failure(plan, e); }
   }
-  return run_launched(job, plan, *world, [] { MpiEnvironment::abort(1); });
+  return run_launched(o, job, plan, *world, [] { MpiEnvironment::abort(1); });
 }
 #endif
 

@@ -29,8 +29,9 @@ struct RunnerOptions {
   std::chrono::milliseconds timeout{120000};
   /// The backends the program takes (its --backend choices).
   std::vector<std::string> accepted = {"mpi", "gloo", "nccl"};
-  /// For --backend nccl with --local: each rank-thread's GPU world over its Gloo world (a
-  /// launched rank's comes from make_world). Empty: this program has no NCCL.
+  /// For --backend nccl: the GPU world over a bootstrap world (Gloo or MPI; a launched
+  /// rank's from make_world), made after the input is checked. The program links NCCL; the
+  /// runner does not. Empty: this program has no NCCL.
   std::function<std::unique_ptr<Communicator>(Communicator& boot)> device_world;
 };
 
