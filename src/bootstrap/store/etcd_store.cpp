@@ -267,7 +267,10 @@ class EtcdClient {
         }
       }
       Attempt a = attempt(e, path, text, deadline);
-      if (a.ok) return std::move(a.reply);
+      if (a.ok) {
+        if (a.resent && ambiguous != nullptr) *ambiguous = true;
+        return std::move(a.reply);
+      }
       if (a.sent && ambiguous != nullptr) *ambiguous = true;
       if (a.refusal) {
         const Refusal& r = *a.refusal;
@@ -347,6 +350,9 @@ class EtcdClient {
   struct Attempt {
     bool ok = false;
     bool sent = false;  // the request may have reached the member
+    // libcurl sent the request again on a fresh connection (a kept-alive one died before any
+    // reply byte: libcurl retries that itself): the first may have been applied.
+    bool resent = false;
     json reply;
     std::optional<Refusal> refusal;
   };
@@ -462,6 +468,19 @@ class EtcdClient {
     curl_easy_setopt(curl_, CURLOPT_XFERINFODATA, this);
     curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, error_);
     error_[0] = '\0';
+    // How many times libcurl sent the request (its debug callback sees each request's head
+    // once it is written; nothing is printed).
+    requests_sent_ = 0;
+    curl_easy_setopt(curl_, CURLOPT_DEBUGFUNCTION, &EtcdClient::on_debug);
+    curl_easy_setopt(curl_, CURLOPT_DEBUGDATA, this);
+    curl_easy_setopt(curl_, CURLOPT_VERBOSE, 1L);
+  }
+
+  static int on_debug(CURL*, curl_infotype type, char* data, size_t size, void* user) {
+    // A request's head starts with its method (the rest of a head written in parts does not).
+    if (type == CURLINFO_HEADER_OUT && size >= 5 && std::memcmp(data, "POST ", 5) == 0)
+      ++static_cast<EtcdClient*>(user)->requests_sent_;
+    return 0;
   }
 
   void reset_handlers() {
@@ -486,14 +505,16 @@ class EtcdClient {
     reset_handlers();
     if (rc != CURLE_OK) {
       last_error_[e] = error_[0] != '\0' ? error_ : curl_easy_strerror(rc);
-      // Whether the member may have applied it: anything but a connection never made (a
-      // kept-alive connection reports no connect time, so the phase is read from curl's
-      // words: "Connection timed out ..." / "Failed to connect ..." while connecting,
-      // "Operation timed out ..." after).
+      // Whether the member may have applied it: the request was sent (also when libcurl's
+      // own retry on a fresh connection then failed to connect: a member that died after
+      // applying it), or anything but a connection never made (a kept-alive connection
+      // reports no connect time, so the phase is read from curl's words: "Connection timed
+      // out ..." / "Failed to connect ..." while connecting, "Operation timed out ..." after).
       const std::string& what = last_error_[e];
-      a.sent = rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST &&
-               what.rfind("Connection timed out", 0) != 0 &&
-               what.rfind("Failed to connect", 0) != 0;
+      a.sent =
+          requests_sent_ > 0 ||
+          (rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST &&
+           what.rfind("Connection timed out", 0) != 0 && what.rfind("Failed to connect", 0) != 0);
       return a;
     }
     long status = 0;
@@ -501,6 +522,7 @@ class EtcdClient {
     json j = json::parse(reply, nullptr, false);
     if (status == 200 && j.is_object()) {
       a.ok = true;
+      a.resent = requests_sent_ > 1;
       a.reply = std::move(j);
       return a;
     }
@@ -566,6 +588,7 @@ class EtcdClient {
   curl_slist* headers_ = nullptr;
   std::string url_, body_;
   char error_[CURL_ERROR_SIZE] = {};
+  int requests_sent_ = 0;  // by the transfer in progress (on_debug)
 };
 
 std::string job_user(const std::string& job_id) { return "commgrid-" + job_id; }
