@@ -153,8 +153,10 @@ bool measure(std::int64_t w, CreationStrategy strategy) {
         try {
           commgrid::GlooOptions o;
           o.timeout = std::chrono::seconds(300);
-          world = commgrid::make_gloo_world(stores[static_cast<size_t>(r)], static_cast<int>(r),
-                                            static_cast<int>(w), o);
+          o.store = stores[static_cast<size_t>(r)];
+          o.rank = static_cast<commgrid::Rank>(r);
+          o.size = static_cast<commgrid::Rank>(w);
+          world = commgrid::make_gloo_world(o);
           commgrid::InitOptions io;
           io.strategy = strategy;
           pg.initialize(*world, cfg, io);

@@ -102,9 +102,11 @@ int run_child(const Args& a) {
           o.timeout = timeout;
           o.token = a.token;
           o.hostname = "127.0." + std::to_string(1 + r / 250) + "." + std::to_string(1 + r % 250);
+          o.store = store;
+          o.rank = static_cast<commgrid::Rank>(r);
+          o.size = static_cast<commgrid::Rank>(a.world);
           const auto t0 = Clock::now();
-          auto world =
-              commgrid::make_gloo_world(store, static_cast<int>(r), static_cast<int>(a.world), o);
+          auto world = commgrid::make_gloo_world(o);
           const auto t1 = Clock::now();
           commgrid::ProcessGroups pg;
           commgrid::InitOptions io;

@@ -11,7 +11,7 @@
 // rank's time (a max-allreduce per iteration, outside the timed part). Prints one table on
 // rank 0; ratio = commgrid / raw. Collectives are measured both ways commgrid can call MPI:
 // the default (the nonblocking call, tested until done or the timeout) against
-// MPI_Ixxx + MPI_Wait, and mpi::CollectiveCalls::blocking against the blocking call.
+// MPI_Ixxx + MPI_Wait, and MpiCollectiveCalls::blocking against the blocking call.
 #include <mpi.h>
 
 #include <algorithm>
@@ -76,13 +76,14 @@ void print(int me, const std::string& op, const std::string& ours, double ours_s
 
 int main(int argc, char** argv) {
   using namespace commgrid;
-  mpi::MpiEnvironment env(&argc, &argv);
+  MpiEnvironment env(&argc, &argv);
   const int iterations = argc > 1 ? std::atoi(argv[1]) : 200;
-  auto world = make_mpi_world(std::chrono::minutes(5));
+  auto world = make_mpi_world({.timeout = std::chrono::minutes(5)});
   MPI_Comm raw = world->native();  // the same communicator commgrid's world wraps
-  const int me = world->rank(), size = world->size();
+  const int me = static_cast<int>(world->rank()), size = static_cast<int>(world->size());
   // The same world once more, its collectives MPI's blocking calls.
-  auto fast = make_mpi_world(std::chrono::minutes(5), mpi::CollectiveCalls::blocking);
+  auto fast = make_mpi_world(
+      {.timeout = std::chrono::minutes(5), .collective_calls = MpiCollectiveCalls::blocking});
   if (me == 0)
     std::printf(
         "%d ranks, %d iterations (x10 for the small collectives), median of the "
@@ -91,6 +92,7 @@ int main(int argc, char** argv) {
         size, iterations);
   std::vector<int> mine;  // this rank's parity class, ascending
   for (int r = me % 2; r < size; r += 2) mine.push_back(r);
+  const std::vector<Rank> mine_ranks(mine.begin(), mine.end());
   MPI_Group world_group = MPI_GROUP_NULL;
   check(MPI_Comm_group(raw, &world_group), "MPI_Comm_group");
 
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
                iterations);
   print(me, "split", "split", m[0], "MPI_Comm_split", m[1]);
   m = row(raw,
-          {{"create_group", [&] { auto g = world->create_group(mine, "parity#0"); }, {}},
+          {{"create_group", [&] { auto g = world->create_group(mine_ranks, "parity#0"); }, {}},
            {"MPI_Comm_create_group",
             [&] {
               MPI_Group g = MPI_GROUP_NULL;
@@ -123,9 +125,10 @@ int main(int argc, char** argv) {
   print(me, "create_group", "create_group", m[0], "MPI_Group_incl + MPI_Comm_create_group", m[1]);
   std::vector<int> evens;
   for (int r = 0; r < size; r += 2) evens.push_back(r);
+  const std::vector<Rank> even_ranks(evens.begin(), evens.end());
   m = row(raw,
           {{"create_group_collective",
-            [&] { auto g = world->create_group_collective(evens, "evens#0"); },
+            [&] { auto g = world->create_group_collective(even_ranks, "evens#0"); },
             {}},
            {"MPI_Comm_create",
             [&] {

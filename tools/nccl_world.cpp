@@ -8,8 +8,9 @@ std::function<std::unique_ptr<Communicator>(Communicator& boot)> nccl_device_wor
     std::chrono::milliseconds timeout) {
   return [timeout](Communicator& boot) -> std::unique_ptr<Communicator> {
     NcclOptions nccl;
+    nccl.bootstrap = std::shared_ptr<Communicator>(std::shared_ptr<void>(), &boot);  // lent
     nccl.timeout = timeout;
-    return make_nccl_world(boot, nccl);
+    return make_nccl_world(nccl);
   };
 }
 

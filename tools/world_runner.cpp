@@ -8,6 +8,7 @@
 #include "cli_errors.hpp"
 #include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
+#include "commgrid/launch_env.hpp"
 #include "layout_flags.hpp"
 #if COMMGRID_HAS_GLOO
 #include "commgrid/gloo.hpp"
@@ -105,8 +106,10 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   WorldPlan plan = launched;
   // Alone, the input is checked before MPI starts: a missing launcher is said at once.
   if (plan.alone()) prepare_for(job, plan);
-  const mpi::MpiEnvironment env;
-  const std::unique_ptr<mpi::MpiCommunicator> world = make_mpi_world(o.timeout);
+  // MPI_Init waits for every rank of the job: bounded by the launch's timeout.
+  const MpiEnvironment env(MpiThreadSupport::serialized,
+                           read_launch_env().timeout.value_or(kDefaultTimeout));
+  const std::unique_ptr<MpiCommunicator> world = make_mpi_world({.timeout = o.timeout});
   // A launcher whose variables commgrid does not know may still have started an MPI job:
   // then the world is MPI's, and the input is checked for its size.
   const bool checked = plan.alone() && world->size() == plan.size;
@@ -117,7 +120,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
       prepare_for(job, plan);
     } catch (const ConfigError& e) { return config_failure(plan, e); }
   }
-  return run_launched(o, job, plan, *world, [] { mpi::MpiEnvironment::abort(1); });
+  return run_launched(o, job, plan, *world, [] { MpiEnvironment::abort(1); });
 }
 #endif
 

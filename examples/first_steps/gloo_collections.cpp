@@ -36,7 +36,7 @@ int main() {
       groups.initialize(world, config);
       const auto model = commgrid::ModelCommProcessGroups::from_state(groups);
       const auto grads = commgrid::GradCommProcessGroups::from_state(groups);
-      const int rank = groups.world_rank();
+      const commgrid::Rank rank = groups.world_rank();
       const auto [tp_sum, dp_sum] = layer_step(model, grads, static_cast<float>(rank));
       // The sums of the members' ranks, from the layout: what the wire must have delivered.
       float want_tp = 0, want_dp = 0;

@@ -9,7 +9,7 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-  commgrid::mpi::MpiEnvironment env(&argc, &argv);
+  commgrid::MpiEnvironment env(&argc, &argv);
   try {
     const auto world = commgrid::make_mpi_world();
     commgrid::ParallelConfig config;

@@ -31,18 +31,6 @@ std::string missing_backend(const std::string& backend) {
 
 }  // namespace
 
-std::string launcher_name(Launcher launcher) {
-  switch (launcher) {
-    case Launcher::none: return "no launcher";
-    case Launcher::commgrid_launch: return "commgrid launch";
-    case Launcher::torchrun: return "torchrun";
-    case Launcher::slurm: return "SLURM";
-    case Launcher::open_mpi: return "Open MPI";
-    case Launcher::hydra: return "Hydra";
-  }
-  return "unknown launcher";
-}
-
 std::string DetectedLauncher::describe() const {
   if (launcher == Launcher::none) return "no launcher variables";
   return launcher_name(launcher) + " (" + variables + ")";

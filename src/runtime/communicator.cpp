@@ -101,15 +101,15 @@ std::uint16_t float_to_fp16(float f) noexcept {
   return static_cast<std::uint16_t>(sign | (rounded >> 13));
 }
 
-const std::vector<std::int64_t>& Communicator::members() const {
+const std::vector<Rank>& Communicator::members() const {
   if (members_.empty()) {
     members_.resize(static_cast<std::size_t>(size()));
-    std::iota(members_.begin(), members_.end(), std::int64_t{0});
+    std::iota(members_.begin(), members_.end(), Rank{0});
   }
   return members_;
 }
 
-std::int64_t Communicator::global_rank(int group_rank) const {
+Rank Communicator::global_rank(Rank group_rank) const {
   if (group_rank < 0 || group_rank >= size())
     throw RankOutOfRangeError("group_rank", std::string(backend()) + " global_rank on " + name() +
                                                 ": group rank " + std::to_string(group_rank) +
@@ -117,14 +117,14 @@ std::int64_t Communicator::global_rank(int group_rank) const {
   return members()[static_cast<std::size_t>(group_rank)];
 }
 
-int Communicator::group_rank(std::int64_t global) const {
+Rank Communicator::group_rank(Rank global) const {
   const auto& m = members();
   const auto it = std::find(m.begin(), m.end(), global);
   if (it == m.end())
     throw RankOutOfRangeError("global_rank", std::string(backend()) + " group_rank on " + name() +
                                                  ": global rank " + std::to_string(global) +
                                                  " is not a member of " + name());
-  return static_cast<int>(it - m.begin());
+  return static_cast<Rank>(it - m.begin());
 }
 
 void Communicator::check_typed(const char* op, const char* what, std::size_t have,
@@ -194,7 +194,7 @@ class Checks {
       throw ConfigError(what, subject(c_, op_) + "null " + what + " buffer for " +
                                   std::to_string(n) + " elements");
   }
-  void rank(int r, const char* what) const {
+  void rank(Rank r, const char* what) const {
     if (r < 0 || r >= c_.size())
       throw RankOutOfRangeError(what, subject(c_, op_) + what + " " + std::to_string(r) +
                                           " is not in [0, " + std::to_string(c_.size()) + ")");
@@ -250,7 +250,7 @@ class Checks {
     const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
     return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
   }
-  void members(std::span<const int> members, const std::string& name,
+  void members(std::span<const Rank> members, const std::string& name,
                bool must_contain_self) const {
     auto fail = [&](const std::string& why) {
       throw ConfigError("members", std::string(c_.backend()) + " " + std::string(op_) + " on " +
@@ -302,14 +302,14 @@ std::unique_ptr<Communicator> Communicator::split(std::optional<std::int64_t> co
   return do_split(color, key, std::move(name));
 }
 
-std::unique_ptr<Communicator> Communicator::create_group(std::span<const int> members,
+std::unique_ptr<Communicator> Communicator::create_group(std::span<const Rank> members,
                                                          std::string name) {
   Checks(*this, "create_group").members(members, name, true);
   ++creation_calls_;
   return do_create_group(members, std::move(name));
 }
 
-std::unique_ptr<Communicator> Communicator::create_group_collective(std::span<const int> members,
+std::unique_ptr<Communicator> Communicator::create_group_collective(std::span<const Rank> members,
                                                                     std::string name) {
   Checks(*this, "create_group_collective").members(members, name, false);
   ++creation_calls_;
@@ -319,7 +319,7 @@ std::unique_ptr<Communicator> Communicator::create_group_collective(std::span<co
 std::unique_ptr<Work> Communicator::barrier() { return do_barrier(); }
 
 std::unique_ptr<Work> Communicator::broadcast(void* buf, std::size_t count, DataType type,
-                                              int root) {
+                                              Rank root) {
   const Checks c(*this, "broadcast");
   c.type(type);
   c.count(count);
@@ -401,7 +401,7 @@ std::unique_ptr<Work> Communicator::allgatherv(const void* send, std::size_t cou
 }
 
 std::unique_ptr<Work> Communicator::reduce(const void* send, void* recv, std::size_t count,
-                                           DataType type, ReduceOp op, int root) {
+                                           DataType type, ReduceOp op, Rank root) {
   const Checks c(*this, "reduce");
   c.type(type);
   c.op(op);
@@ -416,7 +416,7 @@ std::unique_ptr<Work> Communicator::reduce(const void* send, void* recv, std::si
 }
 
 std::unique_ptr<Work> Communicator::gather(const void* send, void* recv, std::size_t count,
-                                           DataType type, int root) {
+                                           DataType type, Rank root) {
   const Checks c(*this, "gather");
   c.type(type);
   c.count(count);
@@ -431,7 +431,7 @@ std::unique_ptr<Work> Communicator::gather(const void* send, void* recv, std::si
 }
 
 std::unique_ptr<Work> Communicator::scatter(const void* send, void* recv, std::size_t count,
-                                            DataType type, int root) {
+                                            DataType type, Rank root) {
   const Checks c(*this, "scatter");
   c.type(type);
   c.count(count);
@@ -459,7 +459,7 @@ void Communicator::check_p2p(const P2POp& o, const char* op) const {
 }
 
 std::unique_ptr<Work> Communicator::send(const void* buf, std::size_t count, DataType type,
-                                         int peer, int tag) {
+                                         Rank peer, int tag) {
   const P2POp o = P2POp::send(buf, count, type, peer, tag);
   check_p2p(o, "send");
   if (peer == rank())
@@ -470,7 +470,7 @@ std::unique_ptr<Work> Communicator::send(const void* buf, std::size_t count, Dat
   return do_send(o);
 }
 
-std::unique_ptr<Work> Communicator::recv(void* buf, std::size_t count, DataType type, int peer,
+std::unique_ptr<Work> Communicator::recv(void* buf, std::size_t count, DataType type, Rank peer,
                                          int tag) {
   const P2POp o = P2POp::recv(buf, count, type, peer, tag);
   check_p2p(o, "recv");
@@ -483,13 +483,13 @@ std::unique_ptr<Work> Communicator::recv(void* buf, std::size_t count, DataType 
 }
 
 std::unique_ptr<Work> Communicator::isend(const void* buf, std::size_t count, DataType type,
-                                          int peer, int tag) {
+                                          Rank peer, int tag) {
   const P2POp o = P2POp::send(buf, count, type, peer, tag);
   check_p2p(o, "isend");
   return do_batch_isend_irecv(std::span<const P2POp>(&o, 1), "isend");
 }
 
-std::unique_ptr<Work> Communicator::irecv(void* buf, std::size_t count, DataType type, int peer,
+std::unique_ptr<Work> Communicator::irecv(void* buf, std::size_t count, DataType type, Rank peer,
                                           int tag) {
   const P2POp o = P2POp::recv(buf, count, type, peer, tag);
   check_p2p(o, "irecv");

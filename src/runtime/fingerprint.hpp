@@ -11,6 +11,8 @@
 #include <span>
 #include <string_view>
 
+#include "commgrid/axis.hpp"
+
 namespace commgrid::detail {
 
 class Fingerprint {
@@ -26,8 +28,8 @@ class Fingerprint {
   }
   /// Feeds a text's characters (no terminator, no length).
   Fingerprint& text(std::string_view s) noexcept { return bytes(s.data(), s.size()); }
-  /// Feeds ints as their bytes, in order.
-  Fingerprint& ints(std::span<const int> v) noexcept { return bytes(v.data(), v.size_bytes()); }
+  /// Feeds ranks as their bytes, in order.
+  Fingerprint& ranks(std::span<const Rank> v) noexcept { return bytes(v.data(), v.size_bytes()); }
 
   [[nodiscard]] std::uint64_t value() const noexcept { return h_; }
   /// 63 bits: a non-negative int64 whose negation cannot overflow (for a min taken as a
@@ -49,9 +51,9 @@ inline std::uint64_t fingerprint(std::string_view s) noexcept {
 
 /// The fingerprint of a group: its name, then its members (ranks of the parent, as passed to
 /// create_group*). What ranks compare before creating it together.
-inline std::uint64_t group_fingerprint(std::span<const int> members,
+inline std::uint64_t group_fingerprint(std::span<const Rank> members,
                                        std::string_view name) noexcept {
-  return Fingerprint().text(name).ints(members).value();
+  return Fingerprint().text(name).ranks(members).value();
 }
 
 }  // namespace commgrid::detail

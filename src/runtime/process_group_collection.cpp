@@ -244,7 +244,7 @@ const ProcessGroupCollection& MultiModuleProcessGroupCollection::language_model_
   return module(*language_model_);
 }
 
-int MultiModuleProcessGroupCollection::language_model_cp_size() const {
+Rank MultiModuleProcessGroupCollection::language_model_cp_size() const {
   return (*language_model_collection().of(GroupKind::cp)).size();
 }
 

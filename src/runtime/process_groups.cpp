@@ -46,10 +46,10 @@ std::string list_text(std::span<const Rank> v) {
   return s + "]";
 }
 
-// Members as the backend wants them: ints, ascending (a communicator numbers its ranks in
+// Members as the backend wants them: ascending (a communicator numbers its ranks in
 // ascending global order, as torch's new_group does).
-std::vector<int> sorted_members(std::span<const Rank> members) {
-  std::vector<int> out(members.begin(), members.end());
+std::vector<Rank> sorted_members(std::span<const Rank> members) {
+  std::vector<Rank> out(members.begin(), members.end());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -332,7 +332,7 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
           comm = world.split(s.ref ? std::optional<std::int64_t>(s.ref->index) : std::nullopt,
                              world_rank_, s.ref ? name : label_of(k, level) + "#none");
         } else if (s.ref) {
-          const std::vector<int> members = sorted_members(s.ref->members);
+          const std::vector<Rank> members = sorted_members(s.ref->members);
           comm = world.create_group(members, name);
         }
         COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
@@ -344,7 +344,7 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
       }
       if (s.ref) {
         COMMGRID_ENFORCE(
-            s.comm->size() == static_cast<int>(s.ref->members.size()) &&
+            s.comm->size() == static_cast<Rank>(s.ref->members.size()) &&
                 s.comm->rank() == s.ref->comm_rank,
             "communicator " + s.comm->name() + " has rank " + std::to_string(s.comm->rank()) +
                 " of " + std::to_string(s.comm->size()) + ", the layout says " +
@@ -381,7 +381,7 @@ void ProcessGroups::create_per_group(Communicator& world, const InitOptions& opt
     KindCreation& st = stats[static_cast<int>(k)][static_cast<std::size_t>(level)];
     const auto t0 = Clock::now();
     const std::int64_t calls0 = world.creation_calls();
-    const std::vector<int> sorted = sorted_members(members);
+    const std::vector<Rank> sorted = sorted_members(members);
     before_world_call(world);
     std::unique_ptr<Communicator> comm =
         world.create_group_collective(sorted, group_name(k, level, index));
@@ -484,11 +484,11 @@ CreationStrategy ProcessGroups::strategy() const {
   require("strategy");
   return strategy_;
 }
-int ProcessGroups::world_rank() const {
+Rank ProcessGroups::world_rank() const {
   require("world_rank");
   return world_rank_;
 }
-int ProcessGroups::world_size() const {
+Rank ProcessGroups::world_size() const {
   require("world_size");
   return world_size_;
 }
@@ -525,12 +525,12 @@ std::shared_ptr<Communicator> ProcessGroups::group_handle(GroupKind k, int level
   return levels[static_cast<std::size_t>(level)].comm;
 }
 
-int ProcessGroups::size(GroupKind k, int level) const {
-  return static_cast<int>(member_slot(k, level, "size").ref->members.size());
+Rank ProcessGroups::size(GroupKind k, int level) const {
+  return static_cast<Rank>(member_slot(k, level, "size").ref->members.size());
 }
 
-int ProcessGroups::rank(GroupKind k, int level) const {
-  return static_cast<int>(member_slot(k, level, "rank").ref->comm_rank);
+Rank ProcessGroups::rank(GroupKind k, int level) const {
+  return member_slot(k, level, "rank").ref->comm_rank;
 }
 
 const std::vector<Rank>& ProcessGroups::global_ranks(GroupKind k, int level) const {
@@ -565,24 +565,24 @@ GroupKind dp_kind(bool with_cp, bool partial, const char* call) {
 }
 }  // namespace
 
-int ProcessGroups::data_parallel_rank(bool with_cp, bool partial) const {
+Rank ProcessGroups::data_parallel_rank(bool with_cp, bool partial) const {
   const GroupKind k = dp_kind(with_cp, partial, "data_parallel_rank");
-  return static_cast<int>(member_slot(k, 0, "data_parallel_rank").ref->comm_rank);
+  return member_slot(k, 0, "data_parallel_rank").ref->comm_rank;
 }
 
-int ProcessGroups::data_parallel_size(bool with_cp, bool partial) const {
+Rank ProcessGroups::data_parallel_size(bool with_cp, bool partial) const {
   const GroupKind k = dp_kind(with_cp, partial, "data_parallel_size");
-  return static_cast<int>(member_slot(k, 0, "data_parallel_size").ref->members.size());
+  return static_cast<Rank>(member_slot(k, 0, "data_parallel_size").ref->members.size());
 }
 
-int ProcessGroups::expert_data_parallel_rank(bool partial) const {
+Rank ProcessGroups::expert_data_parallel_rank(bool partial) const {
   const GroupKind k = partial ? GroupKind::intra_expt_dp : GroupKind::expt_dp;
-  return static_cast<int>(member_slot(k, 0, "expert_data_parallel_rank").ref->comm_rank);
+  return member_slot(k, 0, "expert_data_parallel_rank").ref->comm_rank;
 }
 
-int ProcessGroups::expert_data_parallel_size(bool partial) const {
+Rank ProcessGroups::expert_data_parallel_size(bool partial) const {
   const GroupKind k = partial ? GroupKind::intra_expt_dp : GroupKind::expt_dp;
-  return static_cast<int>(member_slot(k, 0, "expert_data_parallel_size").ref->members.size());
+  return static_cast<Rank>(member_slot(k, 0, "expert_data_parallel_size").ref->members.size());
 }
 
 Rank ProcessGroups::pipeline_first_rank() const {
@@ -605,7 +605,7 @@ Rank ProcessGroups::pipeline_prev_rank() const {
   return g.members[static_cast<std::size_t>((g.position + n - 1) % n)];
 }
 
-void ProcessGroups::check_stage(std::optional<int> vstage, const char* call) const {
+void ProcessGroups::check_stage(std::optional<Rank> vstage, const char* call) const {
   if (!vstage) return;
   const auto& vpp = layout_->config().vpp;
   if (!vpp)
@@ -617,7 +617,7 @@ void ProcessGroups::check_stage(std::optional<int> vstage, const char* call) con
                                           std::to_string(*vpp) + ")");
 }
 
-bool ProcessGroups::is_pipeline_first_stage(std::optional<int> vstage) const {
+bool ProcessGroups::is_pipeline_first_stage(std::optional<Rank> vstage) const {
   require("is_pipeline_first_stage");
   check_stage(vstage, "is_pipeline_first_stage");
   // The pp coordinate comes from the layout, so this works without the pp kind created.
@@ -625,14 +625,14 @@ bool ProcessGroups::is_pipeline_first_stage(std::optional<int> vstage) const {
   return !vstage || *vstage == 0;
 }
 
-bool ProcessGroups::is_pipeline_last_stage(std::optional<int> vstage) const {
+bool ProcessGroups::is_pipeline_last_stage(std::optional<Rank> vstage) const {
   require("is_pipeline_last_stage");
   check_stage(vstage, "is_pipeline_last_stage");
   if (layout_->coordinates(world_rank_).pp != layout_->config().pp - 1) return false;
   return !vstage || *vstage == *layout_->config().vpp - 1;
 }
 
-bool ProcessGroups::is_rank_in_embedding_group(std::optional<int> vstage) const {
+bool ProcessGroups::is_rank_in_embedding_group(std::optional<Rank> vstage) const {
   require("is_rank_in_embedding_group");
   check_stage(vstage, "is_rank_in_embedding_group");
   const auto g = layout_->group_of(GroupKind::embd, world_rank_);
@@ -648,12 +648,12 @@ bool ProcessGroups::is_rank_in_position_embedding_group() const {
   return layout_->group_of(GroupKind::pos_embd, world_rank_).has_value();
 }
 
-std::optional<int> ProcessGroups::virtual_pipeline_rank() const {
+std::optional<Rank> ProcessGroups::virtual_pipeline_rank() const {
   require("virtual_pipeline_rank");
   return virtual_rank_;
 }
 
-void ProcessGroups::set_virtual_pipeline_rank(int vrank) {
+void ProcessGroups::set_virtual_pipeline_rank(Rank vrank) {
   require("set_virtual_pipeline_rank");
   const auto& vpp = layout_->config().vpp;
   if (!vpp)
@@ -667,10 +667,10 @@ void ProcessGroups::set_virtual_pipeline_rank(int vrank) {
   virtual_rank_ = vrank;
 }
 
-std::optional<int> ProcessGroups::virtual_pipeline_size() const {
+std::optional<Rank> ProcessGroups::virtual_pipeline_size() const {
   require("virtual_pipeline_size");
   const auto& vpp = layout_->config().vpp;
-  return vpp ? std::optional<int>(static_cast<int>(*vpp)) : std::nullopt;
+  return vpp ? std::optional<Rank>(*vpp) : std::nullopt;
 }
 
 Communicator& ProcessGroups::amax_reduction_group(bool with_cp, bool tp_only) const {

@@ -22,7 +22,7 @@ void narrow_half(const float* wide, void* buf, std::size_t count, DataType type)
     p[i] = type == DataType::bfloat16 ? float_to_bf16(wide[i]) : float_to_fp16(wide[i]);
 }
 
-void divide_by(void* buf, std::size_t count, DataType type, int n) {
+void divide_by(void* buf, std::size_t count, DataType type, Rank n) {
   if (n <= 1 || count == 0) return;
   if (is_half(type)) {
     std::vector<float> wide = widen_half(buf, count, type);
@@ -43,7 +43,7 @@ void divide_by(void* buf, std::size_t count, DataType type, int n) {
 }
 
 void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type, ReduceOp op,
-                   int n) {
+                   Rank n) {
   const auto ranks = static_cast<std::size_t>(n);
   const ReduceOp eop = engine_op(op);
   if (is_half(type)) {

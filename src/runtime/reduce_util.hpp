@@ -28,7 +28,7 @@ void narrow_half(const float* wide, void* buf, std::size_t count, DataType type)
 
 /// buf[i] /= n for count elements of `type` (avg after a sum). Integers truncate toward
 /// zero; 16-bit floats are divided in float32 and rounded once.
-void divide_by(void* buf, std::size_t count, DataType type, int n);
+void divide_by(void* buf, std::size_t count, DataType type, Rank n);
 
 /// One element of `Op` (not avg, which runs as engine_op(avg) = sum, then divide_by).
 /// Integer sums and products wrap (two's complement) instead of overflowing, which would be
@@ -74,7 +74,7 @@ void reduce_block(T* out, const T* a, const T* b, std::size_t n, ReduceOp op) {
 /// order, so that the result is deterministic and the same whatever the group's layout:
 /// 16-bit floats in float32, rounded once at the end; avg divides the sum by n.
 void reduce_blocks(const void* blocks, void* out, std::size_t count, DataType type, ReduceOp op,
-                   int n);
+                   Rank n);
 
 /// Calls fn(T{}) with the C++ type that holds one element of a type that is not 16-bit
 /// float (float, double, int32, int64, int8, uint8).

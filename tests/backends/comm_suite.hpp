@@ -43,9 +43,9 @@ inline double payload(std::size_t m, std::size_t k) {
 /// Each rank exchanges with rank^1 (both post a send and a receive in one batch), then
 /// shifts a ring both ways; with two ranks the next and previous rank are the same peer.
 inline void symmetric_and_ring(Communicator& c) {
-  const int n = c.size(), me = c.rank();
+  const Rank n = c.size(), me = c.rank();
   if (n < 2) return;
-  const int partner = me ^ 1;
+  const Rank partner = me ^ 1;
   if (partner < n) {
     std::vector<double> out(17, static_cast<double>(me)), in(17, -1);
     const P2POp ops[] = {P2POp::send(std::span<double>(out), partner, 3),
@@ -54,7 +54,7 @@ inline void symmetric_and_ring(Communicator& c) {
     check(std::all_of(in.begin(), in.end(), [&](double v) { return v == partner; }), c,
           "symmetric exchange with rank " + std::to_string(partner) + " got wrong data");
   }
-  const int next = (me + 1) % n, prev = (me + n - 1) % n;
+  const Rank next = (me + 1) % n, prev = (me + n - 1) % n;
   std::int64_t to_next = me, to_prev = 100 + me, from_prev = -1, from_next = -1;
   const P2POp ring[] = {P2POp::send(&to_next, 1, DataType::int64, next, 1),
                         P2POp::send(&to_prev, 1, DataType::int64, prev, 2),
@@ -78,7 +78,7 @@ inline void symmetric_and_ring(Communicator& c) {
 /// random order, keeping the order of messages that share sender, receiver and tag (the
 /// order in which they match).
 inline void random_batches(Communicator& c, int batches, std::uint64_t seed) {
-  const int n = c.size(), me = c.rank();
+  const Rank n = c.size(), me = c.rank();
   std::mt19937_64 shared(seed), own(seed * 7919 + static_cast<std::uint64_t>(me) + 1);
   for (int b = 0; b < batches; ++b) {
     const int messages = static_cast<int>(shared() % 24);
@@ -169,7 +169,7 @@ inline void receive_times_out(Communicator& c, std::chrono::milliseconds timeout
 
 /// alltoallv with counts from a shared seed: zeros, and one pair carrying 3000 elements.
 inline void alltoallv_random(Communicator& c, std::uint64_t seed) {
-  const int n = c.size(), me = c.rank();
+  const Rank n = c.size(), me = c.rank();
   std::mt19937_64 rng(seed);
   std::vector<std::vector<std::size_t>> count(
       static_cast<std::size_t>(n), std::vector<std::size_t>(static_cast<std::size_t>(n)));
@@ -199,7 +199,7 @@ inline void alltoallv_random(Communicator& c, std::uint64_t seed) {
 
 /// allgatherv with per-rank counts (zeros included).
 inline void allgatherv_random(Communicator& c, std::uint64_t seed) {
-  const int n = c.size(), me = c.rank();
+  const Rank n = c.size(), me = c.rank();
   std::mt19937_64 rng(seed);
   std::vector<std::size_t> counts(static_cast<std::size_t>(n));
   for (auto& x : counts) x = rng() % 3 == 0 ? 0 : rng() % 7;
@@ -237,7 +237,7 @@ double read(T v) {
 /// reduce, gather and scatter to every root; allreduce sum, max and avg; all of type T.
 template <class T>
 void rooted_and_avg_typed(Communicator& c) {
-  const int n = c.size(), me = c.rank();
+  const Rank n = c.size(), me = c.rank();
   const std::size_t count = 6;
   const std::string type(datatype_name(datatype_of<T>));
   std::vector<T> mine(count);
@@ -383,7 +383,7 @@ void expect_error(const Communicator& c, const std::string& what, const char* op
 /// any communication: each rank makes the mistakes on its own, and the communicator still
 /// works afterwards (an allreduce at the end). Refused creations are not counted.
 inline void argument_errors(Communicator& c) {
-  const int n = c.size(), me = c.rank();
+  const Rank n = c.size(), me = c.rank();
   const std::int64_t calls = c.creation_calls();
   std::vector<std::int64_t> buf(4 * static_cast<std::size_t>(n) + 8, 1);
   std::int64_t* p = buf.data();
@@ -413,6 +413,16 @@ inline void argument_errors(Communicator& c) {
                       [&] { return c.send(p, 1, i64, n, 0); });
   expect_error<Range>(c, "irecv from -1", "irecv", "peer",
                       [&] { return c.irecv(p, 1, i64, -1, 0); });
+  // Ranks are 64-bit on every backend: one that an int would wrap to a member (2^32 + 0)
+  // is out of range, never that member.
+  const Rank wraps = (Rank{1} << 32) + me;
+  expect_error<Range>(c, "broadcast root 2^32", "broadcast", "root",
+                      [&] { return c.broadcast(p, 1, i64, wraps); });
+  expect_error<Range>(c, "isend to 2^32", "isend", "peer",
+                      [&] { return c.isend(p, 1, i64, wraps, 0); });
+  const std::vector<Rank> wrapped = {wraps};
+  expect_error<Range>(c, "create_group of 2^32", "create_group", "members",
+                      [&] { return c.create_group(wrapped, "bad#0"); });
   // Tags.
   expect_error<Value>(c, "isend tag -1", "isend", "tag",
                       [&] { return c.isend(p, 1, i64, me, -1); });
@@ -470,7 +480,7 @@ inline void argument_errors(Communicator& c) {
                       [&] { return c.split(std::int64_t{-1}, 0, "bad#0"); });
   expect_error<Value>(c, "split key 2^40", "split", "key",
                       [&] { return c.split(std::int64_t{0}, std::int64_t{1} << 40, "bad#0"); });
-  const std::vector<int> none, outside = {me, n}, backwards = {n - 1, 0};
+  const std::vector<Rank> none, outside = {me, n}, backwards = {n - 1, 0};
   expect_error<Config>(c, "create_group of nobody", "create_group", "members",
                        [&] { return c.create_group(none, "bad#0"); });
   expect_error<Range>(c, "create_group with rank size", "create_group", "members",
@@ -478,7 +488,7 @@ inline void argument_errors(Communicator& c) {
   if (n > 1) {
     expect_error<Config>(c, "create_group_collective backwards", "create_group_collective",
                          "members", [&] { return c.create_group_collective(backwards, "bad#0"); });
-    const std::vector<int> others = {(me + 1) % n};
+    const std::vector<Rank> others = {(me + 1) % n};
     expect_error<Config>(c, "create_group without this rank", "create_group", "members",
                          [&] { return c.create_group(others, "bad#0"); });
   }
@@ -496,8 +506,8 @@ inline void argument_errors(Communicator& c) {
 /// The world's members are 0..W-1 and its ranks map both ways.
 inline void world_members(Communicator& world) {
   const auto& m = world.members();
-  check(static_cast<int>(m.size()) == world.size(), world, "world members size");
-  for (int r = 0; r < world.size(); ++r) {
+  check(static_cast<Rank>(m.size()) == world.size(), world, "world members size");
+  for (Rank r = 0; r < world.size(); ++r) {
     check(m[static_cast<std::size_t>(r)] == r, world, "world member " + std::to_string(r));
     check(world.group_rank(world.global_rank(r)) == r, world, "world rank mapping");
   }

@@ -91,23 +91,23 @@ class NamedGroup final : public Communicator {
   NamedGroup(std::string name, int size)
       : Communicator(std::move(name), kDefaultTimeout), size_(size) {}
   [[nodiscard]] std::string_view backend() const noexcept override { return "none"; }
-  [[nodiscard]] int rank() const noexcept override { return 0; }
-  [[nodiscard]] int size() const noexcept override { return size_; }
+  [[nodiscard]] Rank rank() const noexcept override { return 0; }
+  [[nodiscard]] Rank size() const noexcept override { return size_; }
 
  protected:
   std::unique_ptr<Communicator> do_split(std::optional<std::int64_t>, std::int64_t,
                                          std::string) override {
     return fail();
   }
-  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override {
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank>, std::string) override {
     return fail();
   }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank>,
                                                            std::string) override {
     return fail();
   }
   std::unique_ptr<Work> do_barrier() override { return fail_work(); }
-  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, Rank) override {
     return fail_work();
   }
   std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override {
@@ -135,13 +135,13 @@ class NamedGroup final : public Communicator {
     return fail_work();
   }
   std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp,
-                                  int) override {
+                                  Rank) override {
     return fail_work();
   }
-  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, Rank) override {
     return fail_work();
   }
-  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, Rank) override {
     return fail_work();
   }
 

@@ -32,7 +32,7 @@ TEST(Fingerprint, IsSixtyFourBitFnv1a) {
 }
 
 TEST(Fingerprint, SeparatesNamesAndMembers) {
-  const std::vector<int> a = {0, 1}, b = {0, 2};
+  const std::vector<Rank> a = {0, 1}, b = {0, 2};
   std::set<std::uint64_t> seen = {detail::group_fingerprint(a, "tp#0"),
                                   detail::group_fingerprint(b, "tp#0"),
                                   detail::group_fingerprint(a, "tp#1")};
@@ -78,8 +78,8 @@ class CountingComm final : public Communicator {
  public:
   explicit CountingComm(int size) : Communicator("count#0", kDefaultTimeout), size_(size) {}
   [[nodiscard]] std::string_view backend() const noexcept override { return "counting"; }
-  [[nodiscard]] int rank() const noexcept override { return 0; }
-  [[nodiscard]] int size() const noexcept override { return size_; }
+  [[nodiscard]] Rank rank() const noexcept override { return 0; }
+  [[nodiscard]] Rank size() const noexcept override { return size_; }
   int reached = 0;
 
  protected:
@@ -87,15 +87,15 @@ class CountingComm final : public Communicator {
                                          std::string) override {
     return hit<Communicator>();
   }
-  std::unique_ptr<Communicator> do_create_group(std::span<const int>, std::string) override {
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank>, std::string) override {
     return hit<Communicator>();
   }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank>,
                                                            std::string) override {
     return hit<Communicator>();
   }
   std::unique_ptr<Work> do_barrier() override { return work(); }
-  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override { return work(); }
+  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, Rank) override { return work(); }
   std::unique_ptr<Work> do_allreduce(const void*, void*, std::size_t, DataType, ReduceOp) override {
     return work();
   }
@@ -118,13 +118,13 @@ class CountingComm final : public Communicator {
     return work();
   }
   std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp,
-                                  int) override {
+                                  Rank) override {
     return work();
   }
-  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, Rank) override {
     return work();
   }
-  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, Rank) override {
     return work();
   }
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override {
@@ -149,11 +149,14 @@ TEST(CommunicatorContract, RefusedCallsNeverReachTheBackendAndValidOnesDo) {
   std::int64_t buf[16] = {};
   EXPECT_THROW((void)c.allreduce(nullptr, buf, 1, DataType::int64, ReduceOp::sum), ConfigError);
   EXPECT_THROW((void)c.broadcast(buf, 1, DataType::int64, 4), RankOutOfRangeError);
+  // Ranks are 64-bit: one that an int would wrap into the group is still out of range.
+  EXPECT_THROW((void)c.broadcast(buf, 1, DataType::int64, Rank{1} << 32), RankOutOfRangeError);
+  EXPECT_THROW((void)c.isend(buf, 1, DataType::int64, (Rank{1} << 32) + 1, 0), RankOutOfRangeError);
   EXPECT_THROW((void)c.isend(buf, 1, DataType::int64, 1, -1), InvalidValueError);
   EXPECT_THROW((void)c.allgather(buf + 2, buf, 1, DataType::int64),
                ConfigError);  // recv covers send
   EXPECT_THROW((void)c.split(std::int64_t{1} << 31, 0, "x#0"), InvalidValueError);
-  const int backwards[] = {2, 1};
+  const Rank backwards[] = {2, 1};
   EXPECT_THROW((void)c.create_group_collective(backwards, "x#0"), ConfigError);
   EXPECT_EQ(c.reached, 0);
   EXPECT_EQ(c.creation_calls(), 0);
@@ -205,12 +208,12 @@ class AgreeingWorld final : public Communicator {
   AgreeingWorld(std::string name, int rank, int size)
       : Communicator(std::move(name), kDefaultTimeout), rank_(rank), size_(size) {}
   [[nodiscard]] std::string_view backend() const noexcept override { return "agreeing"; }
-  [[nodiscard]] int rank() const noexcept override { return rank_; }
-  [[nodiscard]] int size() const noexcept override { return size_; }
+  [[nodiscard]] Rank rank() const noexcept override { return rank_; }
+  [[nodiscard]] Rank size() const noexcept override { return size_; }
   std::int64_t largest_group = 0;
 
  protected:
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                 std::string name) override {
     largest_group =
         std::max<std::int64_t>(largest_group, static_cast<std::int64_t>(members.size()));
@@ -227,12 +230,12 @@ class AgreeingWorld final : public Communicator {
                                          std::string) override {
     return none();
   }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int>,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank>,
                                                            std::string) override {
     return none();
   }
   std::unique_ptr<Work> do_barrier() override { return std::make_unique<Work>(); }
-  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, int) override { return fail(); }
+  std::unique_ptr<Work> do_broadcast(void*, std::size_t, DataType, Rank) override { return fail(); }
   std::unique_ptr<Work> do_allgather(const void*, void*, std::size_t, DataType) override {
     return fail();
   }
@@ -252,13 +255,13 @@ class AgreeingWorld final : public Communicator {
     return fail();
   }
   std::unique_ptr<Work> do_reduce(const void*, void*, std::size_t, DataType, ReduceOp,
-                                  int) override {
+                                  Rank) override {
     return fail();
   }
-  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_gather(const void*, void*, std::size_t, DataType, Rank) override {
     return fail();
   }
-  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, int) override {
+  std::unique_ptr<Work> do_scatter(const void*, void*, std::size_t, DataType, Rank) override {
     return fail();
   }
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp>, std::string_view) override {

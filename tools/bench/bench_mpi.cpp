@@ -89,7 +89,7 @@ class MpiDirect final : public DirectCollectives {
 
 }  // namespace
 
-std::unique_ptr<DirectCollectives> make_mpi_direct(mpi::MpiCommunicator& world, bool nonblocking) {
+std::unique_ptr<DirectCollectives> make_mpi_direct(MpiCommunicator& world, bool nonblocking) {
   return std::make_unique<MpiDirect>(world.native(), nonblocking);
 }
 

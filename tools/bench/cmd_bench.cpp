@@ -257,7 +257,7 @@ std::unique_ptr<DirectCollectives> make_direct(Communicator& world, const WorldP
 #endif
 #if COMMGRID_HAS_MPI
   if (plan.backend == "mpi")
-    return bench::make_mpi_direct(dynamic_cast<mpi::MpiCommunicator&>(world),
+    return bench::make_mpi_direct(dynamic_cast<MpiCommunicator&>(world),
                                   rt.direct == "nonblocking");
 #endif
 #if COMMGRID_HAS_GLOO

@@ -14,19 +14,13 @@
 
 namespace commgrid {
 
-/// The launchers whose variables commgrid reads, closest to the process first.
-enum class Launcher { none, commgrid_launch, torchrun, slurm, open_mpi, hydra };
-
-/// "commgrid launch", "torchrun", "SLURM", "Open MPI", "Hydra"; "no launcher" for none.
-std::string launcher_name(Launcher launcher);
-
 /// The launcher found in the environment, without opening anything.
 struct DetectedLauncher {
   Launcher launcher = Launcher::none;
   /// The variables that gave rank and size, e.g. "RANK=1, WORLD_SIZE=4"; "" for none.
   std::string variables;
-  int rank = 0;  ///< 0 ... size-1
-  int size = 1;  ///< 1 when no launcher was found
+  Rank rank = 0;  ///< 0 ... size-1
+  Rank size = 1;  ///< 1 when no launcher was found
   /// COMMGRID_STORE or MASTER_ADDR is set: launched ranks can meet in a store.
   bool store = false;
   /// The launcher starts ranks that meet in a store (commgrid launch, torchrun), as
@@ -43,9 +37,9 @@ struct DetectedLauncher {
 /// and size its variables give. Throws ConfigError for a malformed value (the errors of
 /// read_launch_info: "WORLD_SIZE='x' is not a whole decimal number", rank not below size);
 /// no launcher at all is not an error (Launcher::none, size 1).
-DetectedLauncher detect_launcher(const EnvLookup& lookup);
+[[nodiscard]] DetectedLauncher detect_launcher(const EnvLookup& lookup);
 /// detect_launcher over this process's environment.
-DetectedLauncher detect_launcher();
+[[nodiscard]] DetectedLauncher detect_launcher();
 
 /// How the ranks of a world come together.
 enum class WorldEngine {
@@ -77,12 +71,14 @@ struct WorldPlan {
   WorldEngine engine = WorldEngine::mpi;
   /// Ranks: --local N, the launcher's size, or 1 without a launcher. An MPI job's size is
   /// MPI's own once it has started (it agrees with the launcher's variables).
-  int size = 1;
+  Rank size = 1;
   DetectedLauncher launcher;
   /// The ranks are the --local N threads of this process.
   bool local = false;
   /// This process's rank as far as known before the world exists (0 for rank-threads).
-  [[nodiscard]] int rank() const { return engine == WorldEngine::rank_threads ? 0 : launcher.rank; }
+  [[nodiscard]] Rank rank() const {
+    return engine == WorldEngine::rank_threads ? 0 : launcher.rank;
+  }
   /// No launcher and no --local: a world of this one process.
   [[nodiscard]] bool alone() const {
     return launcher.launcher == Launcher::none && !local && size == 1;
@@ -93,12 +89,12 @@ struct WorldPlan {
 /// (parameter "backend" or "local") for a backend the program does not accept or this build
 /// lacks, --local with mpi, and an engine the launcher cannot carry (--backend mpi under
 /// commgrid launch or torchrun, whose ranks are not one MPI job).
-WorldPlan plan_world(const WorldRequest& request, const DetectedLauncher& launcher);
+[[nodiscard]] WorldPlan plan_world(const WorldRequest& request, const DetectedLauncher& launcher);
 
 /// The error for a world that cannot hold the program's layout because no launcher started
 /// this process: "no launcher found (world size 1 from no launcher variables): use --local
 /// N, mpirun or commgrid launch (world_size 1 is not divisible by ...)". `why` is the error
 /// the one-rank world gave.
-ConfigError no_launcher_error(const WorldPlan& plan, const std::string& why);
+[[nodiscard]] ConfigError no_launcher_error(const WorldPlan& plan, const std::string& why);
 
 }  // namespace commgrid

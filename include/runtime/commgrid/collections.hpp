@@ -142,13 +142,13 @@ class ModelCommProcessGroups : public GroupCollection {
   /// rank's group, or NoGroup with the reason when it has none (a kind not created counts
   /// as none); the others stay unset. Throws UnknownKindError listing every invalid name
   /// before reading anything, StateError when `state` is not initialized.
-  static ModelCommProcessGroups from_state(
+  [[nodiscard]] static ModelCommProcessGroups from_state(
       const ProcessGroups& state,
       const std::optional<std::vector<std::string>>& required = std::nullopt);
   /// The same with the required fields as kinds: from_state(pg, {GroupKind::tp, GroupKind::pp}).
   /// A kind that is not a field of this collection is an UnknownKindError.
-  static ModelCommProcessGroups from_state(const ProcessGroups& state,
-                                           const std::vector<GroupKind>& required);
+  [[nodiscard]] static ModelCommProcessGroups from_state(const ProcessGroups& state,
+                                                         const std::vector<GroupKind>& required);
 
   const GroupField& tp() const { return get(GroupKind::tp); }
   const GroupField& pp() const { return get(GroupKind::pp); }
@@ -176,12 +176,12 @@ class GradCommProcessGroups : public GroupCollection {
 
   GradCommProcessGroups();
   GradCommProcessGroups(std::initializer_list<std::pair<std::string_view, GroupValue>> pairs);
-  static GradCommProcessGroups from_state(
+  [[nodiscard]] static GradCommProcessGroups from_state(
       const ProcessGroups& state,
       const std::optional<std::vector<std::string>>& required = std::nullopt);
   /// The same with the required fields as kinds.
-  static GradCommProcessGroups from_state(const ProcessGroups& state,
-                                          const std::vector<GroupKind>& required);
+  [[nodiscard]] static GradCommProcessGroups from_state(const ProcessGroups& state,
+                                                        const std::vector<GroupKind>& required);
 
   const GroupField& dp() const { return get(GroupKind::dp); }
   const GroupField& dp_cp() const { return get(GroupKind::dp_cp); }

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "commgrid/axis.hpp"
 #include "commgrid/error.hpp"
 
 namespace commgrid {
@@ -47,8 +48,8 @@ constexpr std::size_t element_size(DataType t) noexcept {
   }
   return 0;
 }
-std::string_view datatype_name(DataType t) noexcept;
-std::string_view reduce_op_name(ReduceOp op) noexcept;
+[[nodiscard]] std::string_view datatype_name(DataType t) noexcept;
+[[nodiscard]] std::string_view reduce_op_name(ReduceOp op) noexcept;
 
 /// bfloat16 <-> float32 conversions (round to nearest even), for backends that reduce
 /// bfloat16 in float32.
@@ -168,21 +169,21 @@ struct P2POp {
   void* buf = nullptr;  ///< read for a send, written for a receive
   std::size_t count = 0;
   DataType type = DataType::float32;
-  int peer = 0;
+  Rank peer = 0;
   int tag = 0;
 
-  static P2POp send(const void* buf, std::size_t count, DataType type, int peer, int tag = 0) {
+  static P2POp send(const void* buf, std::size_t count, DataType type, Rank peer, int tag = 0) {
     return {Kind::send, const_cast<void*>(buf), count, type, peer, tag};
   }
-  static P2POp recv(void* buf, std::size_t count, DataType type, int peer, int tag = 0) {
+  static P2POp recv(void* buf, std::size_t count, DataType type, Rank peer, int tag = 0) {
     return {Kind::recv, buf, count, type, peer, tag};
   }
   template <CommElement T>
-  static P2POp send(std::span<T> buf, int peer, int tag = 0) {
+  static P2POp send(std::span<T> buf, Rank peer, int tag = 0) {
     return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
-  requires(!std::is_const_v<T>) static P2POp recv(std::span<T> buf, int peer, int tag = 0) {
+  requires(!std::is_const_v<T>) static P2POp recv(std::span<T> buf, Rank peer, int tag = 0) {
     return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
 };
@@ -191,7 +192,9 @@ struct P2POp {
 /// implements.
 ///
 /// Every collective is collective: every rank of the group calls it with the same count,
-/// type, op and root. Buffers are host memory unless a backend says otherwise.
+/// type, op and root. Buffers are host memory unless a backend says otherwise. Ranks, sizes,
+/// roots, peers and members are commgrid::Rank on every backend; a backend narrows them to
+/// its engine's int only after the checks below have put them in [0, size()).
 ///
 /// **Arguments are checked here, once, the same way on every backend**, before the backend
 /// sees the call and before any communication, so that a mistake raises the same typed
@@ -199,27 +202,30 @@ struct P2POp {
 /// "<backend> <op> on <group>: <what is wrong, with the values>"; parameter() names the
 /// argument:
 ///
-/// | mistake                                                          | error                 |
-/// parameter()               |
-/// |------------------------------------------------------------------|-----------------------|---------------------------|
-/// | null buffer with a count > 0                                     | ConfigError           |
-/// send, recv or buf         | | root, peer or member outside [0, size())                         |
-/// RankOutOfRangeError   | root, peer or members     | | tag < 0 or above max_tag() |
-/// InvalidValueError     | tag                       | | a count above max_count(), a counts list
-/// of the wrong length,   | InvalidValueError     | count, send_counts,       | | allgatherv's
-/// count != recv_counts[rank()], alltoallv's block to  |                       | recv_counts | |
-/// this rank sent and expected with different counts               |                       | | | a
-/// typed buffer of the wrong size                                 | InvalidValueError     | send or
-/// recv              | | a DataType or ReduceOp outside the enumeration                   |
-/// InvalidValueError     | type or op                | | send and recv overlapping (allreduce and
-/// reduce on root allow    | ConfigError           | recv                      | | the very same
-/// buffer); batch receives overlapping each other or  |                       | | | a send of the
-/// batch                                              |                       | | | a blocking send
-/// or recv to this rank itself (it could only hang) | ConfigError           | peer | | split color
-/// outside [0, 2^31), key outside int32                 | InvalidValueError     | color or key | |
-/// members empty, not strictly ascending, or (create_group) without | ConfigError           |
-/// members                   | | this rank                                                        |
-/// |                           | | a timeout <= 0 | InvalidValueError     | timeout |
+// clang-format off
+/// | mistake                                        | error               | parameter()           |
+/// |------------------------------------------------|---------------------|-----------------------|
+/// | null buffer with a count > 0                   | ConfigError         | send, recv or buf     |
+/// | root, peer or member outside [0, size())       | RankOutOfRangeError | root, peer or members |
+/// | tag < 0 or above max_tag()                     | InvalidValueError   | tag                   |
+/// | a count above max_count(), a counts list of    | InvalidValueError   | count, send_counts,   |
+/// | the wrong length, allgatherv's count !=        |                     | recv_counts           |
+/// | recv_counts[rank()], alltoallv's block to this |                     |                       |
+/// | rank sent and expected with different counts   |                     |                       |
+/// | a typed buffer of the wrong size               | InvalidValueError   | send or recv          |
+/// | a DataType or ReduceOp outside the enumeration | InvalidValueError   | type or op            |
+/// | send and recv overlapping (allreduce and       | ConfigError         | recv                  |
+/// | reduce on root allow the very same buffer);    |                     |                       |
+/// | batch receives overlapping each other or a     |                     |                       |
+/// | send of the batch                              |                     |                       |
+/// | a blocking send or recv to this rank itself    | ConfigError         | peer                  |
+/// | (it could only hang)                           |                     |                       |
+/// | split color outside [0, 2^31), key outside     | InvalidValueError   | color or key          |
+/// | int32                                          |                     |                       |
+/// | members empty, not strictly ascending, or      | ConfigError         | members               |
+/// | (create_group) without this rank               |                     |                       |
+/// | a timeout <= 0                                 | InvalidValueError   | timeout               |
+// clang-format on
 ///
 /// What only happens on the wire is the backend's and is BackendError (TimeoutError when the
 /// communicator's timeout passes, naming the ranks that did not arrive where the backend can
@@ -237,9 +243,9 @@ class Communicator {
   /// The group's deterministic name, e.g. "world", "tp#3" (kind#group index).
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// This rank's rank in the group, 0 ... size()-1.
-  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual Rank rank() const noexcept = 0;
   /// Number of ranks in the group.
-  [[nodiscard]] virtual int size() const noexcept = 0;
+  [[nodiscard]] virtual Rank size() const noexcept = 0;
   /// The timeout of every call on this communicator. A communicator made by split or
   /// create_group* starts with its parent's timeout.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
@@ -263,19 +269,19 @@ class Communicator {
   /// Only the members call it: creates the group of `members` (ranks in this group,
   /// ascending, including this rank); ranks outside do nothing. `name` must be the same on
   /// every member and unique among the groups created from this communicator.
-  [[nodiscard]] std::unique_ptr<Communicator> create_group(std::span<const int> members,
+  [[nodiscard]] std::unique_ptr<Communicator> create_group(std::span<const Rank> members,
                                                            std::string name);
   /// Collective over this whole group (Megatron's new_group): every rank calls it with the
   /// same members (ascending); members get the new communicator, others nullptr. Ranks that
   /// pass different members or names fail on every rank.
-  [[nodiscard]] std::unique_ptr<Communicator> create_group_collective(std::span<const int> members,
+  [[nodiscard]] std::unique_ptr<Communicator> create_group_collective(std::span<const Rank> members,
                                                                       std::string name);
 
   /// Collective: returns when every rank has entered.
   [[nodiscard]] std::unique_ptr<Work> barrier();
   /// Collective: `count` elements from root's buf to every rank's buf.
   [[nodiscard]] std::unique_ptr<Work> broadcast(void* buf, std::size_t count, DataType type,
-                                                int root);
+                                                Rank root);
   /// Collective: recv = op over every rank's send (count elements). send == recv allowed
   /// (in place); otherwise they must not overlap.
   [[nodiscard]] std::unique_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
@@ -308,33 +314,33 @@ class Communicator {
   /// Collective: root's recv = op over every rank's send (count elements). recv is only
   /// written on root (other ranks may pass nullptr). send == recv allowed on root.
   [[nodiscard]] std::unique_ptr<Work> reduce(const void* send, void* recv, std::size_t count,
-                                             DataType type, ReduceOp op, int root);
+                                             DataType type, ReduceOp op, Rank root);
   /// Collective: root's recv (size()*count elements) = every rank's send (count) in rank
   /// order. recv is only used on root (other ranks may pass nullptr).
   [[nodiscard]] std::unique_ptr<Work> gather(const void* send, void* recv, std::size_t count,
-                                             DataType type, int root);
+                                             DataType type, Rank root);
   /// Collective: block i (count elements) of root's send (size()*count elements) goes to
   /// rank i's recv. send is only read on root (other ranks may pass nullptr).
   [[nodiscard]] std::unique_ptr<Work> scatter(const void* send, void* recv, std::size_t count,
-                                              DataType type, int root);
+                                              DataType type, Rank root);
 
   /// Point to point, blocking: sends count elements to peer (a rank of this group, not this
   /// rank) with a tag >= 0. On Gloo a send returns only when the receiver has the data
   /// (synchronous, like MPI_Ssend): two ranks that both send first deadlock; use
   /// batch_isend_irecv.
   [[nodiscard]] std::unique_ptr<Work> send(const void* buf, std::size_t count, DataType type,
-                                           int peer, int tag);
+                                           Rank peer, int tag);
   /// Point to point, blocking: receives exactly count elements from peer (not this rank)
   /// with a tag.
-  [[nodiscard]] std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, int peer,
+  [[nodiscard]] std::unique_ptr<Work> recv(void* buf, std::size_t count, DataType type, Rank peer,
                                            int tag);
   /// Point to point, nonblocking: posts the send and returns a pending Work. Messages
   /// between two ranks with the same tag are received in the order they were posted.
   /// peer may be this rank (matched with this rank's own irecv).
   [[nodiscard]] std::unique_ptr<Work> isend(const void* buf, std::size_t count, DataType type,
-                                            int peer, int tag);
+                                            Rank peer, int tag);
   /// Point to point, nonblocking: posts the receive and returns a pending Work.
-  [[nodiscard]] std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, int peer,
+  [[nodiscard]] std::unique_ptr<Work> irecv(void* buf, std::size_t count, DataType type, Rank peer,
                                             int tag);
   /// Posts every operation of the batch, then returns one pending Work for all of them
   /// (torch's batch_isend_irecv, NCCL's group calls). Because nothing waits before
@@ -348,18 +354,18 @@ class Communicator {
   /// The global ranks (ranks of the world this communicator was created from) of the
   /// members, ascending: members()[i] is group rank i (torch's get_process_group_ranks).
   /// The world's members are 0 ... size()-1.
-  [[nodiscard]] const std::vector<std::int64_t>& members() const;
+  [[nodiscard]] const std::vector<Rank>& members() const;
   /// The global rank of group rank r (torch's get_global_rank). Throws RankOutOfRangeError.
-  [[nodiscard]] std::int64_t global_rank(int group_rank) const;
+  [[nodiscard]] Rank global_rank(Rank group_rank) const;
   /// The group rank of a global rank (torch's get_group_rank). Throws RankOutOfRangeError
   /// naming the group when `global` is not a member.
-  [[nodiscard]] int group_rank(std::int64_t global) const;
+  [[nodiscard]] Rank group_rank(Rank global) const;
 
   // ---- typed buffers: the DataType comes from the element type --------------------
   // Sizes are checked before any communication: a mismatch is an InvalidValueError naming
   // the operation, the group and both sizes.
   template <CommElement T>
-  [[nodiscard]] std::unique_ptr<Work> broadcast(std::span<T> buf, int root) {
+  [[nodiscard]] std::unique_ptr<Work> broadcast(std::span<T> buf, Rank root) {
     return broadcast(buf.data(), buf.size(), datatype_of<T>, root);
   }
   /// In place: buf = op over every rank's buf.
@@ -415,40 +421,40 @@ class Communicator {
   /// recv is used on root only (other ranks may pass an empty span).
   template <CommElement T>
   [[nodiscard]] std::unique_ptr<Work> reduce(std::type_identity_t<std::span<const T>> send,
-                                             std::span<T> recv, ReduceOp op, int root) {
+                                             std::span<T> recv, ReduceOp op, Rank root) {
     if (rank() == root) check_typed("reduce", "recv", recv.size(), send.size());
     return reduce(send.data(), recv.data(), send.size(), datatype_of<T>, op, root);
   }
   /// recv (root only) holds size() * send.size() elements.
   template <CommElement T>
   [[nodiscard]] std::unique_ptr<Work> gather(std::type_identity_t<std::span<const T>> send,
-                                             std::span<T> recv, int root) {
+                                             std::span<T> recv, Rank root) {
     if (rank() == root) check_typed("gather", "recv", recv.size(), send.size() * group_size());
     return gather(send.data(), recv.data(), send.size(), datatype_of<T>, root);
   }
   /// send (root only) holds size() * recv.size() elements.
   template <CommElement T>
   [[nodiscard]] std::unique_ptr<Work> scatter(std::type_identity_t<std::span<const T>> send,
-                                              std::span<T> recv, int root) {
+                                              std::span<T> recv, Rank root) {
     if (rank() == root) check_typed("scatter", "send", send.size(), recv.size() * group_size());
     return scatter(send.data(), recv.data(), recv.size(), datatype_of<T>, root);
   }
   template <CommElement T>
-  [[nodiscard]] std::unique_ptr<Work> send(std::span<T> buf, int peer, int tag = 0) {
+  [[nodiscard]] std::unique_ptr<Work> send(std::span<T> buf, Rank peer, int tag = 0) {
     return send(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
   requires(!std::is_const_v<T>)
-      [[nodiscard]] std::unique_ptr<Work> recv(std::span<T> buf, int peer, int tag = 0) {
+      [[nodiscard]] std::unique_ptr<Work> recv(std::span<T> buf, Rank peer, int tag = 0) {
     return recv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
-  [[nodiscard]] std::unique_ptr<Work> isend(std::span<T> buf, int peer, int tag = 0) {
+  [[nodiscard]] std::unique_ptr<Work> isend(std::span<T> buf, Rank peer, int tag = 0) {
     return isend(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
   template <CommElement T>
   requires(!std::is_const_v<T>)
-      [[nodiscard]] std::unique_ptr<Work> irecv(std::span<T> buf, int peer, int tag = 0) {
+      [[nodiscard]] std::unique_ptr<Work> irecv(std::span<T> buf, Rank peer, int tag = 0) {
     return irecv(buf.data(), buf.size(), datatype_of<T>, peer, tag);
   }
 
@@ -457,7 +463,7 @@ class Communicator {
       : name_(std::move(name)), timeout_(timeout) {}
   /// The members' global ranks, ascending (a backend sets them when it creates a group;
   /// unset means 0 ... size()-1).
-  void set_members(std::vector<std::int64_t> members) { members_ = std::move(members); }
+  void set_members(std::vector<Rank> members) { members_ = std::move(members); }
 
   // ---- what a backend implements: called only with checked arguments ------------------
   /// Called after the timeout changed (set_timeout), for a backend whose engine keeps its
@@ -465,13 +471,13 @@ class Communicator {
   virtual void timeout_changed(std::chrono::milliseconds /*timeout*/) {}
   virtual std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color,
                                                  std::int64_t key, std::string name) = 0;
-  virtual std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+  virtual std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                         std::string name) = 0;
-  virtual std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+  virtual std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,
                                                                    std::string name) = 0;
   virtual std::unique_ptr<Work> do_barrier() = 0;
   virtual std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
-                                             int root) = 0;
+                                             Rank root) = 0;
   virtual std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count,
                                              DataType type, ReduceOp op) = 0;
   virtual std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
@@ -488,11 +494,11 @@ class Communicator {
                                               std::span<const std::size_t> recv_counts,
                                               DataType type) = 0;
   virtual std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count,
-                                          DataType type, ReduceOp op, int root) = 0;
+                                          DataType type, ReduceOp op, Rank root) = 0;
   virtual std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count,
-                                          DataType type, int root) = 0;
+                                          DataType type, Rank root) = 0;
   virtual std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count,
-                                           DataType type, int root) = 0;
+                                           DataType type, Rank root) = 0;
   /// Posts the batch (isend and irecv are batches of one); `op` is the public call's name
   /// ("isend", "irecv", "batch_isend_irecv", or "send"/"recv" from the blocking defaults),
   /// for messages.
@@ -515,7 +521,7 @@ class Communicator {
   std::string name_;
   std::chrono::milliseconds timeout_;
   std::int64_t creation_calls_ = 0;
-  mutable std::vector<std::int64_t> members_;
+  mutable std::vector<Rank> members_;
 };
 
 }  // namespace commgrid

@@ -58,7 +58,7 @@ class ProcessGroupCollection : public GroupCollection {
   /// required, are none (HEAD leaves them to create_all_gather_groups and a later set()). Throws
   /// UnknownKindError listing every invalid name before reading anything, StateError when `state`
   /// is not initialized.
-  static ProcessGroupCollection from_state(
+  [[nodiscard]] static ProcessGroupCollection from_state(
       const ProcessGroups& state,
       const std::optional<std::vector<std::string>>& required = std::nullopt);
 
@@ -96,22 +96,23 @@ struct DdpProcessGroups {
 /// HEAD's choice without a collection (parallel_state's groups). `ddp`: the model's
 /// ddp_config, nullopt when the model has none (inter_dist_opt is then None). Throws
 /// StateError when `state` is not initialized.
-OptimizerProcessGroups setup_process_groups_for_optimizer(const ProcessGroups& state,
-                                                          const std::optional<DdpSettings>& ddp);
+[[nodiscard]] OptimizerProcessGroups setup_process_groups_for_optimizer(
+    const ProcessGroups& state, const std::optional<DdpSettings>& ddp);
 /// HEAD's choice from a collection: dp, expt_dp, mp, tp_ep_pp must be set (to a group or
 /// none); dp_cp when cp_size > 1; the dist-opt fields with several instances; intra_dist_opt
 /// with the distributed optimizer. Missing ones are a ConfigError naming them.
-OptimizerProcessGroups setup_process_groups_for_optimizer(const ProcessGroupCollection& pgc,
-                                                          const std::optional<DdpSettings>& ddp,
-                                                          std::int64_t cp_size);
+[[nodiscard]] OptimizerProcessGroups setup_process_groups_for_optimizer(
+    const ProcessGroupCollection& pgc, const std::optional<DdpSettings>& ddp, std::int64_t cp_size);
 /// HEAD's DDP choice without a collection.
-DdpProcessGroups setup_process_groups_for_ddp(const ProcessGroups& state, const DdpSettings& ddp);
+[[nodiscard]] DdpProcessGroups setup_process_groups_for_ddp(const ProcessGroups& state,
+                                                            const DdpSettings& ddp);
 /// HEAD's DDP choice from a collection: dp, tp, pp, ep must be set; dp_cp when cp_size > 1;
 /// the dist-opt fields with several instances. HEAD creates a one-rank expt_dp group when
 /// the collection has none; here `expt_dp_fallback` (this rank alone) takes that place.
-DdpProcessGroups setup_process_groups_for_ddp(const ProcessGroupCollection& pgc,
-                                              std::int64_t cp_size, const DdpSettings& ddp,
-                                              GroupHandle expt_dp_fallback);
+[[nodiscard]] DdpProcessGroups setup_process_groups_for_ddp(const ProcessGroupCollection& pgc,
+                                                            std::int64_t cp_size,
+                                                            const DdpSettings& ddp,
+                                                            GroupHandle expt_dp_fallback);
 
 /// HEAD's MultiModuleProcessGroupCollection: one collection per module (e.g. "encoder",
 /// "llm") on ranks that take part in several, and which one is the language model.
@@ -128,7 +129,7 @@ class MultiModuleProcessGroupCollection {
   [[nodiscard]] const ProcessGroupCollection& language_model_collection() const;
   /// The size of the language model's cp group. Throws ConfigError when no language model
   /// is named, NoGroupError when its cp field is none.
-  [[nodiscard]] int language_model_cp_size() const;
+  [[nodiscard]] Rank language_model_cp_size() const;
   /// The collection of a module. Throws ConfigError naming the module and the valid ones.
   [[nodiscard]] const ProcessGroupCollection& module(std::string_view name) const;
   /// Module names, in the order given.

@@ -36,10 +36,10 @@ enum class CreationStrategy : std::uint8_t {
 inline constexpr CreationStrategy kDefaultStrategy = CreationStrategy::member;
 
 /// "split", "member" or "per-group".
-std::string_view strategy_name(CreationStrategy s) noexcept;
+[[nodiscard]] std::string_view strategy_name(CreationStrategy s) noexcept;
 /// Parses "split", "member", "per-group" (or "per_group"); throws InvalidValueError naming
 /// the valid names.
-CreationStrategy parse_strategy(std::string_view name);
+[[nodiscard]] CreationStrategy parse_strategy(std::string_view name);
 
 /// Options of ProcessGroups::initialize. Every rank must pass the same kinds and strategy
 /// (they are part of the fingerprint).
@@ -105,8 +105,8 @@ class ProcessGroups {
   [[nodiscard]] const ParallelConfig& config() const;
   [[nodiscard]] CreationStrategy strategy() const;
   /// This rank's global rank and the world size.
-  [[nodiscard]] int world_rank() const;
-  [[nodiscard]] int world_size() const;
+  [[nodiscard]] Rank world_rank() const;
+  [[nodiscard]] Rank world_size() const;
   /// The kinds created, in reference order.
   [[nodiscard]] const std::vector<GroupKind>& kinds() const;
 
@@ -120,10 +120,10 @@ class ProcessGroups {
   /// The same as a shared handle; nullptr when this rank has no group of the kind.
   [[nodiscard]] std::shared_ptr<Communicator> group_handle(GroupKind k, int level = 0) const;
   /// Number of ranks in this rank's group of the kind (get_*_world_size).
-  [[nodiscard]] int size(GroupKind k, int level = 0) const;
+  [[nodiscard]] Rank size(GroupKind k, int level = 0) const;
   /// This rank's rank in its group of the kind (get_*_rank): the communicator's rank,
   /// which is the position among the members sorted ascending.
-  [[nodiscard]] int rank(GroupKind k, int level = 0) const;
+  [[nodiscard]] Rank rank(GroupKind k, int level = 0) const;
   /// The global ranks of this rank's group, in the kind's member order (docs/layout.md; not
   /// sorted for intra_dist_opt and for an unsorted custom embedding policy).
   [[nodiscard]] const std::vector<Rank>& global_ranks(GroupKind k, int level = 0) const;
@@ -139,15 +139,15 @@ class ProcessGroups {
   [[nodiscard]] Rank data_parallel_src_rank(bool with_context_parallel = false) const;
   /// Rank in dp, dp_cp (with cp) or intra_dp_cp (with cp and partial). partial without cp
   /// is an InvalidValueError, as in Megatron ("partial DP needs to include CP").
-  [[nodiscard]] int data_parallel_rank(bool with_context_parallel = false,
-                                       bool partial_data_parallel = false) const;
+  [[nodiscard]] Rank data_parallel_rank(bool with_context_parallel = false,
+                                        bool partial_data_parallel = false) const;
   /// Size of the same group.
-  [[nodiscard]] int data_parallel_size(bool with_context_parallel = false,
-                                       bool partial_data_parallel = false) const;
+  [[nodiscard]] Rank data_parallel_size(bool with_context_parallel = false,
+                                        bool partial_data_parallel = false) const;
   /// Rank in expt_dp, or intra_expt_dp when partial.
-  [[nodiscard]] int expert_data_parallel_rank(bool partial = false) const;
+  [[nodiscard]] Rank expert_data_parallel_rank(bool partial = false) const;
   /// Size of the same group.
-  [[nodiscard]] int expert_data_parallel_size(bool partial = false) const;
+  [[nodiscard]] Rank expert_data_parallel_size(bool partial = false) const;
 
   /// First and last member of this rank's pp group (stage 0 and stage pp-1).
   [[nodiscard]] Rank pipeline_first_rank() const;
@@ -159,22 +159,22 @@ class ProcessGroups {
   /// pp rank == 0; with a virtual stage also vstage == 0. Without vstage the virtual stage
   /// is ignored (Megatron's ignore_virtual=True); pass virtual_pipeline_rank() for
   /// Megatron's stateful default. vstage needs vpp and 0 <= vstage < vpp (ConfigError).
-  [[nodiscard]] bool is_pipeline_first_stage(std::optional<int> vstage = std::nullopt) const;
+  [[nodiscard]] bool is_pipeline_first_stage(std::optional<Rank> vstage = std::nullopt) const;
   /// pp rank == pp-1; with a virtual stage also vstage == vpp-1.
-  [[nodiscard]] bool is_pipeline_last_stage(std::optional<int> vstage = std::nullopt) const;
+  [[nodiscard]] bool is_pipeline_last_stage(std::optional<Rank> vstage = std::nullopt) const;
   /// Without vstage: whether this rank is in an embd group. With vstage, the virtual-aware
   /// form of Megatron-core's getter: the list's first entry is in only at the first stage, its last
   /// entry only at the last stage, any other entry always.
-  [[nodiscard]] bool is_rank_in_embedding_group(std::optional<int> vstage = std::nullopt) const;
+  [[nodiscard]] bool is_rank_in_embedding_group(std::optional<Rank> vstage = std::nullopt) const;
   /// Whether this rank is in a pos_embd group.
   [[nodiscard]] bool is_rank_in_position_embedding_group() const;
 
   /// The virtual pipeline rank: 0 after initialize when vpp is given, nullopt otherwise.
-  [[nodiscard]] std::optional<int> virtual_pipeline_rank() const;
+  [[nodiscard]] std::optional<Rank> virtual_pipeline_rank() const;
   /// Sets it; needs vpp and 0 <= vrank < vpp (ConfigError otherwise).
-  void set_virtual_pipeline_rank(int vrank);
+  void set_virtual_pipeline_rank(Rank vrank);
   /// vpp, or nullopt when not given.
-  [[nodiscard]] std::optional<int> virtual_pipeline_size() const;
+  [[nodiscard]] std::optional<Rank> virtual_pipeline_size() const;
 
   /// The FP8 amax reduction group: tp_dp_cp (with cp), tp_cp (with cp, tp only), tp_dp
   /// (without cp), tp (without cp, tp only).
@@ -207,13 +207,13 @@ class ProcessGroups {
   void before_world_call(Communicator& world) const;
   /// The timeout a created group gets: options.timeout, else the world's own.
   [[nodiscard]] std::chrono::milliseconds group_timeout(const InitOptions& options) const;
-  void check_stage(std::optional<int> vstage, const char* call) const;
+  void check_stage(std::optional<Rank> vstage, const char* call) const;
 
   bool initialized_ = false;
   std::optional<Layout> layout_;
   CreationStrategy strategy_ = kDefaultStrategy;
-  int world_rank_ = 0;
-  int world_size_ = 0;
+  Rank world_rank_ = 0;
+  Rank world_size_ = 0;
   std::vector<GroupKind> kinds_;
   /// Per kind (indexed by GroupKind), one slot per level; empty when the kind was not
   /// created, with the reason in not_created_.
@@ -223,7 +223,7 @@ class ProcessGroups {
   std::vector<std::shared_ptr<Communicator>> created_;
   std::vector<KindCreation> stats_;
   std::chrono::nanoseconds fingerprint_time_{0};
-  std::optional<int> virtual_rank_;
+  std::optional<Rank> virtual_rank_;
   /// During initialize: the world's own timeout and the deadline of the whole call.
   std::chrono::milliseconds world_timeout_{0};
   std::chrono::steady_clock::time_point init_deadline_{};

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 
+#include "engine_int.hpp"
 #include "fingerprint.hpp"
 #include "gloo_testing.hpp"
 #include "reduce_util.hpp"
@@ -27,7 +28,7 @@ std::string GlooCommunicator::peer_named_in(const std::string& text) const {
     if (i == rank()) continue;
     try {
       // The address member i's pair for this rank listens on, as i published it.
-      const std::string key = prefix_ + "/" + pair_key(i, rank());
+      const std::string key = prefix_ + "/" + pair_key(i, ctx_->rank);
       if (!shared_->store->has(key)) continue;
       const std::string address = pair_address_text(shared_->store->get(key));
       if (!address.empty() && text.find(address) != std::string::npos)
@@ -40,7 +41,7 @@ std::string GlooCommunicator::peer_named_in(const std::string& text) const {
   // Gloo occasionally reports another address of the peer (about 1 run in 60 here);
   // in a group of two the peer is known all the same.
   if (size() == 2) {
-    const int other = 1 - rank();
+    const int other = 1 - ctx_->rank;
     return "rank " + std::to_string(other) + " of " + name() + " (global rank " +
            std::to_string(global_ranks_[static_cast<size_t>(other)]) + ")";
   }
@@ -106,18 +107,18 @@ std::unique_ptr<Communicator> GlooCommunicator::do_split(std::optional<std::int6
                     "split", deadline);
 }
 
-std::unique_ptr<Communicator> GlooCommunicator::do_create_group(std::span<const int> members,
+std::unique_ptr<Communicator> GlooCommunicator::do_create_group(std::span<const Rank> members,
                                                                 std::string name) {
   // Only members call this, so a per-name count (not a per-communicator sequence) is what
   // every member agrees on; it lets a group be destroyed and created again.
   const int generation = created_by_name_[name]++;
-  return make_group({members.begin(), members.end()}, name,
+  return make_group(detail::engine_ints(members), name,
                     prefix_ + "/group/" + name + "/" + std::to_string(generation), "create_group",
                     Clock::now() + timeout());
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::do_create_group_collective(
-    std::span<const int> members, std::string name) {
+    std::span<const Rank> members, std::string name) {
   const auto deadline = Clock::now() + timeout();  // the exchange's and the creation's
   // Every rank of this group takes part: exchanging a fingerprint of (members, name) both
   // waits for everyone (new_group's collective semantics) and catches ranks that passed
@@ -134,7 +135,7 @@ std::unique_ptr<Communicator> GlooCommunicator::do_create_group_collective(
                        " passed different members or name than rank 0");
   const std::uint64_t seq = collective_seq_++;
   if (!std::binary_search(members.begin(), members.end(), rank())) return nullptr;
-  return make_group({members.begin(), members.end()}, name,
+  return make_group(detail::engine_ints(members), name,
                     prefix_ + "/collective" + std::to_string(seq), "create_group_collective",
                     deadline);
 }
@@ -151,11 +152,11 @@ std::unique_ptr<Work> GlooCommunicator::do_barrier() {
 }
 
 std::unique_ptr<Work> GlooCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
-                                                     int root) {
+                                                     Rank root) {
   if (size() > 1 && count > 0) {
     ::gloo::BroadcastOptions opts(ctx_);
     opts.setOutput(static_cast<std::uint8_t*>(buf), bytes(count, type));
-    opts.setRoot(root);
+    opts.setRoot(detail::engine_int(root));
     const std::uint32_t tag = next_tag();
     opts.setTag(tag);
     opts.setTimeout(timeout());
@@ -241,19 +242,20 @@ std::unique_ptr<Work> GlooCommunicator::do_allgatherv(const void* send, std::siz
 }
 
 std::unique_ptr<Work> GlooCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
-                                                  DataType type, ReduceOp op, int root) {
+                                                  DataType type, ReduceOp op, Rank root) {
   if (count == 0) return std::make_unique<Work>();
   // Root gathers every rank's input and reduces in rank order, as reduce_scatter does:
   // deterministic, and the same bits whatever the group's size.
   const size_t block = bytes(count, type);
   std::vector<std::uint8_t> gathered(rank() == root ? block * static_cast<size_t>(size()) : 0);
-  gather_bytes("reduce", send, gathered.data(), block, root);
+  gather_bytes("reduce", send, gathered.data(), block, detail::engine_int(root));
   if (rank() == root) detail::reduce_blocks(gathered.data(), recv, count, type, op, size());
   return std::make_unique<Work>();
 }
 
 std::unique_ptr<Work> GlooCommunicator::do_scatter(const void* send, void* recv, std::size_t count,
-                                                   DataType type, int root) {
+                                                   DataType type, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   const size_t block = bytes(count, type);
   const std::uint64_t slot = rooted_slot(next_tag());
   if (block == 0) return std::make_unique<Work>();
@@ -279,8 +281,8 @@ std::unique_ptr<Work> GlooCommunicator::do_batch_isend_irecv(std::span<const P2P
   std::vector<PendingP2P> ops;
   ops.reserve(batch.size());
   for (const P2POp& o : batch)
-    ops.push_back(
-        post_one(o.kind, o.buf, bytes(o.count, o.type), o.peer, o.tag, p2p_slot(o.tag), op));
+    ops.push_back(post_one(o.kind, o.buf, bytes(o.count, o.type), detail::engine_int(o.peer), o.tag,
+                           p2p_slot(o.tag), op));
   return std::make_unique<GlooP2PWork>(*this, std::string(op), std::move(ops), deadline, timeout());
 }
 

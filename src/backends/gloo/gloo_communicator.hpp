@@ -22,6 +22,7 @@
 #include "commgrid/communicator.hpp"
 #include "connection.hpp"
 #include "deadline.hpp"
+#include "engine_int.hpp"
 #include "gloo_errors.hpp"
 #include "p2p_work.hpp"
 
@@ -90,8 +91,8 @@ class GlooCommunicator final : public Communicator {
   std::pair<std::shared_ptr<::gloo::Context>, std::uint32_t> take_collective_for_testing() {
     return {ctx_, next_tag()};
   }
-  int rank() const noexcept override { return ctx_->rank; }
-  int size() const noexcept override { return ctx_->size; }
+  Rank rank() const noexcept override { return ctx_->rank; }
+  Rank size() const noexcept override { return ctx_->size; }
 
   /// "peer rank 1 (global 5), tag 7", for messages.
   std::string peer_text(int peer, int tag) const;
@@ -99,13 +100,13 @@ class GlooCommunicator final : public Communicator {
  protected:
   std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
                                          std::string name) override;
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                 std::string name) override;
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,
                                                            std::string name) override;
   std::unique_ptr<Work> do_barrier() override;
   std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
-                                     int root) override;
+                                     Rank root) override;
   std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count, DataType type,
                                      ReduceOp op) override;
   std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
@@ -127,14 +128,14 @@ class GlooCommunicator final : public Communicator {
                                       std::span<const std::size_t> recv_counts,
                                       DataType type) override;
   std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                  ReduceOp op, int root) override;
+                                  ReduceOp op, Rank root) override;
   std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
-                                  int root) override {
-    gather_bytes("gather", send, recv, bytes(count, type), root);
+                                  Rank root) override {
+    gather_bytes("gather", send, recv, bytes(count, type), detail::engine_int(root));
     return std::make_unique<Work>();
   }
   std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                   int root) override;
+                                   Rank root) override;
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> batch,
                                              std::string_view op) override;
 

@@ -5,6 +5,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <numeric>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "connection.hpp"
 #include "gloo_communicator.hpp"
 #include "gloo_errors.hpp"
+#include "gloo_options.hpp"
 #include "time_text.hpp"
 
 namespace commgrid {
@@ -125,22 +127,25 @@ void check_world_size(commgrid::Store& store, const std::string& prefix, int ran
 }  // namespace
 }  // namespace gloo_backend
 
-std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int rank, int size,
-                                              const GlooOptions& options) {
+std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
   using namespace gloo_backend;
-  if (!store) throw ConfigError("store", "gloo world: no store given");
-  if (size < 1)
-    throw InvalidValueError("world_size",
-                            "gloo world: world size must be >= 1, got " + std::to_string(size));
-  if (rank < 0 || rank >= size)
-    throw RankOutOfRangeError("rank", "gloo world: rank " + std::to_string(rank) +
-                                          " is not in [0, " + std::to_string(size) + ")");
+  if (!options.store) throw ConfigError("store", "gloo world: no store given");
+  if (options.size < 1 || options.size > INT_MAX)
+    throw InvalidValueError("world_size", "gloo world: world size must be in [1, " +
+                                              std::to_string(INT_MAX) + "], got " +
+                                              std::to_string(options.size));
+  if (options.rank < 0 || options.rank >= options.size)
+    throw RankOutOfRangeError("rank", "gloo world: rank " + std::to_string(options.rank) +
+                                          " is not in [0, " + std::to_string(options.size) + ")");
+  // Gloo numbers ranks with int; both were just checked to fit.
+  const int rank = static_cast<int>(options.rank);
+  const int size = static_cast<int>(options.size);
   if (options.timeout.count() <= 0)
     throw InvalidValueError("timeout", "gloo world: timeout must be > 0 ms, got " +
                                            std::to_string(options.timeout.count()));
   if (options.prefix.empty()) throw ConfigError("prefix", "gloo world: empty key prefix");
   auto shared = std::make_shared<Shared>();
-  shared->store = std::move(store);
+  shared->store = options.store;
   shared->token =
       effective_token(*shared->store, options.token);  // no token: the store's job secret
   ::gloo::transport::tcp::attr attr;
@@ -167,19 +172,19 @@ std::unique_ptr<Communicator> make_gloo_world(std::shared_ptr<Store> store, int 
 }
 
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {
-  const LaunchInfo info = read_launch_info();
+  gloo_backend::check_unset_placement(options, "gloo world from the launcher");
+  const LaunchEnv env = read_launch_env();
+  const LaunchInfo info = launch_info_of(env);
   if (info.timeout) options.timeout = *info.timeout;
   // The one Gloo-specific variable: which interface the pairs listen on.
-  if (const char* h = std::getenv("COMMGRID_GLOO_HOSTNAME")) {
-    if (*h == '\0')
-      throw InvalidValueError("COMMGRID_GLOO_HOSTNAME", "COMMGRID_GLOO_HOSTNAME is set but empty");
-    options.hostname = h;
-  }
-  auto store = open_launch_store(info, options.timeout);
-  if (options.hostname.empty()) options.hostname = store->local_address();
+  if (env.gloo_hostname) options.hostname = *env.gloo_hostname;
+  options.store = open_launch_store(info, options.timeout);
+  if (options.hostname.empty()) options.hostname = options.store->local_address();
   options.prefix = info.job_id + "/" + options.prefix;
   options.token = info.token;
-  return make_gloo_world(std::move(store), info.rank, info.size, options);
+  options.rank = info.rank;
+  options.size = info.size;
+  return make_gloo_world(options);
 }
 
 }  // namespace commgrid

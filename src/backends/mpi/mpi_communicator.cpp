@@ -14,10 +14,11 @@
 
 #include "commgrid/mpi.hpp"
 #include "deadline_watchdog.hpp"
+#include "engine_int.hpp"
 #include "fingerprint.hpp"
 #include "reduce_util.hpp"
 
-namespace commgrid::mpi {
+namespace commgrid {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -169,19 +170,9 @@ int tag_upper_bound(MPI_Comm comm) {
 namespace {
 // MPI_Init blocks until every rank of the job has started it; a rank that never does (it
 // failed to start, or was stopped) would hang the others, and mpirun, forever. The bound is
-// COMMGRID_TIMEOUT when set, else the default timeout. Past it this rank writes one line and
-// exits 1; mpirun then ends the whole job with its own message. MPI_Abort is not allowed
-// before MPI_Init returns, so this is the only way out.
-std::chrono::milliseconds init_timeout() {
-  const char* t = std::getenv("COMMGRID_TIMEOUT");
-  if (t == nullptr) return kDefaultTimeout;
-  char* end = nullptr;
-  const double seconds = std::strtod(t, &end);
-  if (*t == '\0' || *end != '\0' || !(seconds > 0) || seconds > 1e9)
-    throw InvalidValueError("COMMGRID_TIMEOUT", std::string("COMMGRID_TIMEOUT='") + t +
-                                                    "' is not a positive number of seconds");
-  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
-}
+// the caller's (MpiEnvironment's init_timeout). Past it this rank writes one line and exits
+// 1; mpirun then ends the whole job with its own message. MPI_Abort is not allowed before
+// MPI_Init returns, so this is the only way out.
 
 // Past the bound: one line in one write (safe from the watchdog thread), then exit 1.
 std::shared_ptr<void> end_stuck_init(std::chrono::milliseconds timeout) {
@@ -198,13 +189,20 @@ std::shared_ptr<void> end_stuck_init(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-MpiEnvironment::MpiEnvironment(ThreadSupport required) { init(nullptr, nullptr, required); }
-
-MpiEnvironment::MpiEnvironment(int* argc, char*** argv, ThreadSupport required) {
-  init(argc, argv, required);
+MpiEnvironment::MpiEnvironment(MpiThreadSupport required, std::chrono::milliseconds init_timeout) {
+  init(nullptr, nullptr, required, init_timeout);
 }
 
-void MpiEnvironment::init(int* argc, char*** argv, ThreadSupport required) {
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv, MpiThreadSupport required,
+                               std::chrono::milliseconds init_timeout) {
+  init(argc, argv, required, init_timeout);
+}
+
+void MpiEnvironment::init(int* argc, char*** argv, MpiThreadSupport required,
+                          std::chrono::milliseconds init_timeout) {
+  if (init_timeout.count() <= 0)
+    throw InvalidValueError("init_timeout", "mpi init: init_timeout must be > 0 ms, got " +
+                                                std::to_string(init_timeout.count()));
   int initialized = 0;
   int finalized = 0;
   MPI_Initialized(&initialized);
@@ -217,7 +215,7 @@ void MpiEnvironment::init(int* argc, char*** argv, ThreadSupport required) {
   } else {
     int rc = MPI_SUCCESS;
     {
-      const std::chrono::milliseconds timeout = init_timeout();
+      const std::chrono::milliseconds timeout = init_timeout;
       const detail::WatchedDeadline bound(Clock::now() + timeout,
                                           [timeout] { return end_stuck_init(timeout); });
       rc = MPI_Init_thread(argc, argv, static_cast<int>(required), &provided);
@@ -228,7 +226,7 @@ void MpiEnvironment::init(int* argc, char*** argv, ThreadSupport required) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
   }
-  provided_ = static_cast<ThreadSupport>(provided);
+  provided_ = static_cast<MpiThreadSupport>(provided);
   if (provided < static_cast<int>(required)) {
     if (owns_) MPI_Finalize();
     owns_ = false;
@@ -281,7 +279,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::duplicate(MPI_Comm comm, std::
   return std::make_unique<MpiCommunicator>(dup, std::move(name), timeout);
 }
 
-int create_group_tag(std::string_view name, int tag_upper_bound) noexcept {
+int mpi_create_group_tag(std::string_view name, int tag_upper_bound) noexcept {
   const std::size_t hash_pos = name.rfind('#');
   const std::string_view prefix =
       hash_pos == std::string_view::npos ? name : name.substr(0, hash_pos);
@@ -334,17 +332,18 @@ std::unique_ptr<Communicator> MpiCommunicator::adopt(MPI_Comm comm, std::string 
   check(MPI_Group_translate_ranks(theirs.group, child->size_, child_ranks.data(), mine.group,
                                   here.data()),
         "split");
-  std::vector<std::int64_t> global(here.size());
+  std::vector<Rank> global(here.size());
   for (std::size_t i = 0; i < here.size(); ++i) global[i] = global_rank(here[i]);
   child->set_members(std::move(global));
   return child;
 }
 
-void MpiCommunicator::group_of_members(std::span<const int> members, const char* op,
+void MpiCommunicator::group_of_members(std::span<const Rank> members, const char* op,
                                        MPI_Group& out) const {
+  const std::vector<int> ranks = detail::engine_ints(members);
   GroupGuard all;
   check(MPI_Comm_group(comm_, &all.group), op);
-  check(MPI_Group_incl(all.group, static_cast<int>(members.size()), members.data(), &out), op);
+  check(MPI_Group_incl(all.group, static_cast<int>(ranks.size()), ranks.data(), &out), op);
 }
 
 namespace {
@@ -380,13 +379,13 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(std::optional<std::int64
   return adopt(out, std::move(name));
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::do_create_group(std::span<const int> members,
+std::unique_ptr<Communicator> MpiCommunicator::do_create_group(std::span<const Rank> members,
                                                                std::string name) {
   check_usable("create_group");
   GroupGuard group;
   group_of_members(members, "create_group", group.group);
   MPI_Comm out = MPI_COMM_NULL;
-  const int tag = create_group_tag(name, tag_ub_);
+  const int tag = mpi_create_group_tag(name, tag_ub_);
   const auto bound =
       bound_creation(timeout(), "mpi create_group on " + this->name() + " for " + name);
   const int rc = MPI_Comm_create_group(comm_, group.group, tag, &out);
@@ -397,7 +396,7 @@ std::unique_ptr<Communicator> MpiCommunicator::do_create_group(std::span<const i
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_create_group_collective(
-    std::span<const int> members, std::string name) {
+    std::span<const Rank> members, std::string name) {
   check_usable("create_group_collective");
   GroupGuard group;
   group_of_members(members, "create_group_collective", group.group);
@@ -413,15 +412,15 @@ std::unique_ptr<Communicator> MpiCommunicator::do_create_group_collective(
 
 // ---- collectives -----------------------------------------------------------------------
 // Communicator checked every argument; counts fit MPI's ints (max_count()). Each collective
-// is one MPI call in two forms: blocking (CollectiveCalls::blocking) or nonblocking, polled
+// is one MPI call in two forms: blocking (MpiCollectiveCalls::blocking) or nonblocking, polled
 // until done or the timeout (the default).
 
 namespace {
 int as_int(std::size_t count) { return static_cast<int>(count); }
 }  // namespace
 
-void MpiCommunicator::set_collective_calls(CollectiveCalls calls) {
-  if (calls == CollectiveCalls::nonblocking) {
+void MpiCommunicator::set_collective_calls(MpiCollectiveCalls calls) {
+  if (calls == MpiCollectiveCalls::nonblocking) {
     blocking_.reset();
     return;
   }
@@ -441,8 +440,8 @@ void MpiCommunicator::set_collective_calls(CollectiveCalls calls) {
       });
 }
 
-CollectiveCalls MpiCommunicator::collective_calls() const noexcept {
-  return blocking_ ? CollectiveCalls::blocking : CollectiveCalls::nonblocking;
+MpiCollectiveCalls MpiCommunicator::collective_calls() const noexcept {
+  return blocking_ ? MpiCollectiveCalls::blocking : MpiCollectiveCalls::nonblocking;
 }
 
 void MpiCommunicator::timeout_changed(std::chrono::milliseconds timeout) {
@@ -470,7 +469,8 @@ std::unique_ptr<Work> MpiCommunicator::do_barrier() {
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
-                                                    int root) {
+                                                    Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
   collective(
@@ -576,7 +576,8 @@ std::unique_ptr<Work> MpiCommunicator::do_allgatherv(const void* send, std::size
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
-                                                 DataType type, ReduceOp op, int root) {
+                                                 DataType type, ReduceOp op, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   const bool at_root = rank_ == root;
   const void* in = at_root && send == recv ? MPI_IN_PLACE : send;
   void* out = at_root ? recv : nullptr;
@@ -591,7 +592,8 @@ std::unique_ptr<Work> MpiCommunicator::do_reduce(const void* send, void* recv, s
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_gather(const void* send, void* recv, std::size_t count,
-                                                 DataType type, int root) {
+                                                 DataType type, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   void* out = rank_ == root ? recv : nullptr;
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
@@ -602,7 +604,8 @@ std::unique_ptr<Work> MpiCommunicator::do_gather(const void* send, void* recv, s
 }
 
 std::unique_ptr<Work> MpiCommunicator::do_scatter(const void* send, void* recv, std::size_t count,
-                                                  DataType type, int root) {
+                                                  DataType type, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   const void* in = rank_ == root ? send : nullptr;
   const int n = as_int(count);
   const MPI_Datatype t = mpi_type(type);
@@ -618,7 +621,9 @@ std::unique_ptr<Work> MpiCommunicator::do_send(const P2POp& o) {
   // One request waited for here: the blocking send costs what MPI_Isend + MPI_Wait costs.
   check_usable("send");
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Isend(o.buf, as_int(o.count), mpi_type(o.type), o.peer, o.tag, comm_, &req), "send");
+  check(MPI_Isend(o.buf, as_int(o.count), mpi_type(o.type), detail::engine_int(o.peer), o.tag,
+                  comm_, &req),
+        "send");
   wait(req, "send");
   return std::make_unique<Work>();
 }
@@ -628,7 +633,7 @@ std::unique_ptr<Work> MpiCommunicator::do_recv(const P2POp& o) {
   const int n = as_int(o.count);
   MPI_Request req = MPI_REQUEST_NULL;
   const MPI_Datatype t = mpi_type(o.type);
-  check(MPI_Irecv(o.buf, n, t, o.peer, o.tag, comm_, &req), "recv");
+  check(MPI_Irecv(o.buf, n, t, detail::engine_int(o.peer), o.tag, comm_, &req), "recv");
   MPI_Status status;
   try {
     wait(req, "recv", &status);
@@ -655,6 +660,8 @@ std::unique_ptr<Work> MpiCommunicator::do_recv(const P2POp& o) {
                        std::to_string(o.peer) + ", expected " + std::to_string(n));
   return std::make_unique<Work>();
 }
+
+namespace detail {
 
 /// The Work of isend, irecv and batch_isend_irecv: MPI requests tested against one deadline.
 class MpiP2PWork final : public Work {
@@ -745,6 +752,8 @@ class MpiP2PWork final : public Work {
   bool waited_ = false;
 };
 
+}  // namespace detail
+
 std::unique_ptr<Work> MpiCommunicator::do_batch_isend_irecv(std::span<const P2POp> ops,
                                                             std::string_view op_name) {
   const std::string op(op_name);
@@ -754,27 +763,25 @@ std::unique_ptr<Work> MpiCommunicator::do_batch_isend_irecv(std::span<const P2PO
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const P2POp& o = ops[i];
     const int n = as_int(o.count);
+    const int peer = detail::engine_int(o.peer);
     if (o.kind == P2POp::Kind::send)
-      check(MPI_Isend(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op.c_str());
-    else
-      check(MPI_Irecv(o.buf, n, mpi_type(o.type), o.peer, o.tag, comm_, &requests[i]), op.c_str());
+      check(MPI_Isend(o.buf, n, mpi_type(o.type), peer, o.tag, comm_, &requests[i]), op.c_str());
+    else check(MPI_Irecv(o.buf, n, mpi_type(o.type), peer, o.tag, comm_, &requests[i]), op.c_str());
   }
-  return std::make_unique<MpiP2PWork>(*this, op, std::vector<P2POp>(ops.begin(), ops.end()),
-                                      std::move(requests), deadline);
+  return std::make_unique<detail::MpiP2PWork>(*this, op, std::vector<P2POp>(ops.begin(), ops.end()),
+                                              std::move(requests), deadline);
 }
 
-}  // namespace commgrid::mpi
-
-namespace commgrid {
-
-std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(std::chrono::milliseconds timeout,
-                                                     mpi::CollectiveCalls calls) {
+std::unique_ptr<MpiCommunicator> make_mpi_world(const MpiOptions& options) {
+  if (options.timeout.count() <= 0)
+    throw InvalidValueError("timeout", "mpi world: timeout must be > 0 ms, got " +
+                                           std::to_string(options.timeout.count()));
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized == 0)
     throw BackendError("mpi world: MPI is not initialized; create an MpiEnvironment first");
-  auto world = mpi::MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", timeout);
-  world->set_collective_calls(calls);
+  auto world = MpiCommunicator::duplicate(MPI_COMM_WORLD, "world", options.timeout);
+  world->set_collective_calls(options.collective_calls);
   return world;
 }
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "commgrid/nccl.hpp"
+#include "engine_int.hpp"
 #include "fingerprint.hpp"
 #include "nccl_host.hpp"
 #include "nccl_memory.hpp"
@@ -884,8 +885,8 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::adopt(std::shared_ptr<State>
   return c;
 }
 
-int NcclCommunicator::rank() const noexcept { return state_->rank; }
-int NcclCommunicator::size() const noexcept { return state_->size; }
+Rank NcclCommunicator::rank() const noexcept { return state_->rank; }
+Rank NcclCommunicator::size() const noexcept { return state_->size; }
 void NcclCommunicator::timeout_changed(Ms timeout) { state_->timeout = timeout; }
 int NcclCommunicator::device() const noexcept { return state_->device; }
 CUstream_st* NcclCommunicator::stream() const noexcept { return state_->stream; }
@@ -1010,7 +1011,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_split(std::optional<std::int6
   return out;
 }
 
-std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const int> members,
+std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const Rank> members,
                                                                 std::string name) {
   State& s = *state_;
   s.check_usable("create_group");
@@ -1018,14 +1019,10 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const 
   if (s.bootstrap == nullptr)
     throw BackendError("nccl create_group on " + s.name + " for " + name +
                        ": no bootstrap communicator");
-  std::vector<std::int64_t> global;
-  std::vector<int> boot_ranks;
-  for (int m : members) {
-    global.push_back(global_rank(m));
-    boot_ranks.push_back(static_cast<int>(global.back()));
-  }
+  std::vector<Rank> global;
+  for (Rank m : members) global.push_back(global_rank(m));
   const nccl_host::UniqueId id =
-      nccl_host::distribute_unique_id(*s.bootstrap, boot_ranks, name, make_unique_id);
+      nccl_host::distribute_unique_id(*s.bootstrap, global, name, make_unique_id);
   const int mine =
       static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
@@ -1035,7 +1032,7 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group(std::span<const 
 }
 
 std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
-    std::span<const int> members, std::string name) {
+    std::span<const Rank> members, std::string name) {
   State& s = *state_;
   s.check_usable("create_group_collective");
   nccl_host::check_nccl_environment("nccl create_group_collective on " + s.name + " for " + name);
@@ -1074,8 +1071,8 @@ std::unique_ptr<Communicator> NcclCommunicator::do_create_group_collective(
   if (!std::binary_search(members.begin(), members.end(), rank())) return nullptr;
   nccl_host::UniqueId id{};
   std::memcpy(id.data(), &leader[2], id.size());
-  std::vector<std::int64_t> global;
-  for (int m : members) global.push_back(global_rank(m));
+  std::vector<Rank> global;
+  for (Rank m : members) global.push_back(global_rank(m));
   const int me =
       static_cast<int>(std::lower_bound(members.begin(), members.end(), rank()) - members.begin());
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config(name);
@@ -1099,7 +1096,8 @@ std::unique_ptr<Work> NcclCommunicator::do_barrier() {
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_broadcast(void* buf, std::size_t count, DataType type,
-                                                     int root) {
+                                                     Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   Staging st;
   st.inout(buf, bytes_of(count, type), "buf");
   return post(state_, timeout(), "broadcast", std::move(st),
@@ -1247,7 +1245,8 @@ std::unique_ptr<Work> NcclCommunicator::do_allgatherv(const void* send, std::siz
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_reduce(const void* send, void* recv, std::size_t count,
-                                                  DataType type, ReduceOp op, int root) {
+                                                  DataType type, ReduceOp op, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   Staging st;
   st.in(send, bytes_of(count, type), "send");
   if (rank() == root) st.out(recv, bytes_of(count, type), "recv");
@@ -1260,7 +1259,8 @@ std::unique_ptr<Work> NcclCommunicator::do_reduce(const void* send, void* recv, 
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_gather(const void* send, void* recv, std::size_t count,
-                                                  DataType type, int root) {
+                                                  DataType type, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   const bool is_root = rank() == root;
   const auto n = static_cast<std::size_t>(size());
   Staging st;
@@ -1285,7 +1285,8 @@ std::unique_ptr<Work> NcclCommunicator::do_gather(const void* send, void* recv, 
 }
 
 std::unique_ptr<Work> NcclCommunicator::do_scatter(const void* send, void* recv, std::size_t count,
-                                                   DataType type, int root) {
+                                                   DataType type, Rank root_rank) {
+  const int root = detail::engine_int(root_rank);
   const bool is_root = rank() == root;
   const auto n = static_cast<std::size_t>(size());
   Staging st;
@@ -1319,21 +1320,22 @@ std::unique_ptr<Work> NcclCommunicator::do_batch_isend_irecv(std::span<const P2P
     if (op.kind == P2POp::Kind::send) st.in(op.buf, bytes_of(op.count, op.type), "buf");
     else st.out(op.buf, bytes_of(op.count, op.type), "buf");
   }
-  return post(state_, timeout(), std::string(op_name), std::move(st),
-              [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
-                return grouped([&] {
-                  for (const P2POp& op : ops) {
-                    if (op.count == 0) continue;
-                    const auto t = nccl_backend::nccl_type(op.type);
-                    const ncclResult_t r =
-                        op.kind == P2POp::Kind::send
-                            ? ncclSend(b.dev(op.buf), op.count, t, op.peer, c, stream)
-                            : ncclRecv(b.dev(op.buf), op.count, t, op.peer, c, stream);
-                    if (r != ncclSuccess && r != ncclInProgress) return r;
-                  }
-                  return ncclSuccess;
-                });
-              });
+  return post(
+      state_, timeout(), std::string(op_name), std::move(st),
+      [&](Staging& b, ncclComm_t c, cudaStream_t stream) {
+        return grouped([&] {
+          for (const P2POp& op : ops) {
+            if (op.count == 0) continue;
+            const auto t = nccl_backend::nccl_type(op.type);
+            const ncclResult_t r =
+                op.kind == P2POp::Kind::send
+                    ? ncclSend(b.dev(op.buf), op.count, t, detail::engine_int(op.peer), c, stream)
+                    : ncclRecv(b.dev(op.buf), op.count, t, detail::engine_int(op.peer), c, stream);
+            if (r != ncclSuccess && r != ncclInProgress) return r;
+          }
+          return ncclSuccess;
+        });
+      });
 }
 
 // ---- the world ------------------------------------------------------------------------------
@@ -1377,12 +1379,10 @@ struct NcclCommunicatorAccess {
   }
 };
 
-namespace {
-
-// make_nccl_world; `owned` is `bootstrap` when the world keeps it alive, else null.
-std::unique_ptr<NcclCommunicator> make_world(Communicator& bootstrap,
-                                             std::shared_ptr<Communicator> owned,
-                                             const NcclOptions& options) {
+std::unique_ptr<NcclCommunicator> make_nccl_world(const NcclOptions& options) {
+  if (!options.bootstrap)
+    throw InvalidValueError("bootstrap", "nccl world: no bootstrap communicator");
+  Communicator& bootstrap = *options.bootstrap;
   if (options.device && *options.device < 0)
     throw InvalidValueError(
         "device", "nccl world: device must be >= 0, got " + std::to_string(*options.device));
@@ -1420,27 +1420,14 @@ std::unique_ptr<NcclCommunicator> make_world(Communicator& bootstrap,
   std::vector<std::int64_t> members(static_cast<std::size_t>(bootstrap.size()));
   std::iota(members.begin(), members.end(), std::int64_t{0});
   const nccl_backend::CommConfig cfg = nccl_backend::nonblocking_config("world");
-  OwnedComm comm = init_comm(bootstrap.size(), id, bootstrap.rank(), mine.device, "create", "world",
-                             cfg, timeout, members);
+  OwnedComm comm =
+      init_comm(detail::engine_int(bootstrap.size()), id, detail::engine_int(bootstrap.rank()),
+                mine.device, "create", "world", cfg, timeout, members);
   auto state =
       std::make_shared<State>(std::move(comm), mine.device, "world", &bootstrap, timeout, cfg.name);
-  state->owned_bootstrap = std::move(owned);
+  state->owned_bootstrap = options.bootstrap;
   begin_epoch(state);
   return NcclCommunicatorAccess::adopt(std::move(state), timeout, std::move(members));
-}
-
-}  // namespace
-
-std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
-                                                  const NcclOptions& options) {
-  return make_world(bootstrap, nullptr, options);
-}
-
-std::unique_ptr<NcclCommunicator> make_nccl_world(std::shared_ptr<Communicator> bootstrap,
-                                                  const NcclOptions& options) {
-  if (!bootstrap) throw InvalidValueError("bootstrap", "nccl world: no bootstrap communicator");
-  Communicator& b = *bootstrap;
-  return make_world(b, std::move(bootstrap), options);
 }
 
 // ---- recovery ---------------------------------------------------------------------------
@@ -1476,7 +1463,7 @@ const char* nccl_shrink_method_name(NcclShrinkMethod method) noexcept {
 }
 
 std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
-                                                    std::span<const int> exclude,
+                                                    std::span<const Rank> exclude,
                                                     const NcclShrinkOptions& options) {
   const std::shared_ptr<State> keep = NcclCommunicatorAccess::state(world);
   State& s = *keep;
@@ -1545,15 +1532,20 @@ std::unique_ptr<NcclCommunicator> shrink_nccl_world(NcclCommunicator& world,
 #else
   (void)abort_nccl_epoch(world, what + ": the epoch is aborted; a new world replaces it");
   NcclOptions o;
+  o.bootstrap = options.bootstrap;
   o.device = s.device;
   o.timeout = timeout;
-  return make_nccl_world(options.bootstrap, o);
+  return make_nccl_world(o);
 #endif
 }
 
 NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap, NcclOptions options) {
   if (!bootstrap)
     throw InvalidValueError("bootstrap", "make_nccl_world_factory: no bootstrap factory");
+  if (options.bootstrap)
+    throw InvalidValueError("bootstrap",
+                            "make_nccl_world_factory: options.bootstrap is set; each epoch's "
+                            "bootstrap comes from the bootstrap factory");
   // The epochs this factory made, by prefix: a call for another prefix ends them.
   struct Made {
     std::mutex mutex;
@@ -1561,7 +1553,7 @@ NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap, NcclOptions
   };
   auto made = std::make_shared<Made>();
   return [bootstrap = std::move(bootstrap), options = std::move(options), made](
-             const std::string& prefix, int rank, int size) -> std::unique_ptr<Communicator> {
+             const std::string& prefix, Rank rank, Rank size) -> std::unique_ptr<Communicator> {
     std::vector<std::shared_ptr<Epoch>> over;
     {
       std::lock_guard lock(made->mutex);
@@ -1582,7 +1574,9 @@ NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap, NcclOptions
           "bootstrap", "nccl world factory for " + prefix + ": the bootstrap factory made rank " +
                            std::to_string(boot->rank()) + " of " + std::to_string(boot->size()) +
                            " for rank " + std::to_string(rank) + " of " + std::to_string(size));
-    auto world = make_nccl_world(std::move(boot), options);
+    NcclOptions epoch = options;
+    epoch.bootstrap = std::move(boot);
+    auto world = make_nccl_world(epoch);
     {
       std::lock_guard lock(made->mutex);
       made->epochs.emplace_back(prefix, NcclCommunicatorAccess::state(*world)->epoch);

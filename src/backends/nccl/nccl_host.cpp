@@ -11,6 +11,7 @@
 #include "commgrid/error.hpp"
 #include "commgrid/nccl.hpp"
 #include "commgrid/rank_map.hpp"
+#include "engine_int.hpp"
 #include "fingerprint.hpp"
 #include "time_text.hpp"
 
@@ -71,7 +72,7 @@ struct IdMessage {
 
 }  // namespace
 
-UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUniqueId& make,
+UniqueId broadcast_unique_id(Communicator& bootstrap, Rank root, const MakeUniqueId& make,
                              const std::string& what) {
   IdMessage m;
   if (bootstrap.rank() == root) m.make(make, 0);
@@ -82,18 +83,18 @@ UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUnique
   return m.id();
 }
 
-UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> members,
+UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const Rank> members,
                               const std::string& name, const MakeUniqueId& make) {
   COMMGRID_ENFORCE(
       !members.empty() && std::binary_search(members.begin(), members.end(), bootstrap.rank()),
       "distribute_unique_id for " + name + ": this rank is not a member");
-  const int leader = members.front();
+  const Rank leader = members.front();
   const std::uint64_t hash = detail::fingerprint(name);
   IdMessage m;
   if (bootstrap.rank() == leader) {
     m.make(make, hash);
     std::vector<P2POp> sends;
-    for (int peer : members.subspan(1))
+    for (Rank peer : members.subspan(1))
       sends.push_back(P2POp::send(m.w.data(), m.w.size(), DataType::int64, peer, kIdTag));
     if (!sends.empty()) bootstrap.batch_isend_irecv(sends)->wait();
   } else {
@@ -135,12 +136,12 @@ std::vector<HostInfo> exchange_host_info(Communicator& bootstrap, const HostInfo
   return out;
 }
 
-LocalRank local_rank_of(const std::vector<HostInfo>& all, int rank) {
+LocalRank local_rank_of(const std::vector<HostInfo>& all, Rank rank) {
   LocalRank l{0, 0};
   const std::string& host = all.at(static_cast<std::size_t>(rank)).host;
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].host != host) continue;
-    if (static_cast<int>(r) < rank) ++l.rank;
+    if (static_cast<Rank>(r) < rank) ++l.rank;
     ++l.size;
   }
   return l;
@@ -388,29 +389,32 @@ std::size_t BlockCache::made() const {
   return made_;
 }
 
-WorldShrink plan_world_shrink(int size, int rank, std::span<const int> exclude,
+WorldShrink plan_world_shrink(Rank size, Rank rank, std::span<const Rank> exclude,
                               const std::string& what) {
-  WorldShrink plan;
-  plan.exclude.assign(exclude.begin(), exclude.end());
-  std::sort(plan.exclude.begin(), plan.exclude.end());
-  for (std::size_t i = 0; i < plan.exclude.size(); ++i) {
-    const int r = plan.exclude[i];
+  // Checked as ranks, then narrowed to NCCL's ints: a rank outside the world never wraps
+  // into it.
+  std::vector<Rank> sorted(exclude.begin(), exclude.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const Rank r = sorted[i];
     if (r < 0 || r >= size)
       throw RankOutOfRangeError("exclude", what + ": excluded rank " + std::to_string(r) +
                                                " is not in [0, " + std::to_string(size) + ")");
-    if (i > 0 && plan.exclude[i - 1] == r)
+    if (i > 0 && sorted[i - 1] == r)
       throw InvalidValueError("exclude",
                               what + ": rank " + std::to_string(r) + " is excluded twice");
   }
-  if (std::binary_search(plan.exclude.begin(), plan.exclude.end(), rank))
+  if (std::binary_search(sorted.begin(), sorted.end(), rank))
     throw InvalidValueError("exclude", what + ": this rank (" + std::to_string(rank) +
                                            ") is excluded; an excluded rank takes no part in "
                                            "the shrink, only the survivors call it");
-  plan.size = size - static_cast<int>(plan.exclude.size());
+  WorldShrink plan;
+  plan.exclude = detail::engine_ints(sorted);
+  plan.size = size - static_cast<Rank>(sorted.size());
   plan.survivors.reserve(static_cast<std::size_t>(plan.size));
-  for (int r = 0; r < size; ++r) {
-    if (std::binary_search(plan.exclude.begin(), plan.exclude.end(), r)) continue;
-    if (r == rank) plan.rank = static_cast<int>(plan.survivors.size());
+  for (Rank r = 0; r < size; ++r) {
+    if (std::binary_search(sorted.begin(), sorted.end(), r)) continue;
+    if (r == rank) plan.rank = static_cast<Rank>(plan.survivors.size());
     plan.survivors.push_back(r);
   }
   return plan;
@@ -437,19 +441,19 @@ std::string timeout_message(const std::string& op, const std::string& group,
 
 namespace commgrid {
 
-std::vector<int> nccl_excluded_ranks(const RankMap& previous, std::span<const std::int64_t> dead) {
-  std::vector<int> out;
-  for (const std::int64_t p : dead) {
+std::vector<Rank> nccl_excluded_ranks(const RankMap& previous, std::span<const Rank> dead) {
+  std::vector<Rank> out;
+  for (const Rank p : dead) {
     // role() throws RankOutOfRangeError ("process") for a process the map does not have.
-    if (const std::optional<Rank> r = previous.logical_rank(p)) out.push_back(static_cast<int>(*r));
+    if (const std::optional<Rank> r = previous.logical_rank(p)) out.push_back(*r);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
-std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous,
-                                                      const RankMap& next) {
+std::optional<std::vector<Rank>> nccl_shrink_exclusion(const RankMap& previous,
+                                                       const RankMap& next) {
   std::vector<bool> kept(static_cast<std::size_t>(previous.world_size()), false);
   std::optional<Rank> last;
   for (Rank r = 0; r < next.world_size(); ++r) {
@@ -459,9 +463,9 @@ std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous,
     kept[static_cast<std::size_t>(*old)] = true;
     last = old;
   }
-  std::vector<int> exclude;
+  std::vector<Rank> exclude;
   for (std::size_t r = 0; r < kept.size(); ++r)
-    if (!kept[r]) exclude.push_back(static_cast<int>(r));
+    if (!kept[r]) exclude.push_back(static_cast<Rank>(r));
   return exclude;
 }
 

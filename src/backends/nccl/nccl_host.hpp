@@ -41,7 +41,7 @@ using MakeUniqueId = std::function<UniqueId()>;
 /// Collective over `bootstrap`: `root` calls make() and every rank returns its id. When
 /// make() throws on root, every rank throws BackendError carrying root's message (cut to
 /// 200 bytes), so no rank waits for an id that never comes.
-UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUniqueId& make,
+UniqueId broadcast_unique_id(Communicator& bootstrap, Rank root, const MakeUniqueId& make,
                              const std::string& what);
 
 /// Only the members call it: `members` are ranks of `bootstrap`, ascending, this rank among
@@ -49,7 +49,7 @@ UniqueId broadcast_unique_id(Communicator& bootstrap, int root, const MakeUnique
 /// member at once (batch_isend_irecv); the others receive it. A member whose name differs
 /// from the first member's throws BackendError naming both; a failing make() is reported to
 /// every member.
-UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const int> members,
+UniqueId distribute_unique_id(Communicator& bootstrap, std::span<const Rank> members,
                               const std::string& name, const MakeUniqueId& make);
 
 /// What one rank says about itself before the NCCL world is made.
@@ -70,7 +70,7 @@ struct LocalRank {
   int rank = 0;
   int size = 1;
 };
-LocalRank local_rank_of(const std::vector<HostInfo>& all, int rank);
+LocalRank local_rank_of(const std::vector<HostInfo>& all, Rank rank);
 
 /// The device of a rank: `requested` when given (InvalidValueError when it is not below
 /// device_count), else the local rank, or 0 when the process sees exactly one device
@@ -406,10 +406,10 @@ class EpochMembers {
 
 /// What a shrink of a world of `size` ranks that leaves out `exclude` makes of this rank.
 struct WorldShrink {
-  std::vector<int> exclude;             ///< ascending, no duplicates (NCCL's excludeRanksList)
-  int rank = 0;                         ///< this rank in the new world
-  int size = 0;                         ///< the new world's size
-  std::vector<std::int64_t> survivors;  ///< the old ranks, by new rank (NCCL keeps their order)
+  std::vector<int> exclude;     ///< ascending, no duplicates (NCCL's excludeRanksList)
+  Rank rank = 0;                ///< this rank in the new world
+  Rank size = 0;                ///< the new world's size
+  std::vector<Rank> survivors;  ///< the old ranks, by new rank (NCCL keeps their order)
 };
 
 /// Checks a shrink's arguments on a surviving rank, before anything is sent: every excluded
@@ -417,7 +417,7 @@ struct WorldShrink {
 /// "exclude"), and `rank` not excluded (InvalidValueError "exclude": an excluded rank takes
 /// no part in a shrink, as NCCL requires). `what` starts the messages ("nccl shrink of
 /// world").
-WorldShrink plan_world_shrink(int size, int rank, std::span<const int> exclude,
+WorldShrink plan_world_shrink(Rank size, Rank rank, std::span<const Rank> exclude,
                               const std::string& what);
 
 /// "[0,1,2,3]", at most 16 ranks then ",... (N ranks)".

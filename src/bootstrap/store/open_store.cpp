@@ -1,8 +1,8 @@
 // open_store: a store from its URL. kSchemes is the one place where a scheme maps to the
 // store that serves it; a new store adds one entry.
 #include <charconv>
-#include <cstdlib>
 
+#include "commgrid/launch_env.hpp"
 #include "commgrid/store.hpp"
 #include "etcd_store.hpp"
 #include "tcp_store.hpp"
@@ -76,13 +76,7 @@ std::shared_ptr<Store> open_redis(std::string_view uri, std::string_view rest,
     if (password.empty()) bad_uri(uri, "empty password before '@'");
     rest = uri.substr(at + 1);
   }
-  if (password.empty())
-    if (const char* p = std::getenv("COMMGRID_REDIS_PASSWORD"); p != nullptr) {
-      if (*p == '\0')
-        throw InvalidValueError("COMMGRID_REDIS_PASSWORD",
-                                "COMMGRID_REDIS_PASSWORD is set but empty");
-      password = p;
-    }
+  if (password.empty()) password = read_launch_env().redis_password.value_or("");
   std::string prefix = "commgrid";
   if (auto slash = rest.find('/'); slash != std::string_view::npos) {
     prefix = std::string(rest.substr(slash + 1));

@@ -5,40 +5,22 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdint>
-#include <cstdlib>
-#include <optional>
 
-#include "text.hpp"
+#include "commgrid/launch_env.hpp"
 
 namespace commgrid::bootstrap::tcp {
-namespace {
-
-std::optional<size_t> size_from_env(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return std::nullopt;
-  const std::string_view t(text);
-  size_t v = 0;
-  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (t.empty() || ec != std::errc() || end != t.data() + t.size() || v == 0)
-    throw InvalidValueError(
-        name, std::string(name) + "='" + printable(t) + "' is not a positive whole number");
-  return v;
-}
-
-}  // namespace
 
 Limit connection_limit(const StoreOptions& o) {
   if (o.max_connections > 0) return {o.max_connections, "StoreOptions::max_connections"};
-  if (auto v = size_from_env("COMMGRID_STORE_MAX_CONNECTIONS"))
+  if (auto v = read_launch_env().store_max_connections)
     return {*v, "COMMGRID_STORE_MAX_CONNECTIONS=" + std::to_string(*v)};
   return {SIZE_MAX, ""};  // the descriptor limit alone
 }
 
 Limit byte_limit(const StoreOptions& o) {
   if (o.max_bytes > 0) return {o.max_bytes, "StoreOptions::max_bytes"};
-  if (auto v = size_from_env("COMMGRID_STORE_MAX_BYTES"))
+  if (auto v = read_launch_env().store_max_bytes)
     return {*v, "COMMGRID_STORE_MAX_BYTES=" + std::to_string(*v)};
   constexpr size_t kCeiling = size_t{16} << 30;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
@@ -62,6 +44,20 @@ Limit connection_cap(const Limit& configured) {
   return {fd_cap, "the serving process's descriptor limit (ulimit -n " + std::to_string(soft) +
                       ", of which " + std::to_string(reserve) +
                       " are kept for its other uses): raise it on rank 0's machine"};
+}
+
+size_t pending_limit(size_t cap, Rank world_size) {
+  constexpr size_t kMaxPending = 4096, kMinPending = 4;
+  const size_t ranks = world_size > 0 ? static_cast<size_t>(world_size) : 0;
+  const size_t left = cap > ranks ? cap - ranks : 0;
+  return std::clamp<size_t>(left / 4, kMinPending, kMaxPending);
+}
+
+void raise_descriptor_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  (void)::setrlimit(RLIMIT_NOFILE, &rl);
 }
 
 size_t open_descriptor_limit() {

@@ -72,6 +72,15 @@ inline GlooOptions test_options(std::chrono::milliseconds timeout = std::chrono:
   return o;
 }
 
+/// `options` placing this rank: rank `rank` of `size` ranks meeting in `store`.
+inline GlooOptions placed(std::shared_ptr<Store> store, Rank rank, Rank size,
+                          GlooOptions options = test_options()) {
+  options.store = std::move(store);
+  options.rank = rank;
+  options.size = size;
+  return options;
+}
+
 /// A buffer of `count` elements of `type`, read and written as doubles. Test values are
 /// small integers, exact in every type including bfloat16.
 class Buffer {
@@ -186,13 +195,13 @@ inline double apply(ReduceOp op, double a, double b) {
 
 /// Rank r's value for element i under op: 1..5 for sums/min/max; 1 or 2 for products so
 /// that a product over 16 ranks (at most 2^16) stays exact even in bfloat16.
-inline double test_value(ReduceOp op, int rank, size_t i) {
+inline double test_value(ReduceOp op, Rank rank, size_t i) {
   if (op == ReduceOp::prod) return 1.0 + static_cast<double>((static_cast<size_t>(rank) + i) % 2);
   return 1.0 + static_cast<double>((static_cast<size_t>(rank) * 7 + i * 3) % 5);
 }
 
 /// Runs fn on n rank-threads and fails the test with the first failure's message.
-inline void run_ranks(int n, const std::function<void(Communicator&)>& fn,
+inline void run_ranks(Rank n, const std::function<void(Communicator&)>& fn,
                       GlooOptions options = test_options()) {
   auto r = run_local_ranks_collect(n, fn, options);
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;

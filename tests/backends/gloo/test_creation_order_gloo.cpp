@@ -21,14 +21,14 @@ class RecordingWorld final : public Communicator {
       : Communicator("world", inner.timeout()), inner_(inner) {}
 
   struct Call {
-    std::vector<int> members;
+    std::vector<Rank> members;
     std::string name;
   };
   [[nodiscard]] const std::vector<Call>& calls() const { return calls_; }
 
   std::string_view backend() const noexcept override { return inner_.backend(); }
-  int rank() const noexcept override { return inner_.rank(); }
-  int size() const noexcept override { return inner_.size(); }
+  Rank rank() const noexcept override { return inner_.rank(); }
+  Rank size() const noexcept override { return inner_.size(); }
 
  protected:
   void timeout_changed(std::chrono::milliseconds t) override { inner_.set_timeout(t); }
@@ -36,17 +36,17 @@ class RecordingWorld final : public Communicator {
                                          std::string name) override {
     return inner_.split(color, key, std::move(name));
   }
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                 std::string name) override {
     return inner_.create_group(members, std::move(name));
   }
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,
                                                            std::string name) override {
     calls_.push_back({{members.begin(), members.end()}, name});
     return inner_.create_group_collective(members, std::move(name));
   }
   std::unique_ptr<Work> do_barrier() override { return inner_.barrier(); }
-  std::unique_ptr<Work> do_broadcast(void* b, std::size_t n, DataType t, int root) override {
+  std::unique_ptr<Work> do_broadcast(void* b, std::size_t n, DataType t, Rank root) override {
     return inner_.broadcast(b, n, t, root);
   }
   std::unique_ptr<Work> do_allreduce(const void* s, void* r, std::size_t n, DataType t,
@@ -72,15 +72,15 @@ class RecordingWorld final : public Communicator {
     return inner_.allgatherv(s, n, r, rc, t);
   }
   std::unique_ptr<Work> do_reduce(const void* s, void* r, std::size_t n, DataType t, ReduceOp op,
-                                  int root) override {
+                                  Rank root) override {
     return inner_.reduce(s, r, n, t, op, root);
   }
   std::unique_ptr<Work> do_gather(const void* s, void* r, std::size_t n, DataType t,
-                                  int root) override {
+                                  Rank root) override {
     return inner_.gather(s, r, n, t, root);
   }
   std::unique_ptr<Work> do_scatter(const void* s, void* r, std::size_t n, DataType t,
-                                   int root) override {
+                                   Rank root) override {
     return inner_.scatter(s, r, n, t, root);
   }
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
@@ -99,7 +99,7 @@ void expect_calls_follow_sequence(const RecordingWorld& w, const Layout& layout)
   const std::vector<CreationStep> steps = creation_sequence(layout);
   ASSERT_EQ(w.calls().size(), steps.size()) << "on rank " << w.rank();
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    std::vector<int> want(steps[i].members.begin(), steps[i].members.end());
+    std::vector<Rank> want(steps[i].members.begin(), steps[i].members.end());
     std::sort(want.begin(), want.end());
     std::string label(kind_name(steps[i].kind));
     if (steps[i].kind == GroupKind::hcp || steps[i].kind == GroupKind::hybrid_dp_cp)

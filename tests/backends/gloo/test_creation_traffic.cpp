@@ -47,10 +47,10 @@ TEST(GlooCreationTraffic, AMemberReadsOnlyTheAddressesMeantForIt) {
       ranks.emplace_back([&, r] {
         tl_rank = r;
         try {
-          auto world = make_gloo_world(store, r, kW, test_options());
+          auto world = make_gloo_world(placed(store, r, kW, test_options()));
           for (int n : group_sizes) {
             if (r >= n) continue;
-            std::vector<int> members(static_cast<size_t>(n));
+            std::vector<Rank> members(static_cast<size_t>(n));
             for (int i = 0; i < n; ++i) members[static_cast<size_t>(i)] = i;
             auto g = world->create_group(members, "g" + std::to_string(n));
             ASSERT_EQ(g->size(), n);

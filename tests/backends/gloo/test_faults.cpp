@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "gloo_test_util.hpp"
 
@@ -24,7 +26,7 @@ TEST(GlooFaults, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
     for (int r = 0; r < 3; ++r)  // rank 3 of 4 never starts
       ranks.emplace_back([&, r] {
         try {
-          (void)make_gloo_world(store, r, 4, test_options(1500ms));
+          (void)make_gloo_world(placed(store, r, 4, test_options(1500ms)));
         } catch (const TimeoutError& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }
@@ -41,7 +43,7 @@ TEST(GlooFaults, AMemberMissingFromAGroupIsNamedWithItsGlobalRank) {
   auto r = run_local_ranks_collect(
       6,
       [](Communicator& w) {
-        const std::vector<int> members{1, 3, 5};
+        const std::vector<Rank> members{1, 3, 5};
         if (w.rank() == 5) return;  // a member that never calls create_group
         if (w.rank() % 2 == 0) return;
         try {
@@ -154,11 +156,25 @@ TEST(GlooFaults, ACollectiveThatTimesOutNamesTheRanksThatDidNotArrive) {
 
 TEST(GlooFaults, BadArgumentsToTheWorldAreConfigErrors) {
   auto store = make_memory_store();
-  EXPECT_THROW((void)make_gloo_world(store, 2, 2), RankOutOfRangeError);
-  EXPECT_THROW((void)make_gloo_world(store, 0, 0), InvalidValueError);
-  EXPECT_THROW((void)make_gloo_world(nullptr, 0, 1), ConfigError);
-  EXPECT_THROW((void)make_gloo_world(store, 0, 1, test_options(0ms)), InvalidValueError);
+  EXPECT_THROW((void)make_gloo_world(placed(store, 2, 2)), RankOutOfRangeError);
+  EXPECT_THROW((void)make_gloo_world(placed(store, 0, 0)), InvalidValueError);
+  EXPECT_THROW((void)make_gloo_world(placed(nullptr, 0, 1)), ConfigError);
+  EXPECT_THROW((void)make_gloo_world(placed(store, 0, 1, test_options(0ms))), InvalidValueError);
   EXPECT_THROW(run_local_ranks(0, [](Communicator&) {}), ConfigError);
+  // Sizes are Ranks: one beyond Gloo's int is refused, not wrapped.
+  EXPECT_THROW((void)make_gloo_world(placed(store, 0, Rank{1} << 32)), InvalidValueError);
+  EXPECT_THROW(run_local_ranks(Rank{1} << 32, [](Communicator&) {}), InvalidValueError);
+  // The runner places every rank itself: options that place one are a mistake, named.
+  for (const auto& [options, field] :
+       std::vector<std::pair<GlooOptions, std::string>>{{placed(store, 0, 1), "store"},
+                                                        {placed(nullptr, 1, 1), "rank"},
+                                                        {placed(nullptr, 0, 2), "size"}}) {
+    try {
+      run_local_ranks(
+          2, [](Communicator&) {}, options);
+      ADD_FAILURE() << field << ": no error";
+    } catch (const InvalidValueError& e) { EXPECT_EQ(e.parameter(), field) << e.what(); }
+  }
 }
 
 // ---- the environment -------------------------------------------------------------
@@ -181,7 +197,7 @@ class ScopedEnv {
 std::string env_error(std::initializer_list<std::pair<const char*, const char*>> vars) {
   ScopedEnv env(vars);
   try {
-    read_world_env();
+    (void)read_world_env();
   } catch (const ConfigError& e) { return e.parameter() + ": " + e.what(); }
   return "no error";
 }

@@ -59,7 +59,7 @@ std::vector<Outcome> make_worlds(int n, GlooOptions o) {
   for (int r = 0; r < n; ++r)
     ranks.emplace_back([&, r] {
       try {
-        auto world = make_gloo_world(store, r, n, o);
+        auto world = make_gloo_world(placed(store, r, n, o));
         world->barrier()->wait();
         out[static_cast<size_t>(r)].ok = true;
       } catch (const AuthenticationError& e) {
@@ -120,7 +120,7 @@ TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {
         GlooOptions o = test_options(5s);
         o.token = r == 0 ? "token-a" : "token-b";
         try {
-          (void)make_gloo_world(store, r, 2, o);
+          (void)make_gloo_world(placed(store, r, 2, o));
         } catch (const std::exception& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }
@@ -141,7 +141,7 @@ std::pair<std::string, std::chrono::steady_clock::duration> rank_zero_times_out(
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
   try {
-    (void)make_gloo_world(store, 0, 2, o);
+    (void)make_gloo_world(placed(store, 0, 2, o));
     error = "the world formed";
   } catch (const TimeoutError& e) { error = e.what(); } catch (const std::exception& e) {
     error = std::string("not a TimeoutError: ") + e.what();
@@ -229,7 +229,7 @@ TEST(GlooCreationDeadline, ASplitsExchangeAndCreationShareOneDeadline) {
     std::vector<std::jthread> ranks;
     for (int r = 0; r < 2; ++r)
       ranks.emplace_back([&, r] {
-        auto world = make_gloo_world(store, r, 2, o);
+        auto world = make_gloo_world(placed(store, r, 2, o));
         rank(*world);
       });
   }

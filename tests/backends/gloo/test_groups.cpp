@@ -19,7 +19,7 @@ std::int64_t sum_of_world_ranks(Communicator& group, int world_rank) {
 TEST(GlooGroups, SplitByColorOrdersByKeyAndLeavesNoColorOut) {
   for (int n : {1, 5, 8}) {
     run_ranks(n, [n](Communicator& w) {
-      const int me = w.rank();
+      const Rank me = w.rank();
       // The last rank passes no color (when there are others); key = -rank reverses order.
       const bool out = n > 1 && me == n - 1;
       std::optional<std::int64_t> color;
@@ -31,7 +31,7 @@ TEST(GlooGroups, SplitByColorOrdersByKeyAndLeavesNoColorOut) {
         return;
       }
       ASSERT_NE(g, nullptr);
-      std::vector<int> members;
+      std::vector<Rank> members;
       for (int r = 0; r < n; ++r)
         if (r % 3 == me % 3 && !(n > 1 && r == n - 1)) members.push_back(r);
       EXPECT_EQ(g->size(), static_cast<int>(members.size()));
@@ -39,7 +39,8 @@ TEST(GlooGroups, SplitByColorOrdersByKeyAndLeavesNoColorOut) {
       const auto pos = std::find(members.rbegin(), members.rend(), me) - members.rbegin();
       EXPECT_EQ(g->rank(), pos);
       EXPECT_EQ(g->name(), "mod3#" + std::to_string(me % 3));
-      EXPECT_EQ(sum_of_world_ranks(*g, me), std::accumulate(members.begin(), members.end(), 0));
+      EXPECT_EQ(sum_of_world_ranks(*g, me),
+                std::accumulate(members.begin(), members.end(), Rank{0}));
       // A group splits further, and tied keys order by rank.
       auto half = g->split(g->rank() % 2, 0, "half");
       ASSERT_NE(half, nullptr);
@@ -50,9 +51,9 @@ TEST(GlooGroups, SplitByColorOrdersByKeyAndLeavesNoColorOut) {
 
 TEST(GlooGroups, CreateGroupIsMemberOnlyAndCanBeRecreated) {
   run_ranks(6, [](Communicator& w) {
-    const int me = w.rank();
+    const Rank me = w.rank();
     if (me % 2 == 0) {  // only the even ranks take part; odd ranks go straight on
-      const std::vector<int> evens{0, 2, 4};
+      const std::vector<Rank> evens{0, 2, 4};
       for (int round = 0; round < 2; ++round) {  // the same name twice: destroy, recreate
         auto g = w.create_group(evens, "evens");
         ASSERT_NE(g, nullptr);
@@ -65,16 +66,16 @@ TEST(GlooGroups, CreateGroupIsMemberOnlyAndCanBeRecreated) {
       EXPECT_EQ(w.creation_calls(), 0);
     }
     w.barrier()->wait();
-    std::vector<int> not_me{(me + 1) % 6};
+    std::vector<Rank> not_me{(me + 1) % 6};
     EXPECT_THROW(w.create_group(not_me, "x"), ConfigError);
-    std::vector<int> unsorted{3, 1};
+    std::vector<Rank> unsorted{3, 1};
     EXPECT_THROW(w.create_group(unsorted, "x"), ConfigError);
   });
 }
 
 TEST(GlooGroups, CreateGroupCollectiveGivesNonMembersNullptr) {
   run_ranks(5, [](Communicator& w) {
-    const std::vector<int> first{0, 1, 2};
+    const std::vector<Rank> first{0, 1, 2};
     auto g = w.create_group_collective(first, "first");
     EXPECT_EQ(w.creation_calls(), 1);
     if (w.rank() < 3) {
@@ -86,7 +87,7 @@ TEST(GlooGroups, CreateGroupCollectiveGivesNonMembersNullptr) {
     }
     // Megatron creates every group on every rank in order; many in a row must not mix.
     for (int k = 0; k < 4; ++k) {
-      std::vector<int> pair{k, k + 1};
+      std::vector<Rank> pair{k, k + 1};
       auto p = w.create_group_collective(pair, "pair" + std::to_string(k));
       if (w.rank() == k || w.rank() == k + 1) {
         ASSERT_NE(p, nullptr);
@@ -100,7 +101,7 @@ TEST(GlooGroups, CreateGroupCollectiveWithDifferentArgumentsFailsOnEveryRank) {
   auto r = run_local_ranks_collect(
       3,
       [](Communicator& w) {
-        std::vector<int> members{0, 1};
+        std::vector<Rank> members{0, 1};
         if (w.rank() == 2) members = {0, 2};
         try {
           (void)w.create_group_collective(members, "g");

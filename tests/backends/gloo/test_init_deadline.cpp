@@ -36,7 +36,7 @@ TEST(GlooInitDeadline, ManyCreationsEachWithinTheTimeoutStillEndAtTheDeadline) {
     std::vector<std::jthread> ranks;
     for (int r = 0; r < 4; ++r)
       ranks.emplace_back(
-          [&, r] { worlds[static_cast<size_t>(r)] = make_gloo_world(store, r, 4, o); });
+          [&, r] { worlds[static_cast<size_t>(r)] = make_gloo_world(placed(store, r, 4, o)); });
   }
   slow = true;
   std::vector<std::string> errors(4);

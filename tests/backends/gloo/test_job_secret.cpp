@@ -54,7 +54,7 @@ std::vector<Outcome> tokenless_worlds(int n, const std::shared_ptr<Store>& store
       try {
         GlooOptions o = test_options(5s);
         o.token = "";  // no COMMGRID_TOKEN
-        auto world = make_gloo_world(store, r, n, o);
+        auto world = make_gloo_world(placed(store, r, n, o));
         world->barrier()->wait();
         out[static_cast<size_t>(r)].ok = true;
       } catch (const std::exception& e) { out[static_cast<size_t>(r)].error = e.what(); }
@@ -105,7 +105,7 @@ TEST(GlooJobSecret, RanksOfAnotherStoreCannotProveThisJobsSecret) {
         // Rank 1 has the addresses (the same store) but proves another secret.
         o.token = r == 0 ? "" : std::string(64, 'f');
         try {
-          (void)make_gloo_world(a, r, 2, o);  // expected to throw
+          (void)make_gloo_world(placed(a, r, 2, o));  // expected to throw
         } catch (const std::exception& e) { errors[static_cast<size_t>(r)] = e.what(); }
       });
   }

@@ -31,7 +31,7 @@ void run_with_own_stores(int n, const std::string& uri, std::chrono::millisecond
       if (r == skip_rank) continue;
       ranks.emplace_back([&, r] {
         try {
-          auto w = make_gloo_world(open_store(uri), r, n, test_options(timeout));
+          auto w = make_gloo_world(placed(open_store(uri), r, n, test_options(timeout)));
           fn(*w);
         } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });
@@ -142,7 +142,8 @@ TEST(GlooRedisStore, ASecondJobOnThePrefixFailsAtOnceAndTheFirstCompletes) {
     for (int r = 0; r < 2; ++r)
       ranks.emplace_back([&, r] {
         try {
-          auto w = make_gloo_world(open_store(redis.uri("shared"), first), r, 2, test_options(20s));
+          auto w = make_gloo_world(
+              placed(open_store(redis.uri("shared"), first), r, 2, test_options(20s)));
           allreduce_and_split(*w);
         } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });

@@ -189,7 +189,7 @@ void run_with_store(const std::shared_ptr<Store>& store, int size) {
     for (int r = 0; r < size; ++r)
       ranks.emplace_back([&, r] {
         try {
-          make_gloo_world(store, r, size, test_options(10s))->barrier()->wait();
+          make_gloo_world(placed(store, r, size, test_options(10s)))->barrier()->wait();
         } catch (const std::exception& e) { errs[static_cast<size_t>(r)] = e.what(); }
       });
   }
@@ -205,7 +205,7 @@ TEST(GlooWorld, AMismatchedWorldSizeIsNamedNotAGlooAssertion) {
     for (int r = 0; r < 4; ++r)
       ranks.emplace_back([&, r] {
         try {
-          (void)make_gloo_world(store, r, r == 0 ? 8 : 4, test_options(3s));
+          (void)make_gloo_world(placed(store, r, r == 0 ? 8 : 4, test_options(3s)));
         } catch (const IncompatibleError& e) {
           errors[static_cast<size_t>(r)] = e.what();
         } catch (const std::exception& e) {
@@ -224,7 +224,7 @@ TEST(GlooWorld, CreatingAWorldIgnoresSigpipeSoADeadPeerIsAnError) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   ::sigaction(SIGPIPE, &dfl, nullptr);
-  auto w = make_gloo_world(make_memory_store(), 0, 1, test_options(5s));
+  auto w = make_gloo_world(placed(make_memory_store(), 0, 1, test_options(5s)));
   struct sigaction now {};
   ::sigaction(SIGPIPE, nullptr, &now);
   EXPECT_EQ(now.sa_handler, SIG_IGN);
@@ -275,7 +275,7 @@ TEST(GlooWorld, APeerThatCannotProveTheTokenIsAnUnauthenticatedPeer) {
         GlooOptions o = test_options(3s);
         o.token = r == 0 ? "the-job-token" : "a-guess";
         try {
-          (void)make_gloo_world(store, r, 2, o);
+          (void)make_gloo_world(placed(store, r, 2, o));
         } catch (const AuthenticationError& e) {
           errors[static_cast<size_t>(r)] = e.what();
         } catch (const std::exception& e) {
@@ -309,7 +309,7 @@ TEST(GlooTcpStore, RanksMeetThroughTheStoreRankZeroServes) {
         try {
           auto store = open_store(uri, job("j1", "t0ken", r == 0));
           EXPECT_EQ(store->local_address(), "127.0.0.1");
-          auto w = make_gloo_world(store, r, 4, test_options(20s));
+          auto w = make_gloo_world(placed(store, r, 4, test_options(20s)));
           std::int64_t v = w->rank(), out = 0;
           w->allreduce(&v, &out, 1, DataType::int64, ReduceOp::sum)->wait();
           EXPECT_EQ(out, 6);

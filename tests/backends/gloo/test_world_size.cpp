@@ -39,7 +39,7 @@ std::map<int, std::string> create_worlds(const std::shared_ptr<Store>& store,
       ranks.emplace_back([&, rank, size] {
         std::string error;
         try {
-          (void)make_gloo_world(store, rank, size, test_options(timeout));
+          (void)make_gloo_world(placed(store, rank, size, test_options(timeout)));
         } catch (const IncompatibleError& e) {
           error = std::string("IncompatibleError: ") + e.what();
         } catch (const TimeoutError& e) {

@@ -18,8 +18,8 @@
 
 int main(int argc, char** argv) {
   using namespace commgrid;
-  mpi::MpiEnvironment env(&argc, &argv);
-  auto world = make_mpi_world(std::chrono::minutes(5));
+  MpiEnvironment env(&argc, &argv);
+  auto world = make_mpi_world({.timeout = std::chrono::minutes(5)});
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 10;
   ParallelConfig c;
   c.world_size = world->size();

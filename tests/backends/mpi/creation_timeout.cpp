@@ -10,12 +10,13 @@
 #include "commgrid/mpi.hpp"
 
 int main(int argc, char** argv) {
-  commgrid::mpi::MpiEnvironment env(&argc, &argv);
+  commgrid::MpiEnvironment env(&argc, &argv);
   const std::string what = argc > 1 ? argv[1] : "split";
-  auto world = commgrid::make_mpi_world(std::chrono::seconds(2),
-                                        what == "blocking-allreduce"
-                                            ? commgrid::mpi::CollectiveCalls::blocking
-                                            : commgrid::mpi::CollectiveCalls::nonblocking);
+  auto world = commgrid::make_mpi_world(
+      {.timeout = std::chrono::seconds(2),
+       .collective_calls = what == "blocking-allreduce"
+                               ? commgrid::MpiCollectiveCalls::blocking
+                               : commgrid::MpiCollectiveCalls::nonblocking});
   if (world->rank() == 1) {
     std::this_thread::sleep_for(std::chrono::seconds(60));  // ended by rank 0's abort
     return 0;

@@ -17,8 +17,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::unique_ptr<mpi::MpiCommunicator> make_world(std::chrono::milliseconds timeout = 60s) {
-  return make_mpi_world(timeout);
+std::unique_ptr<MpiCommunicator> make_world(std::chrono::milliseconds timeout = 60s) {
+  return make_mpi_world({.timeout = timeout});
 }
 
 // A value per rank and element, exactly representable in every type (bfloat16 included).
@@ -98,6 +98,18 @@ bool exact(DataType t, ReduceOp op, int n) {
   return n <= 8;
 }
 
+TEST(MpiCommunicator, TheFactoryAndTheEnvironmentRefuseATimeoutOfZero) {
+  try {
+    (void)make_mpi_world({.timeout = 0ms});
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidValueError& e) { EXPECT_EQ(e.parameter(), "timeout") << e.what(); }
+  // Checked before MPI is asked anything (MPI is already initialized here).
+  try {
+    const MpiEnvironment env(MpiThreadSupport::serialized, -1ms);
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidValueError& e) { EXPECT_EQ(e.parameter(), "init_timeout") << e.what(); }
+}
+
 TEST(MpiCommunicator, IdentityMatchesMpiCommWorld) {
   auto world = make_world();
   int rank = -1, size = -1;
@@ -117,7 +129,7 @@ TEST(MpiCommunicator, IdentityMatchesMpiCommWorld) {
 
 TEST(MpiCommunicator, AllreduceEveryTypeAndOp) {
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
+  const Rank n = world->size(), me = world->rank();
   constexpr std::size_t count = 5;
   for (DataType t : kTypes)
     for (ReduceOp op : kOps) {
@@ -145,7 +157,7 @@ TEST(MpiCommunicator, Bfloat16ReducesInFloat32ArithmeticAndKeepsNaN) {
   // the reduction computes in float32 and rounds to bfloat16, so the result is within one
   // rounding per step of the exact sum.
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
+  const Rank n = world->size(), me = world->rank();
   const float mine = me < 2 ? 1.0f + 0x1p-7f : 1.0f;
   std::uint16_t v = float_to_bf16(mine);
   ASSERT_EQ(bf16_to_float(v), mine);
@@ -160,7 +172,7 @@ TEST(MpiCommunicator, Bfloat16ReducesInFloat32ArithmeticAndKeepsNaN) {
 
 TEST(MpiCommunicator, BroadcastAllgatherReduceScatterAlltoallEveryType) {
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
+  const Rank n = world->size(), me = world->rank();
   const auto un = static_cast<std::size_t>(n);
   constexpr std::size_t count = 3;
   for (DataType t : kTypes) {
@@ -203,7 +215,7 @@ TEST(MpiCommunicator, BroadcastAllgatherReduceScatterAlltoallEveryType) {
 
 TEST(MpiCommunicator, SendRecvRingEveryType) {
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
+  const Rank n = world->size(), me = world->rank();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   for (DataType t : kTypes) {
     Buffer out(t, 4), in(t, 4);
@@ -225,7 +237,7 @@ TEST(MpiCommunicator, SendRecvRingEveryType) {
 
 TEST(MpiCommunicator, ErrorsNameBackendOperationAndGroup) {
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
+  const Rank n = world->size(), me = world->rank();
   std::int64_t x = 1, y[2] = {0, 0};
   try {
     (void)world->send(&x, 1, DataType::int64, n, 0);
@@ -275,7 +287,7 @@ TEST(MpiCommunicator, ErrorsNameBackendOperationAndGroup) {
 
 TEST(MpiCommunicator, SplitOrdersByKeyAndGivesNullWithoutColor) {
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
+  const Rank n = world->size(), me = world->rank();
   // Rank 0 takes part without a color; the others split by parity, ordered backwards.
   const std::optional<std::int64_t> color =
       me == 0 ? std::nullopt : std::optional<std::int64_t>(me % 2);
@@ -285,8 +297,8 @@ TEST(MpiCommunicator, SplitOrdersByKeyAndGivesNullWithoutColor) {
     EXPECT_EQ(sub, nullptr);
   } else {
     ASSERT_NE(sub, nullptr);
-    std::vector<int> members;
-    for (int r = 1; r < n; ++r)
+    std::vector<Rank> members;
+    for (Rank r = 1; r < n; ++r)
       if (r % 2 == me % 2) members.push_back(r);
     EXPECT_EQ(sub->size(), static_cast<int>(members.size()));
     // key = -rank: the highest rank comes first
@@ -303,9 +315,9 @@ TEST(MpiCommunicator, SplitOrdersByKeyAndGivesNullWithoutColor) {
 
 TEST(MpiCommunicator, CreateGroupOnlyMembersAndCollectiveEveryone) {
   auto world = make_world();
-  const int n = world->size(), me = world->rank();
-  std::vector<int> evens, odds;
-  for (int r = 0; r < n; ++r) (r % 2 == 0 ? evens : odds).push_back(r);
+  const Rank n = world->size(), me = world->rank();
+  std::vector<Rank> evens, odds;
+  for (Rank r = 0; r < n; ++r) (r % 2 == 0 ? evens : odds).push_back(r);
   const auto& mine = me % 2 == 0 ? evens : odds;
   auto g = world->create_group(mine, std::string(me % 2 == 0 ? "evens" : "odds") + "#0");
   ASSERT_NE(g, nullptr);
@@ -323,9 +335,9 @@ TEST(MpiCommunicator, CreateGroupOnlyMembersAndCollectiveEveryone) {
 
   // Callers' mistakes are reported before MPI sees them.
   if (n >= 2) {
-    const std::vector<int> others = me % 2 == 0 ? odds : evens;
+    const std::vector<Rank> others = me % 2 == 0 ? odds : evens;
     EXPECT_THROW((void)world->create_group(others, "others#0"), ConfigError) << "not a member";
-    const std::vector<int> backwards = {1, 0};
+    const std::vector<Rank> backwards = {1, 0};
     EXPECT_THROW((void)world->create_group_collective(backwards, "backwards#0"), ConfigError);
   }
   world->barrier()->wait();
@@ -343,10 +355,10 @@ TEST(MpiCommunicator, CreateGroupTagsOfCommgridKindsAreDistinct) {
         for (int l = 0; l < 8; ++l) names.push_back("hcp[" + std::to_string(l) + "]#0");
       else names.push_back(std::string(kind_name(k)) + "#0");
       for (const auto& name : names) {
-        const int tag = mpi::create_group_tag(name, ub);
+        const int tag = mpi_create_group_tag(name, ub);
         EXPECT_GE(tag, 0);
         EXPECT_LE(tag, ub);
-        EXPECT_EQ(tag, mpi::create_group_tag(name.substr(0, name.find('#')) + "#12345", ub));
+        EXPECT_EQ(tag, mpi_create_group_tag(name.substr(0, name.find('#')) + "#12345", ub));
         tags.insert(tag);
         ++labels;
       }
@@ -358,7 +370,7 @@ TEST(MpiCommunicator, CreateGroupTagsOfCommgridKindsAreDistinct) {
 TEST(MpiCommunicator, RecvTimeoutIsCancelledAndLeavesTheCommunicatorUsable) {
   auto world = make_world();
   if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
-  auto comm = mpi::MpiCommunicator::duplicate(world->native(), "recv-timeout", 200ms);
+  auto comm = MpiCommunicator::duplicate(world->native(), "recv-timeout", 200ms);
   if (comm->rank() == 0) {
     std::int64_t x = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -382,7 +394,7 @@ TEST(MpiCommunicator, RecvTimeoutIsCancelledAndLeavesTheCommunicatorUsable) {
 TEST(MpiCommunicator, CollectiveTimeoutNamesTheGroupAndBreaksTheCommunicator) {
   auto world = make_world();
   if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
-  auto comm = mpi::MpiCommunicator::duplicate(world->native(), "late#0", 30s);
+  auto comm = MpiCommunicator::duplicate(world->native(), "late#0", 30s);
   // MPI keeps using rank 0's buffers until the late ranks arrive: they must outlive it.
   static std::int64_t in = 1, out = 0;
   if (comm->rank() == 0) {

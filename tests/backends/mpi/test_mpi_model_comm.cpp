@@ -11,7 +11,7 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(MpiModelComm, PointToPointVariableRootedTypedAndMembers) {
-  auto world = make_mpi_world(60s);
+  auto world = make_mpi_world({.timeout = 60s});
   EXPECT_NO_THROW({
     suite::world_members(*world);
     suite::symmetric_and_ring(*world);
@@ -24,8 +24,8 @@ TEST(MpiModelComm, PointToPointVariableRootedTypedAndMembers) {
 }
 
 TEST(MpiModelComm, BlockingCollectivesPassTheSameSuiteAndGroupsInheritTheChoice) {
-  auto world = make_mpi_world(60s, mpi::CollectiveCalls::blocking);
-  EXPECT_EQ(world->collective_calls(), mpi::CollectiveCalls::blocking);
+  auto world = make_mpi_world({.timeout = 60s, .collective_calls = MpiCollectiveCalls::blocking});
+  EXPECT_EQ(world->collective_calls(), MpiCollectiveCalls::blocking);
   EXPECT_NO_THROW({
     suite::world_members(*world);
     suite::symmetric_and_ring(*world);
@@ -37,31 +37,30 @@ TEST(MpiModelComm, BlockingCollectivesPassTheSameSuiteAndGroupsInheritTheChoice)
   });
   auto half = world->split(world->rank() % 2, world->rank(), "half#0");
   ASSERT_NE(half, nullptr);
-  EXPECT_EQ(dynamic_cast<mpi::MpiCommunicator&>(*half).collective_calls(),
-            mpi::CollectiveCalls::blocking);
+  EXPECT_EQ(dynamic_cast<MpiCommunicator&>(*half).collective_calls(), MpiCollectiveCalls::blocking);
   ParallelConfig c;
   c.world_size = world->size();
   c.pp = world->size() >= 2 ? 2 : 1;
   EXPECT_NO_THROW(suite::members_match_layout(*world, c));
-  world->set_collective_calls(mpi::CollectiveCalls::nonblocking);
-  EXPECT_EQ(world->collective_calls(), mpi::CollectiveCalls::nonblocking);
+  world->set_collective_calls(MpiCollectiveCalls::nonblocking);
+  EXPECT_EQ(world->collective_calls(), MpiCollectiveCalls::nonblocking);
   world->barrier()->wait();
 }
 
 TEST(MpiModelComm, TwoHundredRandomBatches) {
-  auto world = make_mpi_world(60s);
+  auto world = make_mpi_world({.timeout = 60s});
   EXPECT_NO_THROW(suite::random_batches(*world, 200, 2024));
 }
 
 TEST(MpiModelComm, AReceiveNobodySendsTimesOutNamingThePeer) {
-  auto world = make_mpi_world(60s);
+  auto world = make_mpi_world({.timeout = 60s});
   EXPECT_NO_THROW(suite::receive_times_out(*world, 500ms));
   // The receive was cancelled, so the communicator is still usable.
   world->barrier()->wait();
 }
 
 TEST(MpiModelComm, MembersOfEveryKindMatchTheLayout) {
-  auto world = make_mpi_world(60s);
+  auto world = make_mpi_world({.timeout = 60s});
   const int n = world->size();
   std::vector<ParallelConfig> configs(2);
   configs[0].world_size = n;

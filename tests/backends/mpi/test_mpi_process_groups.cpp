@@ -18,7 +18,7 @@ using namespace std::chrono_literals;
 constexpr CreationStrategy kStrategies[] = {CreationStrategy::split, CreationStrategy::member,
                                             CreationStrategy::per_group};
 
-std::unique_ptr<mpi::MpiCommunicator> make_world() { return make_mpi_world(60s); }
+std::unique_ptr<MpiCommunicator> make_world() { return make_mpi_world({.timeout = 60s}); }
 
 std::string contains_msg(const std::string& what, const std::string& part) {
   return "\"" + what + "\" should contain \"" + part + "\"";

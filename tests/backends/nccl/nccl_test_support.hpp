@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 
 #include "commgrid/nccl.hpp"
@@ -20,6 +21,12 @@ std::string message_of(F&& f) {
     f();
   } catch (const std::exception& e) { return e.what(); }
   return "(no exception)";
+}
+
+/// `options` with `boot` as the bootstrap, lent (the caller keeps it alive longer).
+inline NcclOptions over(Communicator& boot, NcclOptions options = {}) {
+  options.bootstrap = std::shared_ptr<Communicator>(std::shared_ptr<void>(), &boot);
+  return options;
 }
 
 /// How many rank-threads the device tests use: COMMGRID_NCCL_RANKS, else the devices this

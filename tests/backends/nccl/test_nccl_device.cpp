@@ -31,6 +31,7 @@ namespace commgrid {
 namespace {
 
 using namespace std::chrono_literals;
+using nccl_test::over;
 using Ms = std::chrono::milliseconds;
 
 constexpr DataType kTypes[] = {DataType::float32, DataType::float64, DataType::bfloat16,
@@ -54,7 +55,7 @@ class NcclDevice : public nccl_test::DeviceRanks {
         [&](Communicator& boot) {
           NcclOptions o;
           o.timeout = timeout;
-          auto world = make_nccl_world(boot, o);
+          auto world = make_nccl_world(over(boot, o));
           fn(boot, *world);
         },
         gloo);
@@ -749,7 +750,7 @@ TEST_F(NcclDeviceMulti, APeerThatNeverJoinsEndsInTimeoutNamingTheGroup) {
 TEST_F(NcclDeviceMulti, MemberCreationWithAMissingMemberTimesOutNamingTheMembers) {
   run([&](Communicator& boot, NcclCommunicator& w) {
     w.set_timeout(1s);
-    const std::vector<int> members = {0, 1};
+    const std::vector<Rank> members = {0, 1};
     if (w.rank() == 0) {
       // Rank 1 takes part in the id exchange (so rank 0 reaches NCCL's init) but not in it.
       std::string msg;

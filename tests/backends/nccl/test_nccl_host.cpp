@@ -33,6 +33,7 @@ namespace {
 using namespace std::chrono_literals;
 using nccl_host::HostInfo;
 using nccl_host::UniqueId;
+using nccl_test::over;
 
 GlooOptions quick() {
   GlooOptions o;
@@ -108,7 +109,7 @@ TEST(NcclHost, MemberOnlyIdsGoToTheirGroupsOnly) {
   // Two rounds of disjoint groups, as two kinds of a layout: only members call, in the same
   // order on every member.
   constexpr int kRanks = 4;
-  const std::vector<std::vector<int>> round1 = {{0, 1}, {2, 3}}, round2 = {{0, 2}, {1, 3}};
+  const std::vector<std::vector<Rank>> round1 = {{0, 1}, {2, 3}}, round2 = {{0, 2}, {1, 3}};
   std::mutex mu;
   std::vector<std::vector<UniqueId>> got(kRanks);
   std::atomic<int> made{0};
@@ -118,7 +119,7 @@ TEST(NcclHost, MemberOnlyIdsGoToTheirGroupsOnly) {
         const int me = world.rank();
         for (const auto* round : {&round1, &round2}) {
           for (std::size_t g = 0; g < round->size(); ++g) {
-            const std::vector<int>& members = (*round)[g];
+            const std::vector<Rank>& members = (*round)[g];
             if (std::find(members.begin(), members.end(), me) == members.end()) continue;
             const std::string name =
                 std::string(round == &round1 ? "tp" : "dp") + "#" + std::to_string(g);
@@ -147,7 +148,7 @@ TEST(NcclHost, MemberWithAnotherGroupNameFailsNamingTheLeader) {
   LocalRunResult run = run_local_ranks_collect(
       2,
       [&](Communicator& world) {
-        const std::vector<int> members = {0, 1};
+        const std::vector<Rank> members = {0, 1};
         nccl_host::distribute_unique_id(world, members, world.rank() == 0 ? "tp#0" : "pp#0",
                                         [] { return pattern_id(1); });
       },
@@ -684,12 +685,12 @@ TEST(NcclHost, BadOptionsAreRejectedBeforeAnyCommunication) {
       [&](Communicator& world) {
         NcclOptions bad_device;
         bad_device.device = -1;
-        EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_device); }),
+        EXPECT_EQ(message_of([&] { (void)make_nccl_world(over(world, bad_device)); }),
                   "nccl world: device must be >= 0, got -1");
-        EXPECT_THROW((void)make_nccl_world(world, bad_device), InvalidValueError);
+        EXPECT_THROW((void)make_nccl_world(over(world, bad_device)), InvalidValueError);
         NcclOptions bad_timeout;
         bad_timeout.timeout = 0ms;
-        EXPECT_EQ(message_of([&] { (void)make_nccl_world(world, bad_timeout); }),
+        EXPECT_EQ(message_of([&] { (void)make_nccl_world(over(world, bad_timeout)); }),
                   "nccl world: timeout must be > 0 ms, got 0");
       },
       quick());
@@ -745,7 +746,7 @@ TEST(NcclHost, NcclVariablesThatWouldUndoTheTimeoutsAreRefusedOnEveryRank) {
     SCOPED_TRACE(c.name);
     const ScopedEnv env(c.name, c.value);
     LocalRunResult run = run_local_ranks_collect(
-        2, [&](Communicator& world) { (void)make_nccl_world(world); }, quick());
+        2, [&](Communicator& world) { (void)make_nccl_world(over(world)); }, quick());
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;
       try {
@@ -806,7 +807,7 @@ TEST(NcclHost, WithoutADeviceEveryRankFailsAlikeAndNoneHangs) {
   GlooOptions slow = quick();
   slow.timeout = 100s;
   LocalRunResult run = run_local_ranks_collect(
-      3, [&](Communicator& world) { (void)make_nccl_world(world); }, slow);
+      3, [&](Communicator& world) { (void)make_nccl_world(over(world)); }, slow);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 50s) << "a rank waited for its timeout";
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(run.errors[static_cast<std::size_t>(r)]) << "rank " << r;

@@ -35,6 +35,7 @@ namespace commgrid {
 namespace {
 
 using namespace std::chrono_literals;
+using nccl_test::over;
 using Ms = std::chrono::milliseconds;
 
 using nccl_test::message_of;
@@ -57,7 +58,7 @@ SparePlacement spares(std::int64_t s) {
 // ---- what a shrink makes of a rank --------------------------------------------------------
 
 TEST(NcclRecoveryHost, AShrinkKeepsTheSurvivorsInTheirOrder) {
-  const int exclude[] = {3, 1};
+  const Rank exclude[] = {3, 1};
   const nccl_host::WorldShrink p =
       nccl_host::plan_world_shrink(6, 4, exclude, "nccl shrink of world");
   EXPECT_EQ(p.exclude, (std::vector<int>{1, 3}));  // ascending, as NCCL is given it
@@ -79,11 +80,13 @@ TEST(NcclRecoveryHost, AShrinkKeepsTheSurvivorsInTheirOrder) {
 
 TEST(NcclRecoveryHost, BadShrinkArgumentsAreTypedErrorsNamingTheRank) {
   const std::string what = "nccl shrink of world";
-  auto plan = [&](std::vector<int> exclude, int rank = 0) {
+  auto plan = [&](std::vector<Rank> exclude, int rank = 0) {
     return nccl_host::plan_world_shrink(4, rank, exclude, what);
   };
   EXPECT_THROW(plan({4}), RankOutOfRangeError);
   EXPECT_THROW(plan({-1}), RankOutOfRangeError);
+  // Checked as 64-bit ranks: 2^32 + 1 does not wrap to rank 1.
+  EXPECT_THROW(plan({(Rank{1} << 32) + 1}), RankOutOfRangeError);
   EXPECT_EQ(parameter_of([&] { plan({4}); }), "exclude");
   EXPECT_EQ(message_of([&] {
               plan({1, 4});
@@ -108,16 +111,16 @@ TEST(NcclRecoveryHost, BadShrinkArgumentsAreTypedErrorsNamingTheRank) {
 TEST(NcclRecoveryHost, ExcludedRanksAreTheLogicalRanksTheDeadHeld) {
   const RankMap m0(4, spares(2));  // ranks 0-3 on processes 0-3, spares 4 and 5
   const std::int64_t two[] = {2};
-  EXPECT_EQ(nccl_excluded_ranks(m0, two), (std::vector<int>{2}));
+  EXPECT_EQ(nccl_excluded_ranks(m0, two), (std::vector<Rank>{2}));
   const std::int64_t several[] = {3, 0, 3};  // any order, duplicates ignored
-  EXPECT_EQ(nccl_excluded_ranks(m0, several), (std::vector<int>{0, 3}));
+  EXPECT_EQ(nccl_excluded_ranks(m0, several), (std::vector<Rank>{0, 3}));
   const std::int64_t spare[] = {5};  // a dead spare held no rank
   EXPECT_TRUE(nccl_excluded_ranks(m0, spare).empty());
   // Epoch 1: process 4 holds rank 2; its death excludes rank 2 again, process 2 (dead in
   // epoch 1 already) adds nothing.
   const RankMap m1 = m0.replace(two);
   const std::int64_t later[] = {4, 2};
-  EXPECT_EQ(nccl_excluded_ranks(m1, later), (std::vector<int>{2}));
+  EXPECT_EQ(nccl_excluded_ranks(m1, later), (std::vector<Rank>{2}));
   const std::int64_t stranger[] = {6};
   EXPECT_THROW((void)nccl_excluded_ranks(m0, stranger), RankOutOfRangeError);
   EXPECT_EQ(parameter_of([&] { (void)nccl_excluded_ranks(m0, stranger); }), "process");
@@ -128,14 +131,14 @@ TEST(NcclRecoveryHost, ExcludedRanksAreTheLogicalRanksTheDeadHeld) {
 // joins, or a change of order, needs a fresh world.
 TEST(NcclRecoveryHost, AShrinkWithoutSparesIsAnNcclShrinkAndASpareMeansAFreshWorld) {
   const RankMap m0(8);  // tp 2 x dp 4, no spare
-  EXPECT_EQ(nccl_shrink_exclusion(m0, m0), std::optional<std::vector<int>>(std::vector<int>{}));
+  EXPECT_EQ(nccl_shrink_exclusion(m0, m0), std::optional<std::vector<Rank>>(std::vector<Rank>{}));
   ParallelConfig config;
   config.world_size = 8;
   config.tp = 2;
   const std::int64_t three[] = {3};  // rank 3 (dp 1) dies: replica {2, 3} is dropped
   const EpochChange shrunk = replace_or_shrink(m0, three, config);
   ASSERT_TRUE(shrunk.shrink.has_value());
-  const std::optional<std::vector<int>> exclude = nccl_shrink_exclusion(m0, shrunk.map);
+  const std::optional<std::vector<Rank>> exclude = nccl_shrink_exclusion(m0, shrunk.map);
   ASSERT_TRUE(exclude.has_value());
   // Every old rank not excluded holds a new rank, in order: what ncclCommShrink makes.
   std::vector<std::int64_t> kept;
@@ -169,7 +172,7 @@ TEST(NcclRecoveryHost, ExcludedRanksFromARealDecision) {
   const RankMap m0(2, spares(1));
   RecoveryOptions o;
   o.timeout = 30s;
-  std::vector<std::vector<int>> excluded(3);
+  std::vector<std::vector<Rank>> excluded(3);
   std::vector<std::optional<Rank>> rank_after(3);
   std::vector<std::string> errors(3);
   {
@@ -187,7 +190,7 @@ TEST(NcclRecoveryHost, ExcludedRanksFromARealDecision) {
   }
   for (std::int64_t p : {0, 2}) {
     EXPECT_EQ(errors[static_cast<std::size_t>(p)], "") << "process " << p;
-    EXPECT_EQ(excluded[static_cast<std::size_t>(p)], (std::vector<int>{1})) << "process " << p;
+    EXPECT_EQ(excluded[static_cast<std::size_t>(p)], (std::vector<Rank>{1})) << "process " << p;
   }
   EXPECT_EQ(rank_after[0], Rank{0});
   EXPECT_EQ(rank_after[2], Rank{1});  // the spare takes the dead rank: a fresh world, no shrink
@@ -383,18 +386,26 @@ TEST(NcclRecoveryHost, TheFactoryIsTheWorldFactoryRecoveryTakes) {
   static_assert(std::is_same_v<NcclWorldFactory, WorldFactory>);
   EXPECT_THROW((void)make_nccl_world_factory(nullptr), InvalidValueError);
   EXPECT_EQ(parameter_of([] { (void)make_nccl_world_factory(nullptr); }), "bootstrap");
-  EXPECT_EQ(parameter_of([] { (void)make_nccl_world(std::shared_ptr<Communicator>{}); }),
+  EXPECT_EQ(parameter_of([] { (void)make_nccl_world(NcclOptions{}); }), "bootstrap");
+  // A factory's worlds take their bootstrap from the factory, never from the options.
+  NcclOptions lent;
+  lent.bootstrap = make_gloo_world({.store = make_memory_store(), .timeout = 20s});
+  EXPECT_EQ(parameter_of([&] {
+              (void)make_nccl_world_factory([](const std::string&, Rank, Rank) { return nullptr; },
+                                            lent);
+            }),
             "bootstrap");
   // A bootstrap factory that makes nothing, or a world of another size: refused before NCCL.
-  auto nothing = make_nccl_world_factory([](const std::string&, int, int) { return nullptr; });
+  auto nothing = make_nccl_world_factory([](const std::string&, Rank, Rank) { return nullptr; });
   EXPECT_EQ(message_of([&] { (void)nothing("epoch/0/world", 0, 1); }),
             "nccl world factory for epoch/0/world: the bootstrap factory returned no communicator");
   auto store = make_memory_store();
-  auto wrong = make_nccl_world_factory([&](const std::string& prefix, int, int) {
+  auto wrong = make_nccl_world_factory([&](const std::string& prefix, Rank, Rank) {
     GlooOptions o;
+    o.store = store;
     o.prefix = prefix;
     o.timeout = 20s;
-    return make_gloo_world(store, 0, 1, o);
+    return make_gloo_world(o);
   });
   EXPECT_EQ(
       message_of([&] { (void)wrong("epoch/0/world", 0, 2); }),
@@ -434,13 +445,17 @@ TEST(NcclRecoveryHost, WithoutADeviceRecoveryBuildFailsAlikeOnEveryRank) {
       threads.emplace_back([&, p] {
         const auto i = static_cast<std::size_t>(p);
         Recovery rec(store, m0, p, ro);
-        auto factory = make_nccl_world_factory([&](const std::string& prefix, int rank, int size) {
-          ++boots[i];
-          GlooOptions o;
-          o.prefix = prefix;
-          o.timeout = 60s;
-          return make_gloo_world(store, rank, size, o);
-        });
+        auto factory =
+            make_nccl_world_factory([&](const std::string& prefix, Rank rank, Rank size) {
+              ++boots[i];
+              GlooOptions o;
+              o.store = store;
+              o.rank = rank;
+              o.size = size;
+              o.prefix = prefix;
+              o.timeout = 60s;
+              return make_gloo_world(o);
+            });
         try {
           (void)rec.build(factory, config);
         } catch (const BackendError& e) { errors[i] = e.what(); }
@@ -497,9 +512,9 @@ NcclOptions device_options() {
 // on them then says why; a fresh world over the same bootstrap works.
 TEST_F(NcclRecoveryDevice, AnEpochAbortEndsEveryCommunicatorThenAFreshWorldWorks) {
   run([&](Communicator& boot) {
-    auto world = make_nccl_world(boot, device_options());
+    auto world = make_nccl_world(over(boot, device_options()));
     auto split = world->split(0, world->rank(), "dp#0");
-    std::vector<int> all(static_cast<std::size_t>(world->size()));
+    std::vector<Rank> all(static_cast<std::size_t>(world->size()));
     std::iota(all.begin(), all.end(), 0);
     auto member = world->create_group(all, "tp#0");
     auto grand = split->split(0, split->rank(), "pp#0");  // a group of a group
@@ -521,7 +536,7 @@ TEST_F(NcclRecoveryDevice, AnEpochAbortEndsEveryCommunicatorThenAFreshWorldWorks
                 std::string::npos);
     }
     boot.barrier()->wait();
-    auto fresh = make_nccl_world(boot, device_options());
+    auto fresh = make_nccl_world(over(boot, device_options()));
     expect_allreduce_works(*fresh);
     expect_allreduce_works(*fresh->split(0, fresh->rank(), "dp#0"));
   });
@@ -532,11 +547,11 @@ TEST_F(NcclRecoveryDevice, AnEpochAbortEndsEveryCommunicatorThenAFreshWorldWorks
 // typed errors that leave the old world alive.
 TEST_F(NcclRecoveryDevice, AShrinkExcludingNoneGivesAWorkingWorldAndEndsTheOld) {
   run([&](Communicator& boot) {
-    auto world = make_nccl_world(boot, device_options());
+    auto world = make_nccl_world(over(boot, device_options()));
     auto dp = world->split(0, world->rank(), "dp#0");
-    const int out_of_range[] = {world->size()};
+    const Rank out_of_range[] = {world->size()};
     EXPECT_THROW((void)shrink_nccl_world(*world, out_of_range), RankOutOfRangeError);
-    const int self[] = {world->rank()};
+    const Rank self[] = {world->rank()};
     EXPECT_THROW((void)shrink_nccl_world(*world, self), InvalidValueError);
     NcclShrinkOptions zero;
     zero.timeout = 0ms;
@@ -586,11 +601,14 @@ TEST_F(NcclRecoveryDevice, TheFactoryBuildsEpochsAndEndsThePreviousOne) {
         try {
           Recovery rec(store, m0, p, ro);
           auto factory = make_nccl_world_factory(
-              [&](const std::string& prefix, int rank, int size) {
+              [&](const std::string& prefix, Rank rank, Rank size) {
                 GlooOptions o;
+                o.store = store;
+                o.rank = rank;
+                o.size = size;
                 o.prefix = prefix + "/boot";
                 o.timeout = 60s;
-                return make_gloo_world(store, rank, size, o);
+                return make_gloo_world(o);
               },
               device_options());
           EpochGroups g = rec.build(factory, config);
@@ -610,9 +628,9 @@ TEST_F(NcclRecoveryDevice, TheFactoryBuildsEpochsAndEndsThePreviousOne) {
 // others shrink without it, and the smaller world reduces over the survivors only.
 TEST_F(NcclRecoveryDeviceMulti, TheSurvivorsShrinkWithoutTheLastRank) {
   run([&](Communicator& boot) {
-    auto world = make_nccl_world(boot, device_options());
-    const int last = world->size() - 1;
-    const int gone[] = {last};
+    auto world = make_nccl_world(over(boot, device_options()));
+    const Rank last = world->size() - 1;
+    const Rank gone[] = {last};
     if (world->rank() == last) {
       EXPECT_EQ(abort_nccl_epoch(*world, "this rank leaves"), 1u);
       return;
@@ -621,7 +639,7 @@ TEST_F(NcclRecoveryDeviceMulti, TheSurvivorsShrinkWithoutTheLastRank) {
     o.timeout = 60s;
     std::unique_ptr<Communicator> survivors_boot;
     if (nccl_shrink_method() == NcclShrinkMethod::new_world) {
-      std::vector<int> rest(static_cast<std::size_t>(last));
+      std::vector<Rank> rest(static_cast<std::size_t>(last));
       std::iota(rest.begin(), rest.end(), 0);
       o.bootstrap = boot.create_group(rest, "survivors");
     }
@@ -640,9 +658,9 @@ TEST_F(NcclRecoveryDeviceMulti, TheSurvivorsShrinkWithoutTheLastRank) {
 // reporting success or hanging, and the smaller world reduces without the stopped rank.
 TEST_F(NcclRecoveryDeviceMulti, AHungCollectiveOfTheOldWorldEndsWithTheShrink) {
   run([&](Communicator& boot) {
-    auto world = make_nccl_world(boot, device_options());
+    auto world = make_nccl_world(over(boot, device_options()));
     expect_allreduce_works(*world);  // every connection made while every rank takes part
-    const int last = world->size() - 1;
+    const Rank last = world->size() - 1;
     std::int64_t token = 0;
     if (world->rank() == last) {
       // Stopped, not gone: it keeps its world until the survivors are done, then leaves.
@@ -656,10 +674,10 @@ TEST_F(NcclRecoveryDeviceMulti, AHungCollectiveOfTheOldWorldEndsWithTheShrink) {
     auto hung = world->allreduce(d, d, 1, DataType::int64, ReduceOp::sum);  // the last never joins
     std::this_thread::sleep_for(200ms);
     EXPECT_FALSE(hung->done());
-    const int gone[] = {last};
+    const Rank gone[] = {last};
     NcclShrinkOptions o;
     if (nccl_shrink_method() == NcclShrinkMethod::new_world) {
-      std::vector<int> rest(static_cast<std::size_t>(last));
+      std::vector<Rank> rest(static_cast<std::size_t>(last));
       std::iota(rest.begin(), rest.end(), 0);
       o.bootstrap = boot.create_group(rest, "survivors");
     }

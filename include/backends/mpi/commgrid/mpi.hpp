@@ -17,12 +17,13 @@
 
 namespace commgrid::detail {
 class WatchedCalls;
-}
+class MpiP2PWork;
+}  // namespace commgrid::detail
 
-namespace commgrid::mpi {
+namespace commgrid {
 
 /// How an MpiCommunicator calls MPI's collectives.
-enum class CollectiveCalls : std::uint8_t {
+enum class MpiCollectiveCalls : std::uint8_t {
   /// The nonblocking call (MPI_Iallreduce, ...) tested until it completes or the
   /// communicator's timeout passes: a timeout is a TimeoutError this rank can handle (the
   /// default).
@@ -36,7 +37,7 @@ enum class CollectiveCalls : std::uint8_t {
 };
 
 /// The thread support requested from MPI_Init_thread.
-enum class ThreadSupport : int {
+enum class MpiThreadSupport : int {
   single = MPI_THREAD_SINGLE,
   funneled = MPI_THREAD_FUNNELED,
   serialized = MPI_THREAD_SERIALIZED,  ///< any thread, one at a time (the default)
@@ -49,12 +50,16 @@ enum class ThreadSupport : int {
 class MpiEnvironment {
  public:
   /// Calls MPI_Init_thread unless MPI is initialized. Throws BackendError when the call
-  /// fails or MPI provides less thread support than `required`. The call is bounded by
-  /// COMMGRID_TIMEOUT (else kDefaultTimeout): past it (a rank of the job never started it),
-  /// this process writes one error line and exits 1, and mpirun ends the job.
-  explicit MpiEnvironment(ThreadSupport required = ThreadSupport::serialized);
+  /// fails or MPI provides less thread support than `required`, InvalidValueError
+  /// ("init_timeout") for a bound <= 0. The call is bounded by `init_timeout` (a launched
+  /// program passes the launch environment's timeout, COMMGRID_TIMEOUT): past it (a rank of
+  /// the job never started it), this process writes one error line and exits 1, and mpirun
+  /// ends the job.
+  explicit MpiEnvironment(MpiThreadSupport required = MpiThreadSupport::serialized,
+                          std::chrono::milliseconds init_timeout = kDefaultTimeout);
   /// Same, passing the program's arguments on to MPI (some launchers need them).
-  MpiEnvironment(int* argc, char*** argv, ThreadSupport required = ThreadSupport::serialized);
+  MpiEnvironment(int* argc, char*** argv, MpiThreadSupport required = MpiThreadSupport::serialized,
+                 std::chrono::milliseconds init_timeout = kDefaultTimeout);
   /// Calls MPI_Finalize if this object called MPI_Init_thread. Every communicator should
   /// be destroyed by then; one destroyed later skips MPI_Comm_free (MPI is gone).
   ~MpiEnvironment();
@@ -64,7 +69,7 @@ class MpiEnvironment {
   /// Whether this object initialized MPI (and will finalize it).
   [[nodiscard]] bool owns_mpi() const noexcept { return owns_; }
   /// The thread support MPI provides.
-  [[nodiscard]] ThreadSupport provided() const noexcept { return provided_; }
+  [[nodiscard]] MpiThreadSupport provided() const noexcept { return provided_; }
 
   /// Ends every process of the job with `code` (MPI_Abort on MPI_COMM_WORLD). For errors
   /// that only some ranks see, where the others would otherwise wait for them until their
@@ -72,9 +77,10 @@ class MpiEnvironment {
   [[noreturn]] static void abort(int code) noexcept;
 
  private:
-  void init(int* argc, char*** argv, ThreadSupport required);
+  void init(int* argc, char*** argv, MpiThreadSupport required,
+            std::chrono::milliseconds init_timeout);
   bool owns_ = false;
-  ThreadSupport provided_ = ThreadSupport::single;
+  MpiThreadSupport provided_ = MpiThreadSupport::single;
 };
 
 /// A Communicator over an MPI communicator that it owns (freed in the destructor).
@@ -86,14 +92,12 @@ class MpiEnvironment {
 /// they complete or the communicator's timeout passes (TimeoutError; MPI cannot tell which
 /// ranks did not arrive, so the message names the group and this rank only); after a
 /// collective's timeout the communicator is unusable, because MPI cannot cancel a started
-/// collective, and every later call throws. With CollectiveCalls::blocking, collectives are
-/// MPI's blocking calls instead, and a timeout aborts the job (see CollectiveCalls). Creating
+/// collective, and every later call throws. With MpiCollectiveCalls::blocking, collectives are
+/// MPI's blocking calls instead, and a timeout aborts the job (see MpiCollectiveCalls). Creating
 /// groups (split, create_group*) uses MPI's blocking calls, which cannot be cancelled: one
 /// process-wide watchdog thread bounds each by the timeout and, past it, prints which call and
 /// group did not complete and aborts the whole job (MPI_Abort). Every call completes before
 /// returning: the returned Work is already done, except for isend, irecv and batch_isend_irecv.
-class MpiP2PWork;
-
 class MpiCommunicator final : public Communicator {
  public:
   /// Takes ownership of `comm` (not MPI_COMM_WORLD or MPI_COMM_SELF: pass a duplicate, see
@@ -110,19 +114,19 @@ class MpiCommunicator final : public Communicator {
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "mpi"; }
-  [[nodiscard]] int rank() const noexcept override { return rank_; }
-  [[nodiscard]] int size() const noexcept override { return size_; }
+  [[nodiscard]] Rank rank() const noexcept override { return rank_; }
+  [[nodiscard]] Rank size() const noexcept override { return size_; }
   [[nodiscard]] int max_tag() const noexcept override { return tag_ub_; }
   [[nodiscard]] std::size_t max_count() const noexcept override { return INT_MAX; }
 
   /// How later collectives call MPI (point to point is always nonblocking). Groups created
   /// from this communicator start with its choice. Not collective, but every rank of a
   /// group should choose alike, so that a timeout ends the job the same way everywhere.
-  void set_collective_calls(CollectiveCalls calls);
-  [[nodiscard]] CollectiveCalls collective_calls() const noexcept;
+  void set_collective_calls(MpiCollectiveCalls calls);
+  [[nodiscard]] MpiCollectiveCalls collective_calls() const noexcept;
 
  private:
-  friend class MpiP2PWork;
+  friend class detail::MpiP2PWork;
   /// MPI_Comm_split; no color is MPI_UNDEFINED.
   std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
                                          std::string name) override;
@@ -130,14 +134,14 @@ class MpiCommunicator final : public Communicator {
   /// kind in commgrid's "kind#index" names), so the groups of one prefix share a tag: they
   /// must be disjoint (as the groups of one kind are) or created one after another. Their
   /// order is the new communicator's.
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                 std::string name) override;
   /// MPI_Comm_create over this whole communicator; non-members get nullptr.
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,
                                                            std::string name) override;
   std::unique_ptr<Work> do_barrier() override;
   std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
-                                     int root) override;
+                                     Rank root) override;
   std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count, DataType type,
                                      ReduceOp op) override;
   std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
@@ -153,11 +157,11 @@ class MpiCommunicator final : public Communicator {
                                       std::span<const std::size_t> recv_counts,
                                       DataType type) override;
   std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                  ReduceOp op, int root) override;
+                                  ReduceOp op, Rank root) override;
   std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
-                                  int root) override;
+                                  Rank root) override;
   std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                   int root) override;
+                                   Rank root) override;
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
                                              std::string_view op) override;
   /// One MPI_Isend waited for (no batch bookkeeping).
@@ -178,7 +182,7 @@ class MpiCommunicator final : public Communicator {
   void check_usable(const char* op) const;
   void wait(MPI_Request& request, const char* op, MPI_Status* status = nullptr);
   std::unique_ptr<Communicator> adopt(MPI_Comm comm, std::string name);
-  void group_of_members(std::span<const int> members, const char* op, MPI_Group& out) const;
+  void group_of_members(std::span<const Rank> members, const char* op, MPI_Group& out) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -191,19 +195,21 @@ class MpiCommunicator final : public Communicator {
 
 /// The MPI tag that create_group uses for a group name (exposed for tests): a hash of the
 /// name's prefix before its last '#', in [0, tag_upper_bound].
-int create_group_tag(std::string_view name, int tag_upper_bound) noexcept;
+[[nodiscard]] int mpi_create_group_tag(std::string_view name, int tag_upper_bound) noexcept;
 
-}  // namespace commgrid::mpi
+/// How the MPI world is made (make_mpi_world).
+struct MpiOptions {
+  /// Timeout of every call on the world and on every group made from it.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  /// How the world's collectives (and those of every group made from it) call MPI.
+  MpiCollectiveCalls collective_calls = MpiCollectiveCalls::nonblocking;
+};
 
-namespace commgrid {
-
-/// The world communicator of this job: a duplicate of MPI_COMM_WORLD named "world", the
-/// MPI engine's world factory (as make_gloo_world and make_nccl_world are Gloo's and NCCL's).
-/// Collective over MPI_COMM_WORLD. `calls`: how its collectives (and those of every group
-/// made from it) call MPI. MPI must be initialized (see mpi::MpiEnvironment); throws
-/// BackendError when it is not.
-[[nodiscard]] std::unique_ptr<mpi::MpiCommunicator> make_mpi_world(
-    std::chrono::milliseconds timeout = kDefaultTimeout,
-    mpi::CollectiveCalls calls = mpi::CollectiveCalls::nonblocking);
+/// The world communicator of this job: a duplicate of MPI_COMM_WORLD named "world", the MPI
+/// backend's world factory (make_gloo_world and make_nccl_world are Gloo's and NCCL's, each
+/// taking its backend's options). Collective over MPI_COMM_WORLD. MPI must be initialized
+/// (see MpiEnvironment); throws BackendError when it is not, InvalidValueError ("timeout")
+/// for a timeout <= 0.
+[[nodiscard]] std::unique_ptr<MpiCommunicator> make_mpi_world(const MpiOptions& options = {});
 
 }  // namespace commgrid

@@ -23,8 +23,15 @@ struct ncclComm;     // ncclComm_t
 
 namespace commgrid {
 
-/// How an NCCL world is made.
+/// How an NCCL world is made (make_nccl_world).
 struct NcclOptions {
+  /// The ranks' bootstrap: any Communicator over the same ranks (a Gloo or MPI world), over
+  /// which the ranks exchange host names, devices and the NCCL unique id; the NCCL world's
+  /// ranks are its ranks. The world and every group made from it keep it alive (the ids of
+  /// member-only groups travel over it). To lend one that the caller keeps alive longer,
+  /// pass a pointer that owns nothing: std::shared_ptr<Communicator>(std::shared_ptr<void>(),
+  /// &bootstrap).
+  std::shared_ptr<Communicator> bootstrap;
   /// This rank's CUDA device. nullopt: from the local rank (this rank's position among the
   /// bootstrap's ranks on the same host, found by exchanging host names): device
   /// `local rank`, or device 0 when the process sees exactly one device (one GPU per
@@ -37,13 +44,13 @@ struct NcclOptions {
 };
 
 /// The number of CUDA devices this process sees; 0 without a driver or a device.
-int cuda_device_count() noexcept;
+[[nodiscard]] int cuda_device_count() noexcept;
 /// Empty when this process sees a CUDA device; otherwise why not, starting with
 /// "no CUDA device" ("no CUDA device (cudaGetDeviceCount: CUDA driver version is
 /// insufficient for CUDA runtime version)").
-std::string cuda_unavailable_reason();
+[[nodiscard]] std::string cuda_unavailable_reason();
 /// The version of the NCCL library linked at run time, e.g. "2.28.9".
-std::string nccl_version();
+[[nodiscard]] std::string nccl_version();
 
 struct NcclCommunicatorAccess;
 
@@ -97,8 +104,8 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override;
 
   [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
-  [[nodiscard]] int rank() const noexcept override;
-  [[nodiscard]] int size() const noexcept override;
+  [[nodiscard]] Rank rank() const noexcept override;
+  [[nodiscard]] Rank size() const noexcept override;
 
   /// The CUDA device of this rank.
   [[nodiscard]] int device() const noexcept;
@@ -138,19 +145,19 @@ class NcclCommunicator final : public Communicator {
   /// others through the bootstrap communicator (point to point, with the name's hash, so that
   /// members disagreeing on the name fail instead of joining the wrong group), then the
   /// members initialize (ncclCommInitRankConfig). The bootstrap must still be alive.
-  std::unique_ptr<Communicator> do_create_group(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                 std::string name) override;
   /// Collective over this whole group (Megatron's new_group): one allgather over this
   /// communicator carries every rank's fingerprint of (members, name) and the first member's
   /// ncclUniqueId; ranks that passed different arguments fail on every rank; then the members
   /// initialize, the others get nullptr.
-  std::unique_ptr<Communicator> do_create_group_collective(std::span<const int> members,
+  std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,
                                                            std::string name) override;
 
   /// An allreduce of one int on a device buffer (NCCL has no barrier).
   std::unique_ptr<Work> do_barrier() override;
   std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
-                                     int root) override;
+                                     Rank root) override;
   std::unique_ptr<Work> do_allreduce(const void* send, void* recv, std::size_t count, DataType type,
                                      ReduceOp op) override;
   std::unique_ptr<Work> do_allgather(const void* send, void* recv, std::size_t count,
@@ -168,17 +175,15 @@ class NcclCommunicator final : public Communicator {
                                       std::span<const std::size_t> recv_counts,
                                       DataType type) override;
   std::unique_ptr<Work> do_reduce(const void* send, void* recv, std::size_t count, DataType type,
-                                  ReduceOp op, int root) override;
+                                  ReduceOp op, Rank root) override;
   std::unique_ptr<Work> do_gather(const void* send, void* recv, std::size_t count, DataType type,
-                                  int root) override;
+                                  Rank root) override;
   std::unique_ptr<Work> do_scatter(const void* send, void* recv, std::size_t count, DataType type,
-                                   int root) override;
+                                   Rank root) override;
   /// ncclGroupStart, every operation, ncclGroupEnd: one Work for all. A peer may be this rank.
   std::unique_ptr<Work> do_batch_isend_irecv(std::span<const P2POp> ops,
                                              std::string_view op) override;
 
-  friend std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
-                                                           const NcclOptions& options);
   friend struct NcclCommunicatorAccess;  // the recovery functions below
   NcclCommunicator(std::string name, std::shared_ptr<State> state,
                    std::chrono::milliseconds timeout);
@@ -189,27 +194,19 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<State> state_;
 };
 
-/// Creates the NCCL world over the ranks of `bootstrap`: collective over `bootstrap` (every
-/// rank calls it with the same options). The ranks exchange host names, device counts and
+/// Creates the NCCL world over the ranks of options.bootstrap: collective over the bootstrap
+/// (every rank calls it with the same options). The ranks exchange host names, device counts and
 /// PCI bus ids (so that a rank without a usable device, or two ranks sharing one, is an error
 /// on every rank, never a hang); rank 0 makes the ncclUniqueId and broadcasts it; every rank
 /// initializes its NCCL communicator on its device (nonblocking, bounded by the timeout).
 /// The chosen device becomes the calling thread's current device (as torch.cuda.set_device),
 /// so that the rank's own allocations land on it.
-/// The world's ranks are the bootstrap's ranks. `bootstrap` must outlive every create_group
-/// call on this world and its groups (the ids of member-only groups travel over it).
-/// Throws InvalidValueError for a bad option, ConfigError naming NCCL_COMM_BLOCKING or
-/// NCCL_COMM_SPLIT_SHARE_RESOURCES when one is set on (before anything is sent), BackendError
-/// naming the rank and host without a device (or the ranks sharing one), TimeoutError when
-/// initialization does not complete.
-[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(Communicator& bootstrap,
-                                                                const NcclOptions& options = {});
-
-/// The same, with a bootstrap that the world keeps alive (it and every group made from it
-/// hold it): for worlds made by a factory (make_nccl_world_factory), whose bootstrap has no
-/// other owner. Throws InvalidValueError ("bootstrap") when it is null.
-[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(
-    std::shared_ptr<Communicator> bootstrap, const NcclOptions& options = {});
+/// The world's ranks are the bootstrap's ranks.
+/// Throws InvalidValueError ("bootstrap") without a bootstrap, InvalidValueError for another
+/// bad option, ConfigError naming NCCL_COMM_BLOCKING or NCCL_COMM_SPLIT_SHARE_RESOURCES when
+/// one is set on (before anything is sent), BackendError naming the rank and host without a
+/// device (or the ranks sharing one), TimeoutError when initialization does not complete.
+[[nodiscard]] std::unique_ptr<NcclCommunicator> make_nccl_world(const NcclOptions& options);
 
 // ---- recovery (docs/nccl.md, "Recovery"; docs/resilience.md) -------------------------------
 
@@ -278,14 +275,14 @@ struct NcclShrinkOptions {
 /// comm_shrink method needs it alive) or NCCL fails, TimeoutError when the shrink does not
 /// complete within the timeout.
 [[nodiscard]] std::unique_ptr<NcclCommunicator> shrink_nccl_world(
-    NcclCommunicator& world, std::span<const int> exclude, const NcclShrinkOptions& options = {});
+    NcclCommunicator& world, std::span<const Rank> exclude, const NcclShrinkOptions& options = {});
 
 /// The ranks of the previous epoch's world to exclude after a decision that declared the
 /// processes `dead`: the logical ranks they held in `previous` (the map of that epoch),
 /// ascending; a dead process that held none (a spare) adds nothing. Throws
 /// RankOutOfRangeError ("process") for a process that `previous` does not have.
-[[nodiscard]] std::vector<int> nccl_excluded_ranks(const RankMap& previous,
-                                                   std::span<const std::int64_t> dead);
+[[nodiscard]] std::vector<Rank> nccl_excluded_ranks(const RankMap& previous,
+                                                    std::span<const Rank> dead);
 
 /// Whether the world of the epoch `next` can be made by shrinking the world of `previous`
 /// (shrink_nccl_world), and excluding which of its ranks: yes when every rank of `next` is
@@ -296,13 +293,13 @@ struct NcclShrinkOptions {
 /// ascending. nullopt when a spare joins (it has no old communicator: a shrink cannot
 /// include it) or the order changes: make the world afresh. Throws RankOutOfRangeError
 /// ("process") when the maps are not of one job.
-[[nodiscard]] std::optional<std::vector<int>> nccl_shrink_exclusion(const RankMap& previous,
-                                                                    const RankMap& next);
+[[nodiscard]] std::optional<std::vector<Rank>> nccl_shrink_exclusion(const RankMap& previous,
+                                                                     const RankMap& next);
 
 /// A factory of an epoch's world, as Recovery takes one (commgrid::WorldFactory, the same
 /// type): `prefix` the epoch's store prefix, `rank` and `size` this rank's in that world.
 using NcclWorldFactory =
-    std::function<std::unique_ptr<Communicator>(const std::string& prefix, int rank, int size)>;
+    std::function<std::unique_ptr<Communicator>(const std::string& prefix, Rank rank, Rank size)>;
 
 /// A WorldFactory for Recovery on NCCL. Each call: aborts the worlds (and their groups) that
 /// this factory made for other prefixes (earlier epochs; abort_nccl_epoch), makes the
@@ -312,7 +309,8 @@ using NcclWorldFactory =
 /// shrink). Throws what the bootstrap factory or make_nccl_world throws (BackendError "nccl
 /// world: rank R (host H): no CUDA device (...)" on every rank without a device),
 /// InvalidValueError ("bootstrap") when the bootstrap factory returns null or a
-/// communicator of another rank or size.
+/// communicator of another rank or size; at once, InvalidValueError ("bootstrap") when
+/// `bootstrap` is empty or options.bootstrap is set (each epoch's comes from the factory).
 [[nodiscard]] NcclWorldFactory make_nccl_world_factory(NcclWorldFactory bootstrap,
                                                        NcclOptions options = {});
 
