@@ -164,7 +164,7 @@ StoreOptions job(const std::string& id) {
   StoreOptions o;
   o.job_id = id;
   o.token = "t";
-  o.timeout = 6s;  // an attempt is bounded by half of it: a withheld reply costs 3 s
+  o.timeout = 10s;  // an attempt is bounded by half of it: a withheld reply costs 5 s
   return o;
 }
 
