@@ -135,7 +135,8 @@ class PyDriver {
         py::dict d = layout_dict(ctx.layout);
         d["epoch"] = ctx.epoch;
         d["rank"] = ctx.rank;
-        d["world_prefix"] = driver_->recovery().world_prefix();
+        d["torch_store_key"] =
+            epoch_torch_store_key(driver_->recovery().options().prefix, ctx.epoch);
         start_epoch(d);
       });
     };

@@ -145,6 +145,20 @@ def test_data_parallel_rank_zero_killed_the_spare_takes_it_over():
 
 @needs_cli
 @needs_binding
+def test_tensor_parallel_without_replicas_the_spare_gets_the_state_from_the_buddy_copy():
+    # tp 2 x dp 1: no data-parallel replica, so every snapshot is shipped to the buddy rank
+    # (the driver's C++ world) and the spare gets the dead rank's state from there.
+    steps = 6
+    args = ["--steps", steps, "--tp", 2, "--dp", 1, "--snapshot-every", 2]
+    reference = baseline(2, args)
+    code, out, err = launch(3, 1, args + ["--fault-kill", "1:5"])
+    assert code == 0, f"exit {code}\n{out}\n{err}"
+    assert "process 1 (rank 1) killed by signal 9" in err, err
+    check_equal(reference, losses(out), steps, "process 1 killed at step 5, buddy copy")
+
+
+@needs_cli
+@needs_binding
 def test_without_a_spare_the_world_shrinks_to_one_replica_and_the_losses_are_bitwise_equal():
     # dp 2 -> 1: the kept replica takes both micro-batches; its local sum of the two
     # gradients is the same two-term sum the all-reduce made.

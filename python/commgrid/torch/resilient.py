@@ -254,7 +254,7 @@ class ResilientDriver:
         self._stop()
         epoch, rank, world = config["epoch"], config["rank"], config["world_size"]
         timeout = self.timeout
-        key = config["world_prefix"] + "/torch/store"
+        key = config["torch_store_key"]
         if rank == 0:
             host = self._driver.store_address()
             store = dist.TCPStore(host, 0, None, True, timeout=timeout, wait_for_workers=False)
