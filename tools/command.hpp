@@ -18,7 +18,7 @@ struct Command {
 
 /// The text with its line breaks turned into spaces and trailing spaces dropped, so that an
 /// error stays exactly one line on stderr.
-inline std::string one_line(std::string s) {
+[[nodiscard]] inline std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   while (!s.empty() && s.back() == ' ') s.pop_back();
@@ -26,9 +26,9 @@ inline std::string one_line(std::string s) {
 }
 
 /// Registration functions, one per subcommand file (cmd_<name>.cpp).
-Command add_plan_command(CLI::App& root);
-Command add_verify_command(CLI::App& root);
-Command add_launch_command(CLI::App& root);
-Command add_bench_command(CLI::App& root);
+[[nodiscard]] Command add_plan_command(CLI::App& root);
+[[nodiscard]] Command add_verify_command(CLI::App& root);
+[[nodiscard]] Command add_launch_command(CLI::App& root);
+[[nodiscard]] Command add_bench_command(CLI::App& root);
 
 }  // namespace commgrid::cli

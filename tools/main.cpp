@@ -1,8 +1,10 @@
 // commgrid: plan, verify and benchmark the communication groups of parallel training.
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <exception>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "cli_errors.hpp"
@@ -42,6 +44,40 @@ void reject_empty_values(const CLI::App& app) {
   for (const CLI::App* sub : app.get_subcommands()) reject_empty_values(*sub);
 }
 
+// CLI11 words its messages as sentences ("A subcommand is required", "--tp: At Most 1
+// required but received 2"); every error line of commgrid starts lower-case. A missing
+// subcommand also names the valid ones.
+CLI::ParseError lower_case(const CLI::App& app, const CLI::ParseError& e) {
+  std::string m = e.what();
+  const CLI::App* chosen = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : chosen->get_subcommands())
+      if (sub->parsed()) {
+        chosen = sub;
+        deeper = true;
+        break;
+      }
+  }
+  if (m.starts_with("A subcommand is required")) {
+    std::string valid;
+    for (const CLI::App* sub : chosen->get_subcommands([](const CLI::App*) { return true; }))
+      valid += (valid.empty() ? "" : ", ") + sub->get_name();
+    m = "a subcommand is required (valid: " + valid + ")";
+  }
+  // A capital that starts a word of CLI11's text, not an acronym ("INI") or a name.
+  const auto lower_at = [&](std::size_t i) {
+    if (i + 1 < m.size() && std::isupper(static_cast<unsigned char>(m[i])) &&
+        std::islower(static_cast<unsigned char>(m[i + 1])))
+      m[i] = static_cast<char>(std::tolower(static_cast<unsigned char>(m[i])));
+  };
+  lower_at(0);
+  if (const std::size_t colon = m.find(": "); colon != std::string::npos) lower_at(colon + 2);
+  for (const char* word : {" Most ", " Least "})
+    if (const std::size_t at = m.find(word); at != std::string::npos) lower_at(at + 1);
+  return CLI::ParseError(m, e.get_exit_code());
+}
+
 // "commgrid 0.1.0 (backends: gloo, mpi)": what `--version` prints.
 std::string version_text() {
   std::string backends;
@@ -55,9 +91,7 @@ std::string version_text() {
          " (backends: " + (backends.empty() ? "none" : backends) + ")";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using namespace commgrid;
   CLI::App app{
       "commgrid: lay out, create and verify the communication groups of "
@@ -96,9 +130,22 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {  // --help and friends: CLI11 prints, exit 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    cli::print_error(cli::explain_parse_error(app, e, argc, argv, "commgrid"));
+    cli::print_error(cli::explain_parse_error(app, lower_case(app, e), argc, argv, "commgrid"));
     return 2;
   } catch (...) {  // ConfigError: 2, any other failure: 1
     return cli::report_error(std::current_exception());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (...) {
+    // (run catches every error of the command; this is for what escapes its handlers.)
+    try {
+      return commgrid::cli::report_error(std::current_exception());
+    } catch (...) { return 1; }
   }
 }

@@ -44,6 +44,7 @@ struct Flags {
   std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
   std::string spares, snapshot_every = "1", state_from = "auto", fault_kill;  // docs/resilience.md
+  std::string fault_state, snapshot_memory_limit = "0";
 };
 
 double parse_double(const std::string& param, const std::string& text, double min) {
@@ -103,8 +104,15 @@ GroupFault group_fault(const std::string& fault) {
           fault + "\"");
 }
 
+// One epoch of a resilient run: its layout and the process of each logical rank.
+std::string epoch_layout_text(const commgrid::ParallelConfig& l) {
+  return "world " + std::to_string(l.world_size) + ": tp " + std::to_string(l.tp) + ", pp " +
+         std::to_string(l.pp) + ", cp " + std::to_string(l.cp) + ", dp " + std::to_string(l.dp());
+}
+
 void print(const std::string& format, const commgrid::ParallelConfig& layout, const TrainConfig& c,
-           const std::vector<StepResult>& steps) {
+           const std::vector<StepResult>& steps,
+           const std::vector<commgrid::EpochRecord>& epochs = {}) {
   if (format == "json") {
     nlohmann::ordered_json j;
     auto& cfg = j["config"];
@@ -139,6 +147,23 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
       cfg["aux_loss_coeff"] = c.aux_loss_coeff;
       cfg["dispatcher"] = c.allgather_dispatcher ? "allgather" : "alltoall";
     }
+    if (!epochs.empty()) {
+      // Every epoch of a resilient run: its layout, the process holding each logical rank,
+      // the processes its decision declared dead, and the step training went on from.
+      j["epochs"] = nlohmann::ordered_json::array();
+      for (const commgrid::EpochRecord& e : epochs)
+        j["epochs"].push_back({{"epoch", e.epoch},
+                               {"world_size", e.layout.world_size},
+                               {"tp", e.layout.tp},
+                               {"pp", e.layout.pp},
+                               {"cp", e.layout.cp},
+                               {"dp", e.layout.dp()},
+                               {"ep", e.layout.ep},
+                               {"members", e.process_of},
+                               {"dead", e.dead},
+                               {"shrink", e.shrink},
+                               {"resumed_at", e.resumed_at}});
+    }
     j["steps"] = nlohmann::ordered_json::array();
     for (const StepResult& s : steps)
       j["steps"].push_back({{"step", s.step},
@@ -158,6 +183,21 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
       << c.model.heads << ", seq " << c.model.seq << ", layers " << c.model.layers
       << "; global batch " << c.global_batch << " in " << c.micro_batches << " micro-batch"
       << (c.micro_batches == 1 ? "" : "es") << " per dp rank\n";
+  if (epochs.size() > 1) {
+    out << "epochs:\n";
+    for (const commgrid::EpochRecord& e : epochs) {
+      out << "  " << e.epoch << ": " << epoch_layout_text(e.layout) << "; processes";
+      for (std::size_t r = 0; r < e.process_of.size(); ++r)
+        out << (r ? "," : " ") << e.process_of[r];
+      if (!e.dead.empty()) {
+        out << "; dead";
+        for (std::size_t i = 0; i < e.dead.size(); ++i) out << (i ? "," : " ") << e.dead[i];
+      }
+      if (e.shrink) out << " (shrunk)";
+      if (e.resumed_at >= 0) out << "; from step " << e.resumed_at;
+      out << "\n";
+    }
+  }
   out << "step              loss         grad_norm\n";
   for (const StepResult& s : steps)
     out << std::setw(4) << s.step << std::fixed << std::setprecision(12) << std::setw(18) << s.loss
@@ -165,9 +205,10 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
   std::cout << out.str() << std::flush;
 }
 
-// --fault-kill P:S[,P:S...] (test-only): process (or MPI rank) P kills itself with SIGKILL
-// at the start of step S; P:recovery (with --spares) in its first recovery, once the new
-// epoch's groups exist, before the state moves.
+// --fault-kill P:S[,P:S...]: process (or MPI rank) P kills itself with SIGKILL at the start
+// of step S; P:recovery (with --spares) in its first recovery, once the new epoch's groups
+// exist, before the state moves. The way to see a recovery in one command
+// (docs/resilience.md).
 std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
   std::vector<train_gpt::ResilienceConfig::Kill> out;
   while (!kills.empty()) {
@@ -182,6 +223,29 @@ std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
     out.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
                    when == "recovery" ? train_gpt::ResilienceConfig::kDuringRecovery
                                       : to_int("fault_kill", when, 0)});
+  }
+  return out;
+}
+
+// --fault-state P:save:S|P:load|P:reshard (test-only): process P's state provider throws in
+// that call (save: the snapshot of step S; load, reshard: the first one).
+std::vector<train_gpt::ResilienceConfig::StateFault> parse_state_faults(std::string faults) {
+  std::vector<train_gpt::ResilienceConfig::StateFault> out;
+  while (!faults.empty()) {
+    const std::string item = faults.substr(0, faults.find(','));
+    faults.erase(0, std::min(faults.size(), item.size() + 1));
+    const auto colon = item.find(':');
+    const std::string rest = colon == std::string::npos ? "" : item.substr(colon + 1);
+    const std::string call = rest.substr(0, rest.find(':'));
+    const bool save = call == "save" && rest.find(':') != std::string::npos;
+    if (colon == std::string::npos || (!save && call != "load" && call != "reshard") ||
+        (call != "save" && rest != call))
+      throw commgrid::InvalidValueError(
+          "fault_state",
+          "fault_state: expected PROCESS:save:STEP, PROCESS:load or PROCESS:reshard, got \"" +
+              item + "\"");
+    out.push_back({parse_integer("fault_state", item.substr(0, colon), 0, 1 << 20), call,
+                   save ? to_int("fault_state", rest.substr(rest.find(':') + 1), 0) : -1});
   }
   return out;
 }
@@ -201,9 +265,12 @@ int run_with_spares(const Flags& f, const Checked& checked) {
                                                     std::to_string(launch->spares) + " spares");
   train_gpt::ResilienceConfig resilience;
   resilience.snapshot_every = to_int("snapshot_every", f.snapshot_every, 1);
-  resilience.state_from = train_gpt::parse_state_source(f.state_from);
+  resilience.state_from = commgrid::parse_state_source(f.state_from);
   resilience.shrink = !f.no_shrink;
   resilience.kills = parse_kills(f.fault_kill);
+  resilience.state_faults = parse_state_faults(f.fault_state);
+  resilience.snapshot_memory_limit = static_cast<std::size_t>(
+      parse_integer("snapshot_memory_limit", f.snapshot_memory_limit, 0, std::int64_t{1} << 50));
   const auto [layout, config] = checked(launch->world_size());
   // The buddy on the next node: commgrid launch gives the processes per node and the nodes
   // in torchrun's variables.
@@ -211,11 +278,12 @@ int run_with_spares(const Flags& f, const Checked& checked) {
     const char* v = std::getenv(name);
     return v == nullptr ? 0 : parse_integer(name, v, 0, std::int64_t{1} << 40);
   };
-  resilience.buddy_shift = train_gpt::buddy_shift_for(
+  resilience.buddy_shift = commgrid::buddy_shift_for(
       layout.world_size, env_integer("LOCAL_WORLD_SIZE"), env_integer("GROUP_WORLD_SIZE"));
   train_gpt::check_resilient_config(config, layout, resilience);
-  const auto results = train_gpt::run_resilient(*launch, layout, config, resilience);
-  if (results) print(f.format, layout, config, *results);
+  // The layout and run that finished (after a shrink, the smaller one) and every epoch.
+  const auto result = train_gpt::run_resilient(*launch, layout, config, resilience);
+  if (result) print(f.format, result->layout, result->config, result->steps, result->epochs);
   return 0;
 }
 
@@ -270,7 +338,7 @@ int run(const Flags& f) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "train_gpt: a small float64 GPT trained through commgrid's collections; "
+      "commgrid-train-gpt: a small float64 GPT trained through commgrid's collections; "
       "every layout gives the losses of one rank"};
   Flags f;
   commgrid::cli::add_layout_flags(app, f.layout, /*with_world_size=*/true);
@@ -317,19 +385,31 @@ int main(int argc, char** argv) {
                "with fewer data-parallel replicas");
   app.add_option("--snapshot-every", f.snapshot_every,
                  "with --spares: keep an in-memory snapshot of the state every K steps (1)");
-  app.add_option("--fault-kill", f.fault_kill)->group("");
+  app.add_option("--snapshot-memory-limit", f.snapshot_memory_limit,
+                 "with --spares: the most bytes the kept snapshots and buddy copies may take; "
+                 "0: the memory available at the start (0)");
+  app.add_option("--fault-kill", f.fault_kill,
+                 "P:S[,P:S...]: process P kills itself (SIGKILL) at the start of step S, or "
+                 "P:recovery in its first recovery: with --spares, the way to see a recovery "
+                 "(docs/resilience.md)");
   // Hidden (empty group): test-only faults that a comparison with one rank must catch.
   app.add_option("--fault", f.fault)->group("");
+  app.add_option("--fault-state", f.fault_state)->group("");
   app.footer(
-      "Examples: train_gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
-      "          mpirun -np 4 train_gpt --cp 2 --dist-opt --format json\n"
-      "          commgrid launch -n 4 -- train_gpt --pp 2 --vpp 2 --micro-batches 2\n"
-      "          commgrid launch -n 5 --spares 1 -- train_gpt --tp 2 --spares 1\n"
+      "Examples: commgrid-train-gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
+      "          mpirun -np 4 commgrid-train-gpt --cp 2 --dist-opt --format json\n"
+      "          commgrid launch -n 4 -- commgrid-train-gpt --pp 2 --vpp 2 --micro-batches 2\n"
+      "          commgrid launch -n 5 --spares 1 -- commgrid-train-gpt --tp 2 --spares 1 "
+      "--fault-kill 1:3\n"
       "Exit codes: 0 trained, 1 a communication failure, 2 bad input.");
   try {
     app.parse(argc, argv);
     return run(f);
-  } catch (const CLI::Success& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
+  } catch (const CLI::Success& e) { return app.exit(e); } catch (const commgrid::RecoveryError&) {
+    // The job cannot go on after a failure: every process raises the same error, and
+    // commgrid launch, which started them, says it once (Recovery::end_job).
+    return 1;
+  } catch (const CLI::ParseError& e) {
     commgrid::cli::print_error(
         commgrid::cli::explain_parse_error(app, e, argc, argv, "commgrid-train-gpt"));
     return 2;

@@ -4,7 +4,8 @@
 //
 // brings the layout (ParallelConfig, Layout, RankGrid, topology, HyperGrid), the runtime
 // (the Communicator contract, ProcessGroups and the collections) and, where the program
-// links them, the bootstrap (launchers, stores, rank-threads) and every backend this build
+// links them, the bootstrap (launchers, stores, rank-threads), resilience (recovery and the
+// resilient driver) and every backend this build
 // of commgrid was compiled with (see commgrid/backends.hpp): MPI (commgrid::mpi), Gloo
 // (commgrid::gloo: make_gloo_world, make_gloo_world_from_env for a launched process, and the
 // rank-threads runner) and NCCL (commgrid::nccl). The world factories are make_mpi_world,
@@ -39,8 +40,15 @@
 #if __has_include("commgrid/store.hpp")
 #include "commgrid/launch_info.hpp"
 #include "commgrid/rank_threads.hpp"
-#include "commgrid/recovery.hpp"
 #include "commgrid/store.hpp"
+#endif
+
+// Resilience (commgrid::resilience).
+#if __has_include("commgrid/recovery.hpp")
+#include "commgrid/recovery.hpp"
+#include "commgrid/resilience_keys.hpp"
+#include "commgrid/resilient_driver.hpp"
+#include "commgrid/state_provider.hpp"
 #endif
 
 // Backends.

@@ -60,6 +60,7 @@ LaunchInfo launch_info_of(const LaunchEnv& env) {
   out.token = env.token.value_or("");
   out.timeout = env.timeout;
   out.nonce = env.run_nonce();
+  out.epoch = env.restart_count.value_or(0);
   out.store_served_by_launcher = env.store_served_by_launcher;
   return out;
 }
@@ -80,6 +81,9 @@ std::shared_ptr<Store> open_launch_store(const LaunchInfo& info,
   // loses no store).
   so.serve = info.rank == 0 && !info.store_served_by_launcher;
   so.rank = info.rank;
+  so.nonce = info.nonce;
+  so.epoch = info.epoch;
+  so.world_size = info.size;
   return open_store(info.store, so);
 }
 

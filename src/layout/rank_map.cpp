@@ -180,6 +180,12 @@ RankMap RankMap::revive(std::int64_t process) const {
   return next;
 }
 
+RankMap RankMap::at_epoch(std::int64_t epoch) const {
+  RankMap next = *this;
+  next.epoch_ = epoch;
+  return next;
+}
+
 RankMap RankMap::shrink(const ShrinkPlan& plan, std::span<const std::int64_t> dead) const {
   for (std::int64_t p : dead) (void)role(p);  // RankOutOfRangeError
   if (static_cast<std::int64_t>(plan.new_rank.size()) != world_size_)

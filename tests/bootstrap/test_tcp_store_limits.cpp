@@ -115,7 +115,7 @@ TEST(TcpStoreLimits, TheConnectionLimitIsNamedInTheRefusedRanksError) {
   } catch (const BackendError& e) {
     const std::string what = e.what();
     EXPECT_TRUE(has(what, "store at 127.0.0.1:" + std::to_string(port) +
-                              " refused: 20 connections in use, the limit set by "
+                              " refused: '20 connections in use, the limit set by "
                               "StoreOptions::max_connections"))
         << what;
     EXPECT_TRUE(has(what, "retried for")) << what;
@@ -221,7 +221,7 @@ TEST(TcpStoreLimits, OutOfDescriptorsTheServerRefusesWithoutSpinning) {
     open_store(server.uri(), job("j", "tok", false, 1500ms));
     ADD_FAILURE() << "served with no descriptor left";
   } catch (const BackendError& e) {
-    EXPECT_TRUE(has(e.what(), "refused: the serving process is out of file descriptors"))
+    EXPECT_TRUE(has(e.what(), "refused: 'the serving process is out of file descriptors"))
         << e.what();
     EXPECT_TRUE(has(e.what(), "ulimit -n is 256")) << e.what();
   }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 
 #include "cli_runner.hpp"
 
@@ -18,6 +19,7 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
+  if (c.args.empty()) *os << "(no arguments)";
   for (const auto& a : c.args) *os << a << ' ';
 }
 
@@ -63,9 +65,50 @@ INSTANTIATE_TEST_SUITE_P(
              "launch: --nproc needs a value; see commgrid launch --help"},
         Case{{"--versoin"},
              "unknown flag --versoin (did you mean --version?); see commgrid --help"},
+        // CLI11's own messages, lower-case like every other error line.
+        Case{{},
+             "a subcommand is required (valid: plan, verify, launch, bench); see commgrid "
+             "--help"},
+        Case{{"bench"},
+             "bench: a subcommand is required (valid: layout, init, collectives, store); see "
+             "commgrid bench --help"},
+        Case{{"plan", "--world-size", "8", "--tp", "2", "--tp", "2"},
+             "plan: --tp: at most 1 required but received 2; see commgrid plan --help"},
         Case{{"plna", "--world-size", "8"},
              "unknown command \"plna\" (did you mean plan?) (valid: plan, verify, launch, bench); "
              "see commgrid --help"}));
+
+TEST(CliErrorLines, EveryErrorLineStartsLowerCase) {
+  // The text after "error: " (and after the subcommand's "plan: ") never starts with a
+  // capital letter, whatever produced it: CLI11, the command, or the library.
+  const std::vector<std::vector<std::string>> inputs = {
+      {},
+      {"bench"},
+      {"launch"},
+      {"launch", "-n", "2"},
+      {"launch", "-n", "1", "-n", "2", "--", "true"},
+      {"plan", "--world-size", "8", "--tp", "3"},
+      {"plan", "--world-size", "8", "--order", "tp-pp"},
+      {"plan", "--world-size", "8", "--tp", "2", "--tp", "2"},
+      {"plan", "--world-size", "8", "--format", "xml"},
+      {"plan", "--world-size", "8", "--compat", "head", "--tp", "4", "--gtp-remat", "4"},
+      {"verify", "--local", "3", "--tp", "2"},
+      {"bench", "layout", "--worlds", "x"},
+      {"launch", "-n", "2", "--output", "tee", "--", "true"},
+      {"launch", "-n", "2", "--spares", "2", "--", "true"},
+  };
+  const std::regex capital(R"(^error: ([a-z ]+: )?[A-Z])");
+  for (const auto& args : inputs) {
+    const CliResult r = run_cli(COMMGRID_EXE, args);
+    std::string all;
+    for (const auto& a : args) all += a + " ";
+    EXPECT_EQ(r.code, 2) << all << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << all << r.err;
+    std::istringstream lines(r.err);
+    for (std::string line; std::getline(lines, line);)
+      EXPECT_FALSE(std::regex_search(line, capital)) << all << "\n" << line;
+  }
+}
 
 TEST(CliVersion, NamesTheVersionAndTheBackendsBuiltIn) {
   const CliResult r = run_cli(COMMGRID_EXE, {"--version"});

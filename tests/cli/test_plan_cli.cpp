@@ -3,7 +3,10 @@
 // parameter, nothing on stdout).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "cli_runner.hpp"
 
@@ -29,6 +32,79 @@ TEST(PlanCli, JsonWholeLayout) {
   EXPECT_FALSE(j["groups"].contains("hcp"));
   EXPECT_FALSE(j["groups"].contains("inter_dist_opt"));
   EXPECT_EQ(j["groups"].size(), 19u);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t nl = text.find('\n', at);
+    out.push_back(text.substr(at, nl - at));
+    if (nl == std::string::npos) break;
+    at = nl + 1;
+  }
+  return out;
+}
+
+TEST(PlanCli, HeadTableColumnsFitTheLongKindNamesAndTheHeaderSaysHead) {
+  // HEAD's kind names run to 24 characters (tp_ep_pp_with_egtp_remat, hybrid_dp_cp_4): every
+  // column of the summary and of the per-rank table still lines up under its title.
+  const std::vector<std::string> layout{"--compat",
+                                        "head",
+                                        "--world-size",
+                                        "16",
+                                        "--tp",
+                                        "2",
+                                        "--ep",
+                                        "2",
+                                        "--cp",
+                                        "2",
+                                        "--expert-gtp-remat",
+                                        "2",
+                                        "--hybrid-context-parallel"};
+  const CliResult r = plan(layout);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> lines = lines_of(r.out);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find(", compat head"), std::string::npos) << lines[0];
+  // The summary: "kind ... groups" then one line per kind, its count right-aligned under
+  // "groups" with the kind name left of it and at least two spaces between.
+  std::size_t head = 0;
+  while (head < lines.size() && !lines[head].starts_with("kind ")) ++head;
+  ASSERT_LT(head, lines.size()) << r.out;
+  const std::size_t groups_end = lines[head].find("groups") + 6;
+  int kinds = 0;
+  bool long_names = false;
+  for (std::size_t i = head + 1; i < lines.size() && !lines[i].empty(); ++i, ++kinds) {
+    const std::string& l = lines[i];
+    const std::string name = l.substr(0, l.find(' '));
+    long_names = long_names || name == "tp_ep_pp_with_egtp_remat";
+    ASSERT_GT(l.size(), groups_end) << l;
+    EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(l[groups_end - 1])) && l[groups_end] == ' ')
+        << "column off under \"groups\": " << l;
+    EXPECT_EQ(l.compare(name.size(), 2, "  "), 0) << l;
+  }
+  EXPECT_TRUE(long_names) << r.out;
+  EXPECT_GT(kinds, 20);
+  // The per-rank table: every row exactly as long as its header, each number in its column.
+  std::size_t table = 0;
+  while (table < lines.size() && !lines[table].starts_with("  rank ")) ++table;
+  ASSERT_LT(table + 16, lines.size()) << r.out;
+  for (std::size_t i = table + 1; i <= table + 16; ++i)
+    EXPECT_EQ(lines[i].size(), lines[table].size()) << lines[table] << "\n" << lines[i];
+  // The pictures say so too: the SVG's title and heading, the HTML page's title.
+  std::vector<std::string> svg = layout, html = layout;
+  svg.insert(svg.end(), {"--format", "svg"});
+  html.insert(html.end(), {"--format", "html"});
+  const CliResult s = plan(svg), h = plan(html);
+  ASSERT_EQ(s.code, 0) << s.err;
+  ASSERT_EQ(h.code, 0) << h.err;
+  EXPECT_NE(s.out.find("<title>commgrid layout: world 16, compat head, order "), std::string::npos);
+  EXPECT_NE(s.out.find("(innermost first), compat head"), std::string::npos);
+  EXPECT_NE(h.out.find("<title>commgrid layout: world 16, compat head, order "), std::string::npos);
+  // The seed says nothing of it.
+  const CliResult seed = plan({"--world-size", "16", "--tp", "2", "--format", "svg"});
+  EXPECT_EQ(seed.out.find("compat"), std::string::npos);
 }
 
 TEST(PlanCli, JsonOneRankAndKinds) {

@@ -1,7 +1,7 @@
 # ctest driver: install the build tree into a fresh prefix, then configure, build and run
 # the consumer project against it with find_package(commgrid): layout-only (which must look
-# for no backend), with each backend component this build has, and asking for a component
-# it lacks (which must fail, naming it).
+# for no backend), with each component this build has (every backend, resilience), and
+# asking for a component it lacks (which must fail, naming it).
 # Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR, BACKENDS (comma-separated), CXX_FLAGS,
 # LINKER_FLAGS.
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -29,6 +29,9 @@ foreach(_component "" ${BACKENDS})
   # The backend program runs where it can here: Gloo's rank-threads need nothing else.
   if(_component STREQUAL "gloo")
     step(${_build}/consumer_gloo)
+  endif()
+  if(_component STREQUAL "resilience")
+    step(${_build}/consumer_resilience)
   endif()
 endforeach()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer

@@ -28,9 +28,9 @@ namespace {
 constexpr int kSteps = 6;
 
 CliResult launch(const std::vector<std::string>& flags, const std::vector<std::string>& worker,
-                 const std::string& timeout_s = "20") {
-  std::string cmd =
-      "COMMGRID_TIMEOUT=" + timeout_s + " timeout 200 " + shell_quote(COMMGRID_CLI) + " launch";
+                 const std::string& timeout_s = "20", int limit_s = 200) {
+  std::string cmd = "COMMGRID_TIMEOUT=" + timeout_s + " timeout " + std::to_string(limit_s) + " " +
+                    shell_quote(COMMGRID_CLI) + " launch";
   for (const auto& f : flags) cmd += " " + shell_quote(f);
   cmd += " -- " + shell_quote(COMMGRID_RESILIENCE_WORKER);
   for (const auto& a : worker) cmd += " " + shell_quote(a);
@@ -38,9 +38,11 @@ CliResult launch(const std::vector<std::string>& flags, const std::vector<std::s
 }
 
 // Every logical rank of the tp 2 world of 4 printed the sums of a run without failures:
-// dp groups {0, 2} and {1, 3}, step s's sum (s + 1) * 4 or (s + 1) * 6.
+// dp groups {0, 2} and {1, 3}, step s's sum (s + 1) * 4 or (s + 1) * 6; each in epoch
+// `expected_epoch` (-1: the same epoch on every rank, 1 or later).
 void expect_right_sums(const CliResult& r, int expected_epoch) {
   std::map<int, std::string> got;
+  std::set<int> epochs;
   std::istringstream lines(r.out);
   std::string line;
   const std::regex re(R"(rank (\d+) epoch (\d+) sums(.*))");
@@ -50,9 +52,11 @@ void expect_right_sums(const CliResult& r, int expected_epoch) {
     const int rank = std::stoi(m[1]);
     EXPECT_EQ(got.count(rank), 0u) << "rank " << rank << " printed twice:\n" << r.out;
     got[rank] = m[3];
-    EXPECT_EQ(std::stoi(m[2]), expected_epoch) << line;
+    epochs.insert(std::stoi(m[2]));
+    if (expected_epoch >= 0) EXPECT_EQ(std::stoi(m[2]), expected_epoch) << line;
   }
   ASSERT_EQ(got.size(), 4u) << r.out << r.err;
+  if (expected_epoch < 0) EXPECT_TRUE(epochs.size() == 1 && *epochs.begin() >= 1) << r.out;
   for (int rank = 0; rank < 4; ++rank) {
     std::string want;
     for (int s = 0; s < kSteps; ++s)
@@ -67,7 +71,8 @@ TEST(LaunchSpares, AKilledRankIsReplacedByTheSpareAndTheRunIsUnchanged) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   expect_right_sums(r, 1);
   EXPECT_NE(
-      r.err.find("rank 1 killed by signal 9 (SIGKILL); posted it to the job's store (epoch 0)"),
+      r.err.find(
+          "process 1 (rank 1) killed by signal 9 (SIGKILL); posted it to the job's store (epoch 0)"),
       std::string::npos)
       << r.err;
 }
@@ -215,9 +220,9 @@ bool failed(int status) {
 
 // A job under `commgrid launch --spares`: one launch of 5 processes (1 spare), or NODES
 // launches of 2 (loopback "nodes" sharing node 0's store at --master-port; the last node's
-// 2 are the spares). Process 0 SIGKILLs node 0's launcher, and with it the store, at step
-// 2, once every process is up; then everything is reaped.
-struct StoreDeath {
+// 2 are the spares), each running the worker with `worker` (its steps and faults); every
+// process is reaped here, and each launch's stdout and stderr kept.
+struct Job {
   Reaper reaper;
   std::vector<pid_t> launchers;
   std::vector<std::string> out, err;
@@ -225,28 +230,28 @@ struct StoreDeath {
   std::vector<std::string> leftovers;
   std::string store;
 
-  explicit StoreDeath(int nodes) {
+  Job(int nodes, const std::vector<std::string>& worker, const std::string& timeout = "15") {
     const std::string port = std::to_string(free_port());
     store = "tcp://127.0.0.1:" + port;
     const auto dir = std::filesystem::temp_directory_path();
-    const std::string stem = "commgrid-store-death-" + std::to_string(::getpid()) + "-";
-    const std::vector<std::string> env{"COMMGRID_JOB_ID=store-death-" + port, "COMMGRID_TOKEN=sd"};
+    const std::string stem = "commgrid-launch-job-" + std::to_string(::getpid()) + "-";
+    const std::vector<std::string> env{"COMMGRID_JOB_ID=launch-job-" + port, "COMMGRID_TOKEN=sd"};
     for (int node = 0; node < nodes; ++node) {
       std::vector<std::string> flags{
-          "-n", nodes > 1 ? "2" : "5", "--spares", nodes > 1 ? "2" : "1", "--timeout",
-          "15", "--master-port",       port};
+          "-n",    nodes > 1 ? "2" : "5", "--spares", nodes > 1 ? "2" : "1", "--timeout",
+          timeout, "--master-port",       port};
       if (nodes > 1)
         flags.insert(flags.end(),
                      {"--nnodes", std::to_string(nodes), "--node-rank", std::to_string(node)});
-      flags.insert(flags.end(), {"--", COMMGRID_RESILIENCE_WORKER, std::to_string(kSteps),
-                                 "killlaunch", "0", "2"});
+      flags.insert(flags.end(), {"--", COMMGRID_RESILIENCE_WORKER});
+      flags.insert(flags.end(), worker.begin(), worker.end());
       const auto o = dir / (stem + std::to_string(node) + ".out"),
                  e = dir / (stem + std::to_string(node) + ".err");
       launchers.push_back(reaper.launch(flags, env, o, e));
       out.push_back(o.string());
       err.push_back(e.string());
     }
-    // Far beyond the job's timeout (15 s): only a hang reaches it.
+    // Far beyond the job's timeout: only a hang reaches it.
     all_ended = reaper.reap_all(std::chrono::seconds(150));
     leftovers = reaper.kill_leftovers();
     for (auto* files : {&out, &err})
@@ -264,6 +269,35 @@ struct StoreDeath {
       if (std::find(launchers.begin(), launchers.end(), pid) == launchers.end()) v.push_back(st);
     return v;
   }
+  // Every node's stdout, node after node.
+  [[nodiscard]] CliResult all_out() const {
+    CliResult r;
+    for (const auto& o : out) r.out += o;
+    r.err = all();
+    return r;
+  }
+  [[nodiscard]] std::string all() const {
+    std::string s;
+    for (std::size_t i = 0; i < err.size(); ++i)
+      s += "--- node " + std::to_string(i) + " (" + ended(status(i)) + "):\n" + out[i] + err[i];
+    return s;
+  }
+  // Every launcher exited 0 and nothing was left running.
+  void expect_every_launcher_exits_zero() const {
+    EXPECT_TRUE(all_ended) << all();
+    EXPECT_TRUE(leftovers.empty()) << ::testing::PrintToString(leftovers) << all();
+    for (std::size_t node = 0; node < launchers.size(); ++node)
+      EXPECT_TRUE(WIFEXITED(status(node)) && WEXITSTATUS(status(node)) == 0)
+          << "node " << node << ": " << ended(status(node)) << "\n"
+          << all();
+  }
+};
+
+// Process 0 SIGKILLs node 0's launcher, and with it the store, at step 2, once every
+// process is up.
+struct StoreDeath : Job {
+  explicit StoreDeath(int nodes) : Job(nodes, {std::to_string(kSteps), "killlaunch", "0", "2"}) {}
+
   // Every process ended within the bound, none was left running, node 0's launcher was
   // SIGKILLed, and its processes (orphans_of_node_0 of them) failed (killed, or an exit
   // code).
@@ -279,12 +313,6 @@ struct StoreDeath {
               orphans_of_node_0)
         << statuses << "\n"
         << all();
-  }
-  [[nodiscard]] std::string all() const {
-    std::string s;
-    for (std::size_t i = 0; i < err.size(); ++i)
-      s += "--- node " + std::to_string(i) + ":\n" + out[i] + err[i];
-    return s;
   }
 };
 
@@ -307,7 +335,9 @@ TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
     EXPECT_TRUE(WIFEXITED(job.status(node)) && WEXITSTATUS(job.status(node)) == 1)
         << "node " << node << ": " << ended(job.status(node)) << job.all();
     for (int p : {2 * static_cast<int>(node), 2 * static_cast<int>(node) + 1}) {
-      const std::string tag = "[rank " + std::to_string(p) + "] ";
+      // Node 2's processes are the spares, 0 and 1: they hold no rank.
+      const std::string tag =
+          (p < 4 ? "[rank " + std::to_string(p) : "[spare " + std::to_string(p - 4)) + "] ";
       std::istringstream lines(job.err[node]);
       std::vector<std::string> said;
       for (std::string line; std::getline(lines, line);)
@@ -317,11 +347,72 @@ TEST(LaunchSpares, TheStoreDiesWithNodeZeroAndEveryOtherProcessEndsNamingIt) {
       EXPECT_NE(said[0].find(job.store), std::string::npos) << "names the store\n" << said[0];
       // and why, even where a first store error was caught on the way (Gloo's error path)
       EXPECT_NE(said[0].find("ended or failed"), std::string::npos) << "says why\n" << said[0];
-      EXPECT_NE(job.err[node].find("rank " + std::to_string(p) + " exited with code 1"),
+      EXPECT_NE(job.err[node].find("process " + std::to_string(p) + " (" +
+                                   tag.substr(1, tag.size() - 3) + ") exited with code 1"),
                 std::string::npos)
           << job.all();
     }
   }
+}
+
+TEST(LaunchSpares, ASuccessfulMultiNodeJobExitsZeroOnEveryNodeItsUnusedSparesToo) {
+  // Three loopback nodes of 2, no failure: the spares of node 2 end with 0 once the job is
+  // done, because node 0's launcher serves the store until every node's processes ended.
+  const Job job(3, {std::to_string(kSteps)});
+  job.expect_every_launcher_exits_zero();
+  expect_right_sums(job.all_out(), 0);
+  EXPECT_EQ(job.err[2].find("exited with code"), std::string::npos) << job.all();
+}
+
+TEST(LaunchSpares, BothProcessesOfNodeZeroDieAndItsLauncherServesTheStoreToTheEnd) {
+  // Node 0's two processes die at step 2: its launcher has no process left but serves the
+  // store until the job ends; the spares of node 2 take logical ranks 0 and 1 and the job
+  // finishes; every launcher exits 0.
+  const Job job(3, {std::to_string(kSteps), "kill", "0", "2", "kill", "1", "2"});
+  job.expect_every_launcher_exits_zero();
+  expect_right_sums(job.all_out(), -1);
+  EXPECT_NE(job.err[0].find("the job finished after recovering from: process "), std::string::npos)
+      << job.all();
+}
+
+TEST(LaunchSpares, ALostNodeEndsTheWaitOfNodeZeroWithinItsBound) {
+  // Process 2 SIGKILLs node 1's launcher (a lost host: its processes die with it); the
+  // spares take ranks 2 and 3 and the job finishes. Node 0, whose processes are done, waits
+  // for node 1's beats, finds none within the bound, and ends (exit 0: the job finished).
+  // (--timeout 10: beats every 2.5 s, a node lost after 20 s without one.)
+  const Job job(3, {std::to_string(kSteps), "killlaunch", "2", "2"}, "10");
+  EXPECT_TRUE(job.all_ended) << job.all();
+  EXPECT_TRUE(job.leftovers.empty()) << ::testing::PrintToString(job.leftovers) << job.all();
+  EXPECT_TRUE(killed_by(job.status(1), SIGKILL)) << job.all();
+  for (std::size_t node : {0u, 2u})
+    EXPECT_TRUE(WIFEXITED(job.status(node)) && WEXITSTATUS(job.status(node)) == 0)
+        << "node " << node << "\n"
+        << job.all();
+  EXPECT_NE(job.err[0].find("node 1's launcher sent no beat for "), std::string::npos) << job.all();
+  expect_right_sums(job.all_out(), -1);
+}
+
+TEST(LaunchSpares, AProcessStoppedBeforeExecIsKilledAfterTheTimeout) {
+  // Process 1 stops itself between fork and exec: launch waits --timeout for its exec, not
+  // forever, then kills it and posts its death like any other. (Whether the job then goes on
+  // is the program's: this worker recovers from failures once its first world exists.)
+  const CliResult r =
+      launch({"-n", "5", "--spares", "1", "--timeout", "10", "--stop-before-exec", "1"},
+             {std::to_string(kSteps)}, "10", 120);
+  EXPECT_NE(r.code, 124) << "launch waited on: " << r.err;
+  EXPECT_TRUE(r.code == 0 || r.code == 1) << r.code << r.err;
+  EXPECT_NE(r.err.find("launch: note: process 1 (rank 1) was stopped by SIGSTOP\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("launch: note: process 1 (rank 1) did not start within 10 s (stopped by "
+                       "SIGSTOP); killed it\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("process 1 (rank 1) killed by signal 9 (SIGKILL); posted it to the job's "
+                       "store (epoch 0)"),
+            std::string::npos)
+      << r.err;
+  if (r.code == 0) expect_right_sums(r, 1);
 }
 
 TEST(LaunchSpares, BadFlagsExitTwo) {

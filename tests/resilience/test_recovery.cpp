@@ -80,6 +80,7 @@ Agreed agree_all(const std::shared_ptr<Store>& store, const RankMap& map,
         out.error[i] = e.what();
         out.kind[i] = dynamic_cast<const IncompatibleError*>(&e) ? "IncompatibleError"
                       : dynamic_cast<const NoSpareError*>(&e)    ? "NoSpareError"
+                      : dynamic_cast<const ConfigError*>(&e)     ? "ConfigError"
                                                                  : "other";
       }
     });
@@ -191,6 +192,96 @@ TEST(Agreement, ARestartedProcessComesBackAsASpareAtTheNextDecision) {
   EXPECT_EQ(mine, other);
   EXPECT_NE(mine.find("revived=0:1"), std::string::npos) << mine;
   EXPECT_EQ(restarted.logical_rank(), std::optional<Rank>(0));
+  // One epoch counter: the decision revived a process and replaced one, two changes of
+  // the map, and the job's epoch is 2 in both the Recovery and its map.
+  EXPECT_EQ(restarted.epoch(), 2);
+  EXPECT_EQ(restarted.map().epoch(), 2);
+  EXPECT_EQ(restarted.map().canonical(), "epoch=2 world=2 processes=3 map=0,1 spare= dead=2");
+  // The decision says which process holds each logical rank (what launch follows).
+  const DecisionRecord d = parse_decision(mine);
+  EXPECT_EQ(d.epoch, 2);
+  EXPECT_EQ(d.process_of, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(d.dead, (std::vector<std::int64_t>{2}));
+  ASSERT_EQ(d.revived.size(), 1u);
+  EXPECT_EQ(d.revived[0], (std::pair<std::int64_t, int>{0, 1}));
+  const std::vector<DecisionRecord> all = read_decisions(*store, kResiliencePrefix);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].process_of, (std::vector<std::int64_t>{2, 1}));
+  EXPECT_EQ(all[1].process_of, d.process_of);
+  EXPECT_EQ(format_decision(d), mine);
+}
+
+TEST(Agreement, ARestartedProcessWhoseEveryPeerDiedDecidesAloneAndEndsTheJob) {
+  // Process 0 died (process 2, the spare, took its rank) and was restarted; then processes 1
+  // and 2 died too. The restarted process is the only one left: it registers for epoch 2
+  // and, no process of epoch 1 being left to decide (an empty list of candidates but for
+  // itself), decides: it comes back as a spare and takes logical rank 1 (process 1's, the
+  // lower dead process), and logical rank 0 finds no spare.
+  auto store = make_memory_store();
+  const RankMap m0(2, spares(1));
+  store->set(dead_process_key("resilience", 0, 0), bytes(std::string("x")));
+  ASSERT_EQ(agree_all(store, m0, {1, 2}, fast()).error, std::vector<std::string>(2));
+  store->set(dead_process_key("resilience", 1, 0), bytes(std::string("x")));
+  store->set(dead_process_key("resilience", 2, 0), bytes(std::string("x")));
+  RecoveryOptions again = fast();
+  again.incarnation = 1;
+  Recovery restarted(store, m0, 0, again);
+  try {
+    (void)restarted.agree();
+    ADD_FAILURE() << "a job without processes for its ranks went on";
+  } catch (const NoSpareError& e) {
+    EXPECT_EQ(e.ranks(), (std::vector<Rank>{0}));
+    EXPECT_NE(std::string(e.what()).find("recovery: cannot go on without a spare: no spare left "
+                                         "for logical rank [0]"),
+              std::string::npos)
+        << e.what();
+    EXPECT_EQ(job_end_reason(*store, kResiliencePrefix), std::optional<std::string>(e.what()));
+  }
+  const DecisionRecord d = parse_decision([&] {
+    const auto v = store->get(epoch_decision_key(kResiliencePrefix, 2));
+    return std::string(v.begin(), v.end());
+  }());
+  EXPECT_EQ(d.decider, 0);
+  EXPECT_EQ(d.dead, (std::vector<std::int64_t>{1, 2}));
+  EXPECT_TRUE(d.process_of.empty());  // no epoch 2
+  // A process that asks later learns that the job ended, with the same line.
+  EXPECT_THROW((void)Recovery(store, m0, 1, fast()).agree(), RecoveryError);
+}
+
+TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
+  DecisionRecord d;
+  d.epoch = 3;
+  d.decider = 4;
+  d.dead = {1, 6};
+  d.revived = {{2, 1}};
+  d.shrink_world = 4;
+  d.process_of = {0, 5, 2, 3};
+  const std::string text = format_decision(d);
+  EXPECT_EQ(text, "epoch=3\ndecider=4\ndead=1,6\nrevived=2:1\nshrink=4\nranks=0,5,2,3\n");
+  const DecisionRecord back = parse_decision(text + "later=ignored\n");
+  EXPECT_EQ(back.epoch, 3);
+  EXPECT_EQ(back.decider, 4);
+  EXPECT_EQ(back.dead, d.dead);
+  EXPECT_EQ(back.revived, d.revived);
+  EXPECT_EQ(back.shrink_world, d.shrink_world);
+  EXPECT_EQ(back.process_of, d.process_of);
+  try {
+    (void)parse_decision("epoch=1\ndead=1,x\n");
+    ADD_FAILURE() << "no error";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed dead process 'x'"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)parse_decision("epoch 1\n"), BackendError);
+  // The keys, spelled once.
+  EXPECT_EQ(dead_process_key("resilience", 3, 1), "resilience/process/3/1/dead");
+  EXPECT_EQ(epoch_failed_key("resilience", 2), "resilience/epoch/2/failed");
+  EXPECT_EQ(epoch_decision_key("resilience", 2), "resilience/epoch/2/decision");
+  EXPECT_EQ(epoch_alive_key("resilience", 2, 5), "resilience/epoch/2/alive/5");
+  EXPECT_EQ(epoch_world_prefix("resilience", 2), "resilience/epoch/2/world");
+  EXPECT_EQ(job_done_key("resilience"), "resilience/done");
+  EXPECT_EQ(job_ended_key("resilience"), "resilience/ended");
+  EXPECT_EQ(process_identity(3, 1), "process/3/1");
 }
 
 // The step every rank of a new epoch resumes at: the least of the survivors' (-1: a spare).
@@ -234,7 +325,7 @@ TEST(GlooRegroup, AWorldWhoseEpochIsMarkedFailedEndsAtOnceNotAtTheTimeout) {
     ADD_FAILURE() << "the world was built without rank 1";
   } catch (const AbortedError& e) {
     EXPECT_NE(std::string(e.what()).find(
-                  "resilience/epoch/0/failed is set (process 1: killed by signal 9)"),
+                  "resilience/epoch/0/failed is set to 'process 1: killed by signal 9'"),
               std::string::npos)
         << e.what();
   }
@@ -359,7 +450,9 @@ TEST(Shrink, ProcessesWithDifferentShrinkOptionsFailRatherThanHang) {
         }
       });
   }
-  EXPECT_NE(errors[0].find("NoSpareError: no spare left for logical rank [3]"), std::string::npos)
+  EXPECT_NE(errors[0].find("NoSpareError: recovery: cannot go on without a spare: no spare left "
+                           "for logical rank [3]"),
+            std::string::npos)
       << errors[0];
   for (std::size_t p : {1u, 2u})
     EXPECT_NE(errors[p].find("BackendError: recovery: the decision for epoch 1 keeps the world, "
@@ -368,18 +461,23 @@ TEST(Shrink, ProcessesWithDifferentShrinkOptionsFailRatherThanHang) {
         << errors[p];
 }
 
-TEST(Shrink, NoValidSmallerLayoutIsTheSameIncompatibleErrorEverywhere) {
+TEST(Shrink, NoValidSmallerLayoutIsTheSameNoSpareErrorEverywhereAndEndsTheJob) {
   auto store = make_memory_store();
   ParallelConfig c = tp_config(4, 2);
   c.pp = 2;  // dp 1: no replica to drop
   store->set(dead_process_key("resilience", 3, 0), bytes(std::string("SIGKILL")));
   const Agreed a = agree_all(store, RankMap(4, spares(0)), {0, 1, 2}, shrinking(c));
   for (std::size_t i = 0; i < a.error.size(); ++i) {
-    EXPECT_EQ(a.kind[i], "IncompatibleError") << a.error[i];
+    // A runtime event (RecoveryError), not bad input: not a ConfigError.
+    EXPECT_EQ(a.kind[i], "NoSpareError") << a.error[i];
     EXPECT_EQ(a.error[i], a.error[0]);
   }
-  EXPECT_NE(a.error[0].find("cannot shrink after logical rank [3] failed"), std::string::npos)
+  EXPECT_NE(a.error[0].find("recovery: cannot go on without a spare: cannot shrink after logical "
+                            "rank [3] failed"),
+            std::string::npos)
       << a.error[0];
+  // The job's end is posted once, with the same line, for launch to say.
+  EXPECT_EQ(job_end_reason(*store, kResiliencePrefix), std::optional<std::string>(a.error[0]));
   // They agreed (one decision, no shrink in it) and then failed alike: no one timed out.
   ASSERT_TRUE(store->has(epoch_decision_key("resilience", 1)));
   const auto decision = store->get(epoch_decision_key("resilience", 1));

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <utility>
 
 #include "cli_runner.hpp"
@@ -143,6 +144,13 @@ TEST(TrainGptSpares, ABuddyKilledDuringTheRecoveryLosesTheStateItHeld) {
                      "the state of logical rank 1 is lost: it and its buddy, logical rank 2, died");
 }
 
+TEST(TrainGptSpares, LosingEveryReplicaAtStepZeroGoesBackToTheInitialState) {
+  // dp groups {0, 2} and {1, 3}: both of {0, 2} die at step 0. Nobody holds their state,
+  // but at step 0 that is the initial state, which the spares' new models have.
+  const std::vector<std::string> layout{"--tp", "2"};
+  expect_same(with_failure(6, 2, layout, "0:0,2:0"), reference(4, layout));
+}
+
 TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
   // dp groups {0, 2} and {1, 3}: both of {0, 2} die at step 2; two spares take their
   // places, but nobody holds their state.
@@ -236,11 +244,45 @@ TEST(TrainGptSpares, ShrinkMoeMovesExpertsAndReshardsBothOptimizers) {
   expect_same(with_failure(8, 0, layout, "0:3"), reference_local(8, layout));
 }
 
-TEST(TrainGptSpares, TheSpareFirstThenShrink) {
+TEST(TrainGptSpares, TheSpareFirstThenShrinkAndTheReportIsOfTheLayoutThatFinished) {
   // Process 1 dies at step 1 and spare 4 takes its rank; process 4 dies at step 4: no spare
-  // is left, so tp 2 x dp 2 shrinks to dp 1.
+  // is left, so tp 2 x dp 2 shrinks to dp 1 (replica 1, logical ranks 2 and 3 on processes
+  // 2 and 3, goes on alone with 2 micro-batches).
   const std::vector<std::string> layout{"--tp", "2"};
-  expect_same(with_failure(5, 1, layout, "1:1,4:4"), reference_local(4, layout));
+  const CliResult r = run_with_failure(5, 1, layout, "1:1,4:4");
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_same(steps_of(r), reference_local(4, layout));
+  // The JSON reports the layout that finished and every epoch's layout and members.
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["config"]["world_size"], 2) << j["config"];
+  EXPECT_EQ(j["config"]["dp"], 1) << j["config"];
+  EXPECT_EQ(j["config"]["micro_batches"], 2) << j["config"];
+  ASSERT_EQ(j["epochs"].size(), 3u) << j["epochs"];
+  EXPECT_EQ(j["epochs"][0]["members"], nlohmann::json({0, 1, 2, 3})) << j["epochs"];
+  EXPECT_EQ(j["epochs"][1]["members"], nlohmann::json({0, 4, 2, 3})) << j["epochs"];
+  EXPECT_EQ(j["epochs"][1]["dead"], nlohmann::json({1})) << j["epochs"];
+  EXPECT_EQ(j["epochs"][1]["world_size"], 4) << j["epochs"];
+  EXPECT_EQ(j["epochs"][2]["members"], nlohmann::json({2, 3})) << j["epochs"];
+  EXPECT_EQ(j["epochs"][2]["dead"], nlohmann::json({4})) << j["epochs"];
+  EXPECT_EQ(j["epochs"][2]["world_size"], 2) << j["epochs"];
+  EXPECT_EQ(j["epochs"][2]["dp"], 1) << j["epochs"];
+  EXPECT_EQ(j["epochs"][2]["shrink"], true) << j["epochs"];
+}
+
+TEST(TrainGptSpares, TheTableAfterAShrinkShowsTheLayoutThatFinishedAndEveryEpoch) {
+  // tp 2 x dp 2 without spares, process 1 dies at step 2: dp 1 (processes 2 and 3).
+  const CliResult r = launch({"-n", "4", "--spares", "0", "--output", "raw"},
+                             {"--tp", "2", "--steps", "4", "--spares", "0", "--snapshot-every", "2",
+                              "--fault-kill", "1:2"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("world 2: tp 2, pp 1, cp 1, dp 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("in 2 micro-batches per dp rank"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epochs:\n  0: world 4: tp 2, pp 1, cp 1, dp 2; processes 0,1,2,3; from "
+                       "step 0\n  1: world 2: tp 2, pp 1, cp 1, dp 1; processes 2,3; dead 1 "
+                       "(shrunk); from step 2\n"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(TrainGptSpares, AFailureAtTheFirstStepGoesBackToTheInitialState) {
@@ -277,6 +319,60 @@ TEST(TrainGptSpares, NoSmallerLayoutEndsTheJobSayingWhy) {
       4, 0, {"--tp", "2", "--pp", "2", "--micro-batches", "2"}, "1:3",
       "cannot go on without a spare: cannot shrink after logical rank [1] failed: every one "
       "of the 1 data-parallel replicas lost a rank");
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(TrainGptSpares, WhenNoRecoveryIsPossibleTheJobSaysWhyOnce) {
+  // No spare and --no-shrink: process 1's death cannot be recovered from. Every process
+  // ends with the same reason; the job says it once, and launch does not note each
+  // process's end as one the job goes on without.
+  const CliResult r = run_with_failure(4, 0, {"--tp", "2"}, "1:2", {"--no-shrink"});
+  EXPECT_EQ(r.code, 1) << r.err;
+  const std::string reason =
+      "recovery: cannot go on without a spare: no spare left for logical rank [1] (0 spares for "
+      "1 failed rank)";
+  EXPECT_EQ(count(r.err, reason), 1u) << r.err;
+  EXPECT_NE(r.err.find("error: " + reason + " (after rank 1 killed by signal 9 (SIGKILL))"),
+            std::string::npos)
+      << r.err;
+  // Only the first death, when the job could still go on, says so.
+  EXPECT_LE(count(r.err, "the job goes on"), 1u) << r.err;
+}
+
+TEST(TrainGptSpares, AStateProviderThatFailsEndsTheJobWithItsMessage) {
+  // Process 1's state provider throws when it saves the snapshot of step 2, then process
+  // 2's when a recovery loads its snapshot: each ends the job on every process (a spare
+  // included) with the provider's message and the process, at once and not at a timeout.
+  int code = 0;
+  std::string err;
+  (void)with_failure(5, 1, {"--tp", "2"}, "1:5", &code, &err, {"--fault-state", "1:save:2"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(err.find("error: process 1 (logical rank 1): the state provider's save failed at step "
+                     "2: test fault: save refused (--fault-state)"),
+            std::string::npos)
+      << err;
+  (void)with_failure(5, 1, {"--tp", "2"}, "1:3", &code, &err, {"--fault-state", "2:load"});
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_NE(
+      err.find("error: process 2 (logical rank 2): the state provider's load failed at step "),
+      std::string::npos)
+      << err;
+}
+
+TEST(TrainGptSpares, ASnapshotBeyondTheMemoryAllowedIsAnErrorNamingTheSizes) {
+  int code = 0;
+  std::string err;
+  (void)with_failure(5, 1, {"--tp", "2"}, "1:5", &code, &err, {"--snapshot-memory-limit", "1000"});
+  EXPECT_EQ(code, 1) << err;
+  const std::regex re(
+      "error: process [0-9] \\(logical rank [0-9]\\): the snapshot of step 0 is [0-9.]+ [KM]iB; "
+      "keeping 2 snapshots takes [0-9.]+ [KM]iB, more than the 1000 bytes allowed");
+  EXPECT_TRUE(std::regex_search(err, re)) << err;
 }
 
 TEST(TrainGptSpares, BadInputExitsTwo) {

@@ -14,12 +14,12 @@ namespace commgrid::bench {
 class GlooDirectHub;
 
 /// A hub for the rank-threads of one run; every rank's make_gloo_direct takes the same one.
-std::shared_ptr<GlooDirectHub> make_gloo_direct_hub();
+[[nodiscard]] std::shared_ptr<GlooDirectHub> make_gloo_direct_hub();
 
 /// Raw Gloo (gloo::allreduce, gloo::allgather, gloo::alltoallv, unbound buffers) for rank
 /// `rank` of `size`; the full-mesh context connects on first use, through `hub`, on
 /// loopback. `hub` outlives the result.
-std::unique_ptr<DirectCollectives> make_gloo_direct(GlooDirectHub& hub, int rank, int size,
-                                                    std::chrono::milliseconds timeout);
+[[nodiscard]] std::unique_ptr<DirectCollectives> make_gloo_direct(
+    GlooDirectHub& hub, int rank, int size, std::chrono::milliseconds timeout);
 
 }  // namespace commgrid::bench

@@ -37,20 +37,20 @@ struct BenchEdition {
 /// The benchmark's configuration: tp8 pp8 cp2 ep8 etp1 (under head also gtp_remat), dp
 /// filling the world (a multiple of 128 * gtp_remat ranks). Validated; throws ConfigError
 /// for a world it does not fit.
-ParallelConfig bench_config(std::int64_t world_size, BenchEdition edition = {});
+[[nodiscard]] ParallelConfig bench_config(std::int64_t world_size, BenchEdition edition = {});
 
 /// Bytes a GroupList holds: its members, plus its offsets when its groups differ in size.
-std::size_t group_list_bytes(const GroupList& groups) noexcept;
+[[nodiscard]] std::size_t group_list_bytes(const GroupList& groups) noexcept;
 
 /// The baseline: n int64 values (first, first+1, ...) written into newly allocated memory,
 /// which, like a GroupList's buffer, has to be faulted in.
-std::unique_ptr<std::int64_t[]> write_integers(std::size_t n, std::int64_t first = 0);
+[[nodiscard]] std::unique_ptr<std::int64_t[]> write_integers(std::size_t n, std::int64_t first = 0);
 /// The same into memory that is already mapped: the bound that memory bandwidth alone sets.
 void write_integers(std::span<std::int64_t> out, std::int64_t first = 0) noexcept;
 
 /// n ranks spread over [0, world_size) by a fixed multiplicative sequence, so that
 /// consecutive queries touch unrelated groups and both runs use the same ranks.
-std::vector<Rank> query_ranks(std::int64_t world_size, std::size_t n);
+[[nodiscard]] std::vector<Rank> query_ranks(std::int64_t world_size, std::size_t n);
 
 /// Where the memory of each enumeration and baseline comes from. This matters more than
 /// the code: on a VM a first touch of a page can cost tens of microseconds.
@@ -108,16 +108,17 @@ struct QueryResult {
 /// Bytes the enumeration of one world holds at once: every kind's list (held together, as
 /// measured) plus, in warm mode, the baseline's buffer of as many integers. From the counts
 /// alone, without enumerating.
-std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode, BenchEdition edition = {});
+[[nodiscard]] std::int64_t enumeration_bytes(std::int64_t world_size, MemoryMode mode,
+                                             BenchEdition edition = {});
 
 /// The physical memory of this machine in bytes (0 when unknown).
-std::int64_t physical_memory_bytes();
+[[nodiscard]] std::int64_t physical_memory_bytes();
 
 /// Measures every world and kind of the options with a plain steady_clock loop;
 /// enumeration and its baselines alternate within each repetition so that noise hits both.
 /// Throws ConfigError ("worlds") before measuring anything when a world's lists would not
 /// fit in half of the physical memory (a world of 2^30 ranks needs about 290 GiB).
-std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& options);
-std::vector<QueryResult> run_queries(const LayoutBenchOptions& options);
+[[nodiscard]] std::vector<EnumerationResult> run_enumeration(const LayoutBenchOptions& options);
+[[nodiscard]] std::vector<QueryResult> run_queries(const LayoutBenchOptions& options);
 
 }  // namespace commgrid::bench

@@ -12,6 +12,7 @@ namespace commgrid::bench {
 /// Raw MPI on `world`'s native communicator. nonblocking: MPI_Iallreduce / MPI_Iallgather +
 /// MPI_Wait (the algorithm commgrid's MPI backend starts); otherwise the blocking calls.
 /// `world` outlives the result.
-std::unique_ptr<DirectCollectives> make_mpi_direct(MpiCommunicator& world, bool nonblocking);
+[[nodiscard]] std::unique_ptr<DirectCollectives> make_mpi_direct(MpiCommunicator& world,
+                                                                 bool nonblocking);
 
 }  // namespace commgrid::bench

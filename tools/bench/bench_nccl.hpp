@@ -14,7 +14,7 @@ namespace commgrid::bench {
 /// commgrid groups), each call followed by a CUDA event polled until it completes, as
 /// commgrid's Work::wait() does (bounded by `timeout`: TimeoutError, the world aborted).
 /// Buffers are device memory of the world's device. `world` outlives the result.
-std::unique_ptr<DirectCollectives> make_nccl_direct(NcclCommunicator& world,
-                                                    std::chrono::milliseconds timeout);
+[[nodiscard]] std::unique_ptr<DirectCollectives> make_nccl_direct(
+    NcclCommunicator& world, std::chrono::milliseconds timeout);
 
 }  // namespace commgrid::bench

@@ -40,8 +40,9 @@ struct InitResult {
 /// Collective over `world`: initializes and destroys ProcessGroups `repeats` times per
 /// strategy, the strategies interleaved within each repetition (so that noise on a shared
 /// machine hits all of them), a barrier around each. Every rank returns the same result.
-InitResult run_init_bench(Communicator& world, const ParallelConfig& config,
-                          const std::vector<CreationStrategy>& strategies, int repeats);
+[[nodiscard]] InitResult run_init_bench(Communicator& world, const ParallelConfig& config,
+                                        const std::vector<CreationStrategy>& strategies,
+                                        int repeats);
 
 /// The same collective called through the backend's own API, the reference for commgrid's
 /// overhead. Implementations: raw MPI on an MpiCommunicator's native communicator, a raw
@@ -92,17 +93,20 @@ struct CollectivesResult {
 /// Collective over `world` (and `direct`, which must be the same group): for each size and
 /// op, alternates one commgrid call and one direct call, a barrier before each, `iterations`
 /// times (fewer for large sizes: at least 5, about 1 GiB per rank for each op and side).
-CollectivesResult run_collectives_bench(Communicator& world, DirectCollectives& direct,
-                                        const std::vector<std::size_t>& sizes, int iterations);
+[[nodiscard]] CollectivesResult run_collectives_bench(Communicator& world,
+                                                      DirectCollectives& direct,
+                                                      const std::vector<std::size_t>& sizes,
+                                                      int iterations);
 
 /// The JSON documents and tables of both commands.
-nlohmann::ordered_json init_json(const InitResult& r, const ParallelConfig& config);
-std::string init_table(const InitResult& r, const ParallelConfig& config);
-nlohmann::ordered_json collectives_json(const CollectivesResult& r);
-std::string collectives_table(const CollectivesResult& r);
+[[nodiscard]] nlohmann::ordered_json init_json(const InitResult& r, const ParallelConfig& config);
+[[nodiscard]] std::string init_table(const InitResult& r, const ParallelConfig& config);
+[[nodiscard]] nlohmann::ordered_json collectives_json(const CollectivesResult& r);
+[[nodiscard]] std::string collectives_table(const CollectivesResult& r);
 
 /// Parses "1KiB,64MiB" (suffixes B, KiB, MiB, GiB; a plain number is bytes); each size a
 /// positive multiple of 4 bytes (float32). Throws InvalidValueError naming `param`.
-std::vector<std::size_t> parse_sizes(const std::string& param, const std::string& text);
+[[nodiscard]] std::vector<std::size_t> parse_sizes(const std::string& param,
+                                                   const std::string& text);
 
 }  // namespace commgrid::bench

@@ -9,11 +9,11 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <atomic>
@@ -181,6 +181,7 @@ double phase(std::int64_t begin, std::int64_t end, int threads,
   const auto t0 = Clock::now();
   std::atomic<std::int64_t> next{begin};
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(threads));
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&] {
       for (std::int64_t i; (i = next.fetch_add(1)) < end;) {

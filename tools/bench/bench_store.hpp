@@ -9,6 +9,6 @@
 namespace commgrid::cli {
 
 /// Adds `store` under `bench`; run() is to be called when it was chosen.
-Command add_bench_store_command(CLI::App& bench);
+[[nodiscard]] Command add_bench_store_command(CLI::App& bench);
 
 }  // namespace commgrid::cli

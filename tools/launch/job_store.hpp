@@ -1,10 +1,12 @@
 // The job's store as `commgrid launch --spares` uses it: served by node 0's launcher (so
 // that losing any rank loses no store), read and written by every launcher. Every key
-// launch touches is written here, through the resilience layer's key functions.
+// launch touches is here: recovery's through the resilience layer's key functions, and
+// launch's own (how the launchers of a multi-node job end together, docs/launching.md).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "commgrid/store.hpp"
@@ -21,9 +23,12 @@ class JobStore {
   /// The URI the processes get (COMMGRID_STORE).
   [[nodiscard]] const std::string& uri() const noexcept { return uri_; }
 
-  /// Whether the program said the job is finished (Recovery::mark_done); false when the
-  /// store cannot be read.
+  /// Whether the program said the job is finished (Recovery::mark_done). Throws
+  /// commgrid::Error when the store fails.
   [[nodiscard]] bool done();
+  /// Why the job cannot go on (Recovery::end_job), or nullopt (also when the store cannot
+  /// be read).
+  [[nodiscard]] std::optional<std::string> ended();
 
   /// What posting a death did.
   struct Posted {
@@ -35,7 +40,27 @@ class JobStore {
   /// commgrid::Error when the store fails.
   Posted post_death(std::int64_t process, int incarnation, const std::string& why);
 
+  // ---- launch's own keys: the end of a multi-node job ------------------------------
+  // Each throws commgrid::Error when the store fails.
+
+  /// Node `node`'s processes have all ended ("launch/node/<k>/idle").
+  void post_idle(int node);
+  [[nodiscard]] bool idle(int node);
+  /// Node 0 says every node is idle or gone: the job is over ("launch/over").
+  void post_over();
+  [[nodiscard]] bool over();
+  /// Node `node`'s launcher has seen the end and leaves ("launch/node/<k>/exit").
+  void post_exit(int node);
+  [[nodiscard]] bool exited(int node);
+  /// Node `node`'s launcher is alive: its beat number `n` ("launch/node/<k>/beat/<n>").
+  void post_beat(int node, std::int64_t n);
+  /// The highest beat of `node` numbered after `from` with every beat before it present;
+  /// `from` when there is none yet.
+  [[nodiscard]] std::int64_t latest_beat(int node, std::int64_t from);
+
  private:
+  void set_once(const std::string& key, const std::string& value);
+
   std::string uri_;
   std::string prefix_;  ///< the keys of recovery live under it
   std::shared_ptr<Store> store_;

@@ -5,28 +5,16 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <random>
 
 #include "commgrid/error.hpp"
+#include "commgrid/launch_env.hpp"
 #include "commgrid/rank_map.hpp"
+#include "commgrid/store.hpp"
 #include "launch/posix.hpp"
 #include "layout_flags.hpp"
 
 namespace commgrid::cli {
 namespace {
-
-/// A random hex string (std::random_device reads the kernel's getrandom on Linux).
-std::string random_hex(std::size_t bytes) {
-  std::random_device rd;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (std::size_t i = 0; i < bytes; ++i) {
-    const unsigned v = rd() & 0xff;
-    out += kHex[v >> 4];
-    out += kHex[v & 15];
-  }
-  return out;
-}
 
 double parse_seconds(const char* param, const std::string& text, bool allow_zero) {
   const char* begin = text.c_str();
@@ -88,12 +76,10 @@ void parse_placement(const LaunchFlags& f, LaunchSettings& s) {
 // The job's identity: --rdzv-id, the user's or scheduler's, else (one node) a fresh one.
 // Several nodes must share it, so they cannot each make one up.
 void parse_identity(const LaunchFlags& f, JobSetup& job) {
-  const char* id = std::getenv("COMMGRID_JOB_ID");
-  const char* token = std::getenv("COMMGRID_TOKEN");
-  if (id != nullptr && *id == '\0')
-    throw InvalidValueError("COMMGRID_JOB_ID", "COMMGRID_JOB_ID is set but empty");
-  if (token != nullptr && *token == '\0')
-    throw InvalidValueError("COMMGRID_TOKEN", "COMMGRID_TOKEN is set but empty");
+  // The user's COMMGRID_JOB_ID and COMMGRID_TOKEN, read and checked by the launch environment.
+  const LaunchEnv env = read_launch_env();
+  const char* id = env.job_id ? env.job_id->c_str() : nullptr;
+  const char* token = env.token ? env.token->c_str() : nullptr;
   if (!f.rdzv_id.empty()) {
     if (f.rdzv_id.find_first_of("/ \n\t") != std::string::npos || f.rdzv_id.size() > 200)
       throw InvalidValueError("--rdzv-id",
@@ -106,12 +92,15 @@ void parse_identity(const LaunchFlags& f, JobSetup& job) {
     job.token = token ? token : "";
     if (!token)
       write_all(STDERR_FILENO,
-                "launch: note: COMMGRID_TOKEN is not set: the ranks of this multi-node "
-                "job do not authenticate each other (set the same COMMGRID_JOB_ID and "
-                "COMMGRID_TOKEN on every node; see docs/security.md)\n");
+                "launch: warning: COMMGRID_TOKEN is not set: anyone who can connect to this "
+                "job's store (tcp://" +
+                    job.master_addr + ":" + std::to_string(job.master_port) +
+                    ") is handed the job's secret and can join or disturb the job, and its ranks "
+                    "do not prove a token to each other; set the same COMMGRID_TOKEN (and "
+                    "COMMGRID_JOB_ID) on every node (docs/security.md)\n");
   } else {
-    job.job_id = id ? id : "launch-" + random_hex(8);
-    job.token = token ? token : random_hex(32);
+    job.job_id = id ? id : "launch-" + random_secret_hex(8);
+    job.token = token ? token : random_secret_hex(32);
   }
 }
 

@@ -3,7 +3,7 @@
 // process's end. No knowledge of ranks or stores.
 #pragma once
 
-#include <signal.h>
+#include <csignal>
 
 #include <cstddef>
 #include <iterator>

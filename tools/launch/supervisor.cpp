@@ -2,13 +2,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -18,6 +19,19 @@
 #include "launch/child_env.hpp"
 
 namespace commgrid::cli {
+namespace {
+
+// How long a process may take from fork to exec when --timeout does not say.
+constexpr std::chrono::milliseconds kExecBound{60000};
+
+// "4 s", "0.5 s".
+std::string seconds_text(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+}  // namespace
 
 Supervisor::Supervisor(LaunchSettings settings) : s_(std::move(settings)) {}
 
@@ -49,8 +63,10 @@ int Supervisor::run() {
     store_uri_ = "tcp://" + s_.job.master_addr + ":" + std::to_string(s_.job.master_port);
   }
   // Served here, not by rank 0 (torchrun's agent store): losing any rank loses no store.
-  if (s_.job.resilient)
+  if (s_.job.resilient) {
     spares_ = std::make_unique<SpareKeeper>(s_, std::make_unique<JobStore>(store_uri_, s_));
+    if (s_.job.nnodes > 1) end_ = std::make_unique<JobEnd>(spares_->store(), s_);
+  }
   Pipe sig = make_pipe();
   ::fcntl(sig.read.get(), F_SETFL, O_NONBLOCK);
   ::fcntl(sig.write.get(), F_SETFL, O_NONBLOCK);
@@ -65,7 +81,25 @@ int Supervisor::run() {
   }
   if (const std::optional<int> code = start_all()) return *code;
   loop();
+  if (end_) {
+    end_->local_idle();
+    if (interrupted_ == 0) await_job_end();
+  }
   return finish();
+}
+
+// This node's processes have all ended; the job may go on on the others (node 0 serves the
+// store until it ends there too). Launch's own interruption ends the wait.
+void Supervisor::await_job_end() {
+  for (;;) {
+    pollfd p{signal_fd_.get(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, 200);
+    if (ready < 0 && errno != EINTR)
+      throw Error(std::string("launch: poll: ") + std::strerror(errno));
+    if (ready > 0 && (p.revents & POLLIN)) on_signals();
+    if (interrupted_ != 0) return;
+    if ((end_verdict_ = end_->check())) return;
+  }
 }
 
 // Starts every local process in turn; an exit code when one cannot be started (then every
@@ -108,7 +142,7 @@ std::optional<std::string> Supervisor::start(int local) {
   Pipe out = make_pipe(), err = make_pipe(), exec_status = make_pipe();
   const Fd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   const pid_t launcher_pid = ::getpid();
-  const bool stop_first = local == s_.stop_before_exec;
+  const bool stop_first = local == s_.stop_before_exec && c.incarnation == 0;
   pid_t pid = -1;
   {
     // No signal is handled between fork and the child's reset of the dispositions: a
@@ -147,15 +181,19 @@ std::optional<std::string> Supervisor::start(int local) {
   c.pid = pid;
   c.running = true;
   c.stopped = false;
+  c.final_label.reset();
   c.out = Stream(std::move(out.read), STDOUT_FILENO);
   c.err = Stream(std::move(err.read), STDERR_FILENO);
   return await_exec(c, exec_status.read.get());
 }
 
 // exec closes the CLOEXEC pipe (EOF, success) or the child reports errno through it. A
-// child stopped before exec never does either: the wait ends at the job's deadline or
-// with launch's own interruption, like every other wait of launch.
+// child stopped before exec never does either: the wait ends at the job's deadline, with
+// launch's own interruption, or after the exec bound (--timeout, else kExecBound): with
+// --spares the child is then killed and the job goes on without it, else the launch fails.
 std::optional<std::string> Supervisor::await_exec(Child& c, int exec_fd) {
+  const auto bound = s_.timeout.value_or(kExecBound);
+  const Clock::time_point exec_deadline = Clock::now() + bound;
   for (;;) {
     pollfd fds[2] = {{exec_fd, POLLIN, 0}, {signal_fd_.get(), POLLIN, 0}};
     const int ready = ::poll(fds, 2, wait_ms(200));
@@ -173,12 +211,20 @@ std::optional<std::string> Supervisor::await_exec(Child& c, int exec_fd) {
     }
     if (ready > 0 && (fds[1].revents & POLLIN)) on_signals();
     reap(false);  // notes a rank stopped by a signal; a failure begins the stop
-    if (stopping_) return std::nullopt;
+    if (stopping_ || !c.running) return std::nullopt;
     if (job_deadline_ && Clock::now() >= *job_deadline_) {
       timed_out_ = true;
       still_running_ = running_list();
       begin_stop();
       return std::nullopt;
+    }
+    if (!job_deadline_ && Clock::now() >= exec_deadline) {
+      const std::string why = who(c) + " did not start within " + seconds_text(bound) +
+                              (c.stopped ? " (stopped by " + signal_name(c.stop_signal) + ")" : "");
+      if (!s_.job.resilient) throw Error("launch: " + why);
+      write_all(STDERR_FILENO, "launch: note: " + why + "; killed it\n");
+      ::kill(-c.pid, SIGKILL);
+      return std::nullopt;  // its death is reaped and posted like any other
     }
   }
 }
@@ -251,7 +297,7 @@ void Supervisor::relay(const std::vector<Stream*>& ready) {
 
 void Supervisor::emit(Child& c, bool flush_partial) {
   if (!c.out.has_pending() && !c.err.has_pending()) return;
-  const Routing r = route(s_.output, label(c), c.process == 0);
+  const Routing r = route(s_.output, label(c), holds_rank0(c));
   c.out.emit(r.out_prefix, r.show_out, flush_partial || !c.out.open());
   c.err.emit(r.err_prefix, true, flush_partial || !c.err.open());
 }
@@ -290,12 +336,13 @@ void Supervisor::reap(bool block) {
       c.stopped = false;
       continue;
     }
+    c.final_rank0 = holds_rank0(c);  // (before final_label, which freezes both)
+    c.final_label = label(c);
     c.running = false;
     c.status = status;
     // Anything the rank started in its group goes with it.
     ::kill(-c.pid, SIGKILL);
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    some_exited_ok_ = some_exited_ok_ || ok;
     if (!ok && !stopping_) failed_now.push_back(&c);
     if (block) break;
   }
@@ -345,7 +392,7 @@ void Supervisor::on_failures(std::vector<Child*>& failed) {
 void Supervisor::on_process_death(Child& c) {
   const SpareKeeper::Verdict v =
       spares_->on_death(c.process, c.incarnation, who(c), c.status, stopping_);
-  write_all(STDERR_FILENO, v.note + "\n");
+  if (!v.note.empty()) write_all(STDERR_FILENO, v.note + "\n");
   if (!v.restart) return;
   // What the dead process wrote last, before its streams are replaced by its restart's.
   c.out.read_rest();
@@ -389,17 +436,16 @@ int Supervisor::finish() {
                 std::to_string(started_) + " ranks");
     return 128 + interrupted_;
   }
-  if (s_.job.resilient && spares_->done() && some_exited_ok_) {
-    // Failures the job recovered from were said above, as they happened.
-    if (failure_)
-      write_all(STDERR_FILENO, "launch: the job finished after recovering from: " + *failure_ +
-                                   (also_failed_.empty()
-                                        ? ""
-                                        : " and " + std::to_string(also_failed_.size()) + " more") +
-                                   "\n");
-    return 0;
-  }
+  if (s_.job.resilient) return finish_resilient();
   if (!failure_) return 0;
+  if (s_.job.resilient) {
+    if (const auto ended = spares_->ended()) {
+      // The job could not recover (no spare and no smaller layout, a state lost): every
+      // process ended with the same reason, said once here.
+      print_error(*ended + " (after " + *failure_ + ")");
+      return 1;
+    }
+  }
   // Bad input is found by every rank alike before any communication: when each one exited
   // 2, so does launch, as the program alone would have.
   if (every_process_exited(2)) {
@@ -416,10 +462,58 @@ int Supervisor::finish() {
   return 1;
 }
 
-std::string Supervisor::who(const Child& c) const { return "rank " + std::to_string(c.process); }
+// With --spares: 0 when the job finished (the program said so) and nothing failed here
+// after that, or when nothing failed at all; 1 otherwise.
+int Supervisor::finish_resilient() {
+  const bool done = (end_verdict_ && end_verdict_->done) || spares_->done();
+  const std::string problem = end_verdict_ ? end_verdict_->problem : std::string();
+  if (done && !spares_->failed_after_done()) {
+    // Failures the job recovered from were said above, as they happened.
+    if (failure_)
+      write_all(STDERR_FILENO, "launch: the job finished after recovering from: " + *failure_ +
+                                   (also_failed_.empty()
+                                        ? ""
+                                        : " and " + std::to_string(also_failed_.size()) + " more") +
+                                   "\n");
+    if (!problem.empty()) write_all(STDERR_FILENO, "launch: note: " + problem + "\n");
+    return 0;
+  }
+  if (!failure_ && problem.empty()) return 0;
+  if (failure_ && problem.empty() && every_process_exited(2)) {
+    print_error("every rank exited with code 2 (bad input; the ranks' errors are above)");
+    return 2;
+  }
+  std::string text = "error: " + (failure_ ? *failure_ : problem) + "\n";
+  if (failure_ && !problem.empty()) text += "note: " + problem + "\n";
+  if (!also_failed_.empty()) {
+    text += "note: also failed:";
+    for (const auto& f : also_failed_) text += " " + f + ";";
+    text += "\n";
+  }
+  write_all(STDERR_FILENO, text);
+  return 1;
+}
 
+// How launch's notes name a process: "rank 3" (its process number) without --spares; with
+// them "process 4 (rank 1, epoch 1)", "process 5 (spare 1)".
+std::string Supervisor::who(const Child& c) const {
+  if (!spares_) return "rank " + std::to_string(c.process);
+  return "process " + std::to_string(c.process) + " (" +
+         spares_->view().label(c.process, c.incarnation) + ")";
+}
+
+// The prefix of a process's lines: "[rank 3]", or with --spares its label in the epochs
+// launch has read ("[rank 1, epoch 2]", "[spare 0]"); frozen when the process ended.
 std::string Supervisor::label(const Child& c) const {
-  return "[rank " + std::to_string(c.process) + "]";
+  if (c.final_label) return *c.final_label;
+  if (!spares_) return "[rank " + std::to_string(c.process) + "]";
+  return "[" + spares_->view().label(c.process, c.incarnation) + "]";
+}
+
+bool Supervisor::holds_rank0(const Child& c) const {
+  if (c.final_label) return c.final_rank0;
+  if (!spares_) return c.process == 0;
+  return spares_->view().logical_rank(c.process) == 0;
 }
 
 bool Supervisor::any_running() const {

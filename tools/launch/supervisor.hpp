@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/job_end.hpp"
 #include "launch/launch_settings.hpp"
 #include "launch/output_relay.hpp"
 #include "launch/spare_keeper.hpp"
@@ -46,6 +47,10 @@ class Supervisor {
     bool stopped = false;  ///< by SIGSTOP/SIGTSTP/..., until continued
     int stop_signal = 0;
     int status = 0;  ///< its wait status once it ended
+    /// Once it ended: its label and whether it held logical rank 0 then (its last lines
+    /// are shown as what it was when it wrote them).
+    std::optional<std::string> final_label;
+    bool final_rank0 = false;
     Stream out, err;
   };
 
@@ -53,6 +58,7 @@ class Supervisor {
   [[nodiscard]] std::optional<std::string> start(int local);
   [[nodiscard]] std::optional<std::string> await_exec(Child& c, int exec_fd);
   void loop();
+  void await_job_end();
   void relay(const std::vector<Stream*>& ready);
   void emit(Child& c, bool flush_partial);
   void on_signals();
@@ -62,9 +68,11 @@ class Supervisor {
   void begin_stop();
   void stop_all(int sig);
   [[nodiscard]] int finish();
+  [[nodiscard]] int finish_resilient();
 
   [[nodiscard]] std::string who(const Child& c) const;
   [[nodiscard]] std::string label(const Child& c) const;
+  [[nodiscard]] bool holds_rank0(const Child& c) const;
   [[nodiscard]] bool any_running() const;
   [[nodiscard]] bool every_process_exited(int code) const;
   [[nodiscard]] std::string running_list() const;
@@ -73,7 +81,9 @@ class Supervisor {
   LaunchSettings s_;
   std::string store_uri_;
   std::unique_ptr<SpareKeeper> spares_;  ///< with --spares
-  Fd signal_fd_;                         ///< the read end of the signal self-pipe
+  std::unique_ptr<JobEnd> end_;          ///< with --spares on several nodes
+  std::optional<JobEnd::Verdict> end_verdict_;
+  Fd signal_fd_;  ///< the read end of the signal self-pipe
   std::vector<Child> children_;
   int started_ = 0;
   std::optional<Clock::time_point> job_deadline_;
@@ -85,7 +95,6 @@ class Supervisor {
   bool stopping_ = false;
   Clock::time_point kill_at_{};
   int interrupted_ = 0;
-  bool some_exited_ok_ = false;
 };
 
 }  // namespace commgrid::cli

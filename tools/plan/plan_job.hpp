@@ -25,7 +25,7 @@ struct Job {
 
 /// Reads and checks a job file. Throws ConfigError whose message names the field
 /// ("job.modules[1].dims[0].size: expected an integer >= 1, got \"x\"").
-Job read_job(const std::string& path);
+[[nodiscard]] Job read_job(const std::string& path);
 
 /// `plan --job`: a table (one line per module and group set) or JSON.
 void write_job_plan(std::ostream& out, const Job& job, bool json);

@@ -1,6 +1,8 @@
 // `commgrid plan --format json`, the output buffer every plan format writes through, and
 // the size estimate checked before anything is written.
 #include <algorithm>
+#include <string>
+#include <string_view>
 
 #include "commgrid/error.hpp"
 #include "plan/plan_output.hpp"
@@ -271,10 +273,13 @@ std::int64_t estimate_plan_bytes(const Layout& layout, const PlanSelection& sel,
   const std::int64_t D = digits(std::max<std::int64_t>(layout.world_size() - 1, 0));
   std::int64_t bytes = 4096;  // header, config, layers beyond the loop below
   if (sel.num_layers) bytes += 32 * layout.config().pp * layout.config().vpp.value_or(1);
-  std::int64_t columns = 0;
+  std::int64_t columns = 0, title = 16;  // the widest column title (HEAD's run to 24)
   for (GroupKind k : sel.kinds)
     for (int l = 0; l < layout.levels(k); ++l) {
       ++columns;
+      title = std::max<std::int64_t>(
+          {title, static_cast<std::int64_t>(std::string_view(kind_name(k)).size()) + 4,
+           static_cast<std::int64_t>(std::string(layout.level_name(k, l)).size())});
       const std::int64_t g = layout.group_size(k, l).value_or(layout.world_size());
       if (format == PlanFormat::json)
         bytes += 64 + (sel.rank ? g * (D + 1)
@@ -283,9 +288,9 @@ std::int64_t estimate_plan_bytes(const Layout& layout, const PlanSelection& sel,
     }
   if (format == PlanFormat::table && !sel.rank) {
     // One row per rank: rank, 7 coordinates and one group index per column, each at
-    // least D + 1 wide (titles are at most 16).
+    // least D + 1 and its title wide.
     bytes += layout.world_size() * (8 * std::max<std::int64_t>(D + 1, 6) +
-                                    columns * std::max<std::int64_t>(D + 1, 17) + 4);
+                                    columns * (std::max<std::int64_t>(D, title) + 1) + 4);
   }
   return bytes;
 }

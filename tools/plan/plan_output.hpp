@@ -42,7 +42,7 @@ struct PlanSelection {
 
 /// "spares: 2 processes (8-9) hold no rank; 10 processes in all", with their nodes when the
 /// map has nodes: the table's line and the base of the JSON object.
-std::string spares_text(const RankMap& map);
+[[nodiscard]] std::string spares_text(const RankMap& map);
 
 /// Output written straight into a large buffer with std::to_chars and handed to the
 /// stream in blocks of about a mebibyte: a JSON or table of millions of numbers costs little
@@ -132,7 +132,7 @@ enum class PlanFormat { table, json };
                                                PlanFormat format);
 
 /// The "config" object of the JSON output.
-nlohmann::ordered_json config_json(const Layout& layout);
+[[nodiscard]] nlohmann::ordered_json config_json(const Layout& layout);
 /// The whole JSON document, streamed kind by kind: {"config", "groups"} or, with a rank,
 /// {"rank", "groups"} (and "node", "local_device", "layers" when asked for).
 void write_plan_json(std::ostream& out, const Layout& layout, const PlanSelection& sel);
@@ -207,7 +207,7 @@ inline constexpr const char* kNoGroupColour = "#f2f2f2";
 /// n fill colours, all distinct and never kNoGroupColour: hues a golden angle apart
 /// (consecutive groups contrast), lightness and saturation cycling through three and two
 /// steps; a colour that would repeat is nudged in lightness until it is new. Deterministic.
-std::vector<std::string> group_colours(std::size_t n);
+[[nodiscard]] std::vector<std::string> group_colours(std::size_t n);
 
 /// Throws ConfigError when the picture would draw more than kMaxPictureRanks ranks (then
 /// --nodes A-B draws a window) or the highlighted rank is out of range.
@@ -215,11 +215,12 @@ void check_picture(const Layout& layout, const PictureOptions& opt);
 
 /// The panels of a picture, over the drawn ranks only: memory and time grow with the
 /// window, not the world.
-std::vector<PicturePanel> picture_panels(const Layout& layout, const PictureOptions& opt);
+[[nodiscard]] std::vector<PicturePanel> picture_panels(const Layout& layout,
+                                                       const PictureOptions& opt);
 
 /// The geometry of a picture of these panels.
-PictureGeometry picture_geometry(const Layout& layout, const PictureOptions& opt,
-                                 const std::vector<PicturePanel>& panels);
+[[nodiscard]] PictureGeometry picture_geometry(const Layout& layout, const PictureOptions& opt,
+                                               const std::vector<PicturePanel>& panels);
 
 /// One panel as an SVG <g> at (x, y): title, legend, node rows of device cells. Every cell
 /// is `<g class="c" data-rank="r" data-node="n">` holding a <rect> filled with its group's
@@ -230,7 +231,7 @@ void write_svg_panel(std::ostream& out, const Layout& layout, const PictureGeome
                      const PicturePanel& panel, int x, int y, bool tooltips);
 
 /// The CSS classes the panels use (without the <style> element).
-const char* svg_panel_css();
+[[nodiscard]] const char* svg_panel_css();
 
 /// The SVG picture: a header, then the panels side by side.
 void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOptions& opt);
@@ -245,10 +246,10 @@ void write_topology_table(std::ostream& out, const TopologyReport& report);
 
 /// The topology report as JSON: {"world_size", "gpus_per_node", "nodes", "order",
 /// "kinds": [...], "warnings": [{"kind", "message", "order"}]}.
-nlohmann::ordered_json topology_json(const TopologyReport& report);
+[[nodiscard]] nlohmann::ordered_json topology_json(const TopologyReport& report);
 
 /// Escapes &, <, > and " for XML and HTML text and attribute values (the config is user
 /// input, and "</" must never end an inline script).
-std::string xml_escape(std::string_view s);
+[[nodiscard]] std::string xml_escape(std::string_view s);
 
 }  // namespace commgrid::cli

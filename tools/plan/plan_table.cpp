@@ -149,6 +149,14 @@ std::vector<Column> columns(const Layout& layout, const std::vector<GroupKind>& 
   return cols;
 }
 
+// The width of the kind column: the longest title (HEAD's names run to 24 characters,
+// tp_ep_pp_with_egtp_remat) and two spaces, at least 16.
+std::size_t kind_width(const std::vector<Column>& cols) {
+  std::size_t w = 16;
+  for (const Column& c : cols) w = std::max(w, c.title.size() + 2);
+  return w;
+}
+
 constexpr std::int64_t kShownGroups = 4;
 constexpr std::size_t kFirstGroupsWidth = 90;  // characters of first groups per summary line
 
@@ -207,13 +215,20 @@ void write_header(OutputBuffer& out, const Layout& layout, const PlanSelection& 
     for (std::size_t i = 0; i < c.hcp.size(); ++i) hcp += (i ? "," : "") + std::to_string(c.hcp[i]);
     hcp += "]";
   }
-  out.put("world " + std::to_string(c.world_size) + ", order " + c.order + " (innermost first)\n" +
+  out.put("world " + std::to_string(c.world_size) + ", order " + c.order + " (innermost first)" +
+          (c.compat == Compat::head ? ", compat head (Megatron-core HEAD's groups)" : "") + "\n" +
           "  dense grid:  tp " + std::to_string(c.tp) + " x cp " + std::to_string(c.cp) + " x dp " +
           std::to_string(layout.dp()) + " x pp " + std::to_string(c.pp) + "\n" +
           "  expert grid: etp " + std::to_string(c.expert_tp()) + " x ep " + std::to_string(c.ep) +
           " x expert_dp " + std::to_string(layout.expert_dp()) + " x pp " + std::to_string(c.pp) +
           "\n" + "  dist_opt_instances " + std::to_string(c.dist_opt_instances) + ", hcp " + hcp +
           ", vpp " + opt_text(c.vpp) + "\n");
+  if (c.compat == Compat::head)
+    out.put("  gtp_remat " + std::to_string(c.gtp_remat) + ", expert_gtp_remat " +
+            std::to_string(c.expert_gtp_remat) + ", rank_offset " + std::to_string(c.rank_offset) +
+            ", local_world_size " + std::to_string(c.layout_world_size()) +
+            (c.hybrid_context_parallel ? ", hybrid context parallel" : "") +
+            (c.all_gather_groups ? ", all-gather groups" : "") + "\n");
   if (sel.spares) {
     out.put("  " + spares_text(*sel.spares) + "\n");
     if (sel.rank)
@@ -271,14 +286,16 @@ void write_rank_view(OutputBuffer& out, const Layout& layout, const PlanSelectio
   // Columns as wide as the largest number they can hold.
   const auto wide = static_cast<std::size_t>(digits(layout.world_size()) + 2);
   const std::size_t w8 = std::max<std::size_t>(8, wide), w6 = std::max<std::size_t>(6, wide);
-  out.pad("kind", 16, true);
+  const std::vector<Column> cols = columns(layout, sel.kinds);
+  const std::size_t wk = kind_width(cols);
+  out.pad("kind", wk, true);
   out.pad("group", w8);
   out.pad("rank", w8);
   out.pad("size", w6);
   out.put(sel.gpus_per_node ? "  members; nodes\n" : "  members\n");
   const NodeMap nodes(sel.gpus_per_node.value_or(1));
-  for (const Column& col : columns(layout, sel.kinds)) {
-    out.pad(col.title, 16, true);
+  for (const Column& col : cols) {
+    out.pad(col.title, wk, true);
     const std::optional<std::int64_t> q = layout.group_index(col.kind, r, col.level);
     if (!q) {
       out.pad("-", w8);
@@ -362,7 +379,8 @@ void write_plan_table(std::ostream& stream, const Layout& layout, const PlanSele
   const auto D = static_cast<std::size_t>(digits(std::max<std::int64_t>(W - 1, 0)));
 
   // Per-kind summary: the first groups, each as ranges.
-  out.pad("kind", 16, true);
+  const std::size_t wk = kind_width(cols);
+  out.pad("kind", wk, true);
   out.pad("groups", 8);
   out.pad("size", 8);
   out.put("  first groups\n");
@@ -395,7 +413,7 @@ void write_plan_table(std::ostream& stream, const Layout& layout, const PlanSele
       size_text = lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi);
     }
     if (n > shown) first += " ...";
-    out.pad(col.title, 16, true);
+    out.pad(col.title, wk, true);
     out.pad_int(n, 8);
     out.pad(size_text, 8);
     out.put("  ");

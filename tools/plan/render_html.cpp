@@ -228,8 +228,9 @@ void write_plan_html(std::ostream& out, const Layout& layout, const PictureOptio
 
   const std::int64_t last_node = geo.first_node + geo.rows - 1;
   const std::int64_t total_nodes = NodeMap(opt.gpus_per_node).nodes(c.world_size);
-  const std::string title =
-      "commgrid layout: world " + std::to_string(c.world_size) + ", order " + c.order;
+  const std::string title = "commgrid layout: world " + std::to_string(c.world_size) +
+                            (c.compat == Compat::head ? ", compat head" : "") + ", order " +
+                            c.order;
   out << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
       << "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
       // A data: icon, so that no browser asks a server for favicon.ico.

@@ -119,7 +119,7 @@ std::vector<std::string> group_colours(std::size_t n) {
     // Nudge alternately darker and lighter until the colour is new; 24-bit colours leave
     // room for far more groups than a picture can hold.
     for (int step = 1; used.count(c) > 0; ++step) {
-      const double d = 0.004 * ((step + 1) / 2) * (step % 2 ? -1 : 1);
+      const double d = 0.004 * static_cast<double>((step + 1) / 2) * (step % 2 ? -1 : 1);
       c = hex_colour(std::fmod(h + 0.37 * step, 360.0), s, std::clamp(l + d, 0.15, 0.9));
     }
     used.insert(c);
@@ -366,12 +366,17 @@ void write_plan_svg(std::ostream& out, const Layout& layout, const PictureOption
   out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" viewBox=\"0 0 " << width << " " << height << "\">\n"
+      << "<title>commgrid layout: world " << c.world_size
+      << (c.compat == Compat::head ? ", compat head" : "") << ", order " << xml_escape(c.order)
+      << "</title>\n"
       << "<style>" << svg_panel_css() << "</style>\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n";
   const int hx = kMargin;
   int hy = kMargin + 14;
   out << "<text class=\"h\" x=\"" << hx << "\" y=\"" << hy << "\">commgrid layout: world "
-      << c.world_size << ", order " << xml_escape(c.order) << " (innermost first)</text>\n";
+      << c.world_size << ", order " << xml_escape(c.order) << " (innermost first)"
+      << (c.compat == Compat::head ? ", compat head (Megatron-core HEAD's groups)" : "")
+      << "</text>\n";
   hy += kHeaderLineH;
   const std::int64_t total_nodes = NodeMap(opt.gpus_per_node).nodes(c.world_size);
   out << "<text class=\"hs\" x=\"" << hx << "\" y=\"" << hy << "\">dense tp " << c.tp << " x cp "

@@ -12,7 +12,7 @@ namespace commgrid::cli {
 /// creates every module's group sets and checks each with an allgather of world ranks.
 /// Prints one line per module and group set; returns 0 when all pass, 1 otherwise. Throws
 /// ConfigError for a bad job file or a --local that differs from the job's world size.
-int run_verify_job(const std::string& path, std::optional<int> local,
-                   std::chrono::milliseconds timeout);
+[[nodiscard]] int run_verify_job(const std::string& path, std::optional<int> local,
+                                 std::chrono::milliseconds timeout);
 
 }  // namespace commgrid::cli

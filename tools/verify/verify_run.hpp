@@ -60,19 +60,19 @@ struct VerifyReport {
 /// recv. The verdicts are gathered so that every rank returns the same report. Throws what
 /// initialize throws (ConfigMismatchError, ConfigError, BackendError) and BackendError
 /// (TimeoutError) when a check's communication fails outright.
-VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
-                        const VerifyOptions& options);
+[[nodiscard]] VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
+                                      const VerifyOptions& options);
 
 /// The report as a table, then `verified K kinds, G groups on W ranks` (or the failures).
-std::string format_verify_report(const VerifyReport& report);
+[[nodiscard]] std::string format_verify_report(const VerifyReport& report);
 
 /// The config of `layout` on `world_size` ranks, with every kind of `options` checked to
 /// exist: bad input is a ConfigError found before any communication, the same on every rank.
-ParallelConfig checked_verify_config(const LayoutFlags& layout, const VerifyOptions& options,
-                                     int world_size);
+[[nodiscard]] ParallelConfig checked_verify_config(const LayoutFlags& layout,
+                                                   const VerifyOptions& options, int world_size);
 
 /// Prints the report (stdout) and each failure (stderr, `error: verify failed: ...`);
 /// returns the exit code, 0 when every kind passed, else 1.
-int print_verify_report(const VerifyReport& report);
+[[nodiscard]] int print_verify_report(const VerifyReport& report);
 
 }  // namespace commgrid::cli

@@ -106,6 +106,22 @@ TEST(TrainGptCli, TablePrintsEveryStep) {
   EXPECT_NE(r.out.find("\n   2    4."), std::string::npos) << r.out;
 }
 
+TEST(TrainGptCli, HelpNamesTheProgramAndShowsHowToSeeARecovery) {
+  const CliResult r = run_cli(kTrainGpt, {"--help"});
+  ASSERT_EQ(r.code, 0) << describe(r);
+  // The installed program's name, never the CMake target's (which the build folder's path,
+  // in the usage line, still holds).
+  EXPECT_EQ(r.out.find(" train_gpt "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.rfind("train_gpt:", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("commgrid-train-gpt: a small float64 GPT"), std::string::npos) << r.out;
+  // --fault-kill is documented: the way to see a recovery in one command.
+  EXPECT_NE(r.out.find("--fault-kill"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("commgrid launch -n 5 --spares 1 -- commgrid-train-gpt --tp 2 --spares 1 "
+                       "--fault-kill 1:3"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(TrainGptCli, InvalidCombinationsExit2) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--local", "4", "--pp", "4", "--layers", "2"},

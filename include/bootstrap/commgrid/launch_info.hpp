@@ -38,6 +38,8 @@ struct LaunchInfo {
   /// What tells this run of the job from another with the same id (LaunchEnv::run_nonce);
   /// empty when the launcher gives nothing.
   std::string nonce;
+  /// Which start of the job this is: TORCHELASTIC_RESTART_COUNT, else 0.
+  Rank epoch = 0;
   /// COMMGRID_STORE_SERVED: commgrid launch --spares serves the store, so rank 0 does not.
   bool store_served_by_launcher = false;
 };

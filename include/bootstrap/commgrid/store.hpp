@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "commgrid/axis.hpp"
 #include "commgrid/communicator.hpp"
 
 namespace commgrid {
@@ -124,7 +125,22 @@ struct StoreOptions {
   /// with the same id on the same store fails at once, in each of its ranks whose place is taken,
   /// with JobConflictError "... is in use by another job with the same id ..." instead of
   /// merging. The same process may open the store again as the same rank.
-  int rank = -1;
+  Rank rank = -1;
+  /// With rank >= 0: what tells this run of the job from another run with the same id
+  /// (LaunchInfo::nonce: COMMGRID_JOB_NONCE, SLURM's job and step, Open MPI's namespace;
+  /// empty: the launcher gave none). The first rank to join records it with `epoch`
+  /// ("commgrid-job/run"); a rank of another run (another nonce, or none where the store's
+  /// run has one, or the reverse) or of another start is refused with JobConflictError,
+  /// even when its place is free: a rank that starts late cannot be replaced by another
+  /// job's rank (docs/security.md, "Two jobs with one id").
+  std::string nonce = {};
+  /// With rank >= 0: which start of the job this is (TORCHELASTIC_RESTART_COUNT; 0 for the
+  /// first): recorded and compared with `nonce`.
+  Rank epoch = 0;
+  /// tcp:// server only: the ranks of the job (0: unknown), whose connections the server
+  /// keeps room for: connections that have not proven the token yet may hold at most a
+  /// quarter of what the descriptor limit leaves beside them.
+  Rank world_size = 0;
   /// The process identity this store connection speaks for (resilience: "process/3/0",
   /// process 3's first incarnation), so that a fence() of it is enforced: a tcp:// store's
   /// server refuses the process's requests from then on (FencedError). Empty: none.
@@ -201,6 +217,25 @@ bool grant_etcd_job(const std::string& uri, const std::string& root_user,
 /// token keeps out those who can read it (the same user, or anyone who reaches a token-less
 /// tcp:// store or an open Redis).
 std::string effective_token(const Store& store, const std::string& token);
+
+/// Bytes that came from a peer or a store (anyone who could write there chose them), as
+/// they may appear in a message: in single quotes, cut after `max_bytes` ("...' (N bytes)"),
+/// with every byte outside printable ASCII, the quote and the backslash written \xNN. Used
+/// wherever such bytes enter an error, so that a stranger cannot forge lines, colour a
+/// terminal or flood a log.
+[[nodiscard]] std::string quote_untrusted(std::string_view bytes, std::size_t max_bytes = 120);
+
+/// OpenSSL's random generator failed: no secret or challenge can be made. Never caught
+/// by commgrid (a job without a cryptographic random source must not start).
+class RandomSourceError : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
+
+/// `bytes` random bytes from OpenSSL's cryptographic generator (RAND_bytes), as 2 * bytes
+/// lowercase hex digits: the job secret, a job token, every challenge. Throws
+/// RandomSourceError when the generator fails, InvalidValueError for 0 or more than 2^20.
+[[nodiscard]] std::string random_secret_hex(std::size_t bytes);
 
 /// options.token in hex, keyed-hashed (HMAC-SHA256) with `context`: what a store or a peer
 /// may learn about the token without learning it. Empty when the token is empty.

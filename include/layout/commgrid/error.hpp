@@ -155,6 +155,32 @@ class AuthenticationError : public BackendError {
   using BackendError::BackendError;
 };
 
+// ---- resilience: a job that cannot go on after a failure -------------------------------
+
+/// A job that lost processes cannot go on: no spare and no smaller layout, a state that no
+/// live process holds, a state provider that failed. A runtime event, not bad input (the
+/// CLI exits 1, not 2). Every process of the job raises it alike, with the same message;
+/// the first to find it posts it to the job's store, where commgrid launch reads it and
+/// says it once.
+class RecoveryError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The state of a logical rank is lost: every process that held it (its data-parallel
+/// replicas, or it and its buddy) died. The message names the logical rank.
+class StateLostError : public RecoveryError {
+ public:
+  using RecoveryError::RecoveryError;
+};
+
+/// The program's state provider (save, load or reshard) failed: the message names the
+/// process, the call and the provider's own message.
+class StateProviderError : public RecoveryError {
+ public:
+  using RecoveryError::RecoveryError;
+};
+
 /// A rank of a local job failed. what() is "rank R: <the rank's own message>"; cause()
 /// holds the original exception (rethrow it to recover its type).
 class RankFailedError : public Error {

@@ -80,6 +80,9 @@ class RankMap {
   /// The next epoch with a dead process back as a spare (a restarted process). Throws
   /// IncompatibleError unless the process is dead.
   [[nodiscard]] RankMap revive(std::int64_t process) const;
+  /// The same map numbered as epoch `epoch`: a job's epoch may apply several changes (a
+  /// revive, then a replace), and Recovery numbers each resulting map with the job's epoch.
+  [[nodiscard]] RankMap at_epoch(std::int64_t epoch) const;
   /// The next epoch of a smaller world (`plan` from plan_shrink over this map's logical
   /// ranks) after the processes `dead` died (any order, duplicates ignored; spares and
   /// already dead processes may be among them): the world is plan.config.world_size; the
@@ -107,11 +110,12 @@ class RankMap {
   std::vector<ProcessRole> role_;         ///< per process
 };
 
-/// A failure found too few spares: names the logical ranks left without a process.
-class NoSpareError : public ConfigError {
+/// A failure found too few spares: names the logical ranks left without a process. A
+/// runtime event (RecoveryError), not bad input.
+class NoSpareError : public RecoveryError {
  public:
-  NoSpareError(std::string message, std::vector<Rank> ranks)
-      : ConfigError("spares", std::move(message)), ranks_(std::move(ranks)) {}
+  NoSpareError(const std::string& message, std::vector<Rank> ranks)
+      : RecoveryError(message), ranks_(std::move(ranks)) {}
   [[nodiscard]] const std::vector<Rank>& ranks() const noexcept { return ranks_; }
 
  private:

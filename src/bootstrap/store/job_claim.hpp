@@ -29,8 +29,11 @@ struct Claim {
 [[nodiscard]] std::string accept_claim(const std::string& where, const std::string& found,
                                        const StoreOptions& options);
 
-/// Claims the place of options.rank (if >= 0) in a freshly opened store; JobConflictError
-/// when another process holds it (see StoreOptions::rank).
+/// Claims the place of options.rank (if >= 0) in a freshly opened store: first checks the
+/// run recorded by the job's first rank ("commgrid-job/run": options.nonce and
+/// options.epoch; recorded when absent), then takes the place. JobConflictError when the
+/// store's run is another (StoreOptions::nonce) or another process holds the place
+/// (StoreOptions::rank).
 void join_as_rank(Store& store, const StoreOptions& options);
 
 }  // namespace commgrid::bootstrap

@@ -111,7 +111,7 @@ class RedisConnection {
     throw BackendError(head + why);
   }
   static std::string text_of(const redisReply* r) {
-    if (r->type == REDIS_REPLY_ERROR) return std::string(r->str, r->len);
+    if (r->type == REDIS_REPLY_ERROR) return quote_untrusted(std::string_view(r->str, r->len));
     if (r->type == REDIS_REPLY_NIL) return "no such key";
     return "unexpected reply";
   }

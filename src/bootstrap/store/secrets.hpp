@@ -8,10 +8,14 @@
 
 namespace commgrid::bootstrap {
 
-/// `n` random bytes from OpenSSL's generator; BackendError when it fails.
+/// The most bytes one call makes (RAND_bytes takes an int; no secret needs more).
+inline constexpr std::size_t kMaxRandomBytes = std::size_t{1} << 20;
+
+/// `n` random bytes from OpenSSL's generator (at most kMaxRandomBytes); RandomSourceError
+/// when the generator fails.
 [[nodiscard]] std::string random_bytes(std::size_t n);
 
-/// `bytes` random bytes from OpenSSL's generator, in hex.
+/// `bytes` random bytes from OpenSSL's generator, in hex (random_bytes' errors).
 [[nodiscard]] std::string random_hex(std::size_t bytes);
 
 /// Whether two secrets are equal, compared in constant time for equal sizes.

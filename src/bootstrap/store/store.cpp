@@ -121,8 +121,8 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
           if (present) value = do_get(*watch);
         });
         if (present)
-          throw AbortedError("store " + uri() + ": the wait ended: " + *watch + " is set (" +
-                             std::string(value.begin(), value.end()) + ")");
+          throw AbortedError("store " + uri() + ": the wait ended: " + *watch + " is set to " +
+                             quote_untrusted(std::string_view(value.data(), value.size())));
       }
       store_call("wait", uri(), [&] {
         missing = do_wait(

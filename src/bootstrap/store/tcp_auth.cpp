@@ -39,15 +39,15 @@ Handshake client_handshake(int fd, Clock::time_point deadline, const StoreOption
       return Handshake::dropped;
     }
     if (h.type == 'R' && h.fields.size() == 1) {
-      refusal = printable(h.fields[0]);
+      refusal = quote_untrusted(h.fields[0], 300);
       return Handshake::refused;
     }
     if (h.type != 'H' || h.fields.size() != 2 || h.fields[1].size() != 32)
       throw AuthenticationError("tcp store " + uri +
                                 ": the server does not speak commgrid's store protocol");
     if (h.fields[0] != o.job_id)
-      throw JobConflictError("tcp store " + uri + " serves job '" + printable(h.fields[0]) +
-                             "' (this is job '" + o.job_id +
+      throw JobConflictError("tcp store " + uri + " serves job " + quote_untrusted(h.fields[0]) +
+                             " (this is job '" + o.job_id +
                              "'): give each job its own MASTER_PORT");
     const std::string nonce = random_bytes(32);
     Message answer;

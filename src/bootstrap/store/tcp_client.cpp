@@ -30,6 +30,9 @@ using tcp::Ms;
 using tcp::Socket;
 using tcp::TcpStoreServer;
 
+// How much of a server's refusal or fencing message an error quotes.
+constexpr std::size_t kShownReply = 300;
+
 std::string seconds_text(Ms d) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(d.count()) / 1000.0);
@@ -72,7 +75,8 @@ class TcpStore final : public Store {
     }
     Message r = request({'X', {key, std::string(value.begin(), value.end())}});
     if (r.type == 'E' && !r.fields.empty())
-      throw BackendError("tcp store " + uri() + ": " + printable(r.fields[0]));
+      throw BackendError("tcp store " + uri() +
+                         ": the server refused it: " + quote_untrusted(r.fields[0], kShownReply));
     if (r.type != 'K' && r.type != 'F')
       throw BackendError("tcp store " + uri() + ": unexpected reply to set_if_absent");
     return r.type == 'K';
@@ -114,22 +118,43 @@ class TcpStore final : public Store {
     if (keys.empty()) return keys;
     for (const auto& k : keys) check_sizes(k, 0);
     if (server_) return server_->wait(std::move(keys), slice);
-    Message m{'W', {std::to_string(slice.count())}};
-    m.fields.insert(m.fields.end(), keys.begin(), keys.end());
-    std::optional<Message> r = request(m, slice, &abort_flag());
-    if (!r) return keys;  // aborted: wait_for says so
-    if (r->type != 'M') throw BackendError("tcp store " + uri() + ": unexpected reply to wait");
-    return std::move(r->fields);
+    // A wait longer than one request may carry is asked in parts, in order; the first part
+    // with keys still missing ends this round (wait_for asks again).
+    for (size_t begin = 0; begin < keys.size();) {
+      size_t end = begin, bytes = 1 + 4 + 20;  // the type and the slice's field
+      while (end < keys.size() && end - begin < kTcpStoreMaxWaitKeys &&
+             bytes + 4 + keys[end].size() <= kTcpStoreMaxWaitBytes)
+        bytes += 4 + keys[end++].size();
+      Message m{'W', {std::to_string(slice.count())}};
+      m.fields.insert(m.fields.end(), keys.begin() + static_cast<std::ptrdiff_t>(begin),
+                      keys.begin() + static_cast<std::ptrdiff_t>(end));
+      std::optional<Message> r = request(m, slice, &abort_flag());
+      if (!r) return keys;  // aborted: wait_for says so
+      if (r->type == 'E' && !r->fields.empty())
+        throw BackendError("tcp store " + uri() + ": the server refused a wait: " +
+                           quote_untrusted(r->fields[0], kShownReply));
+      if (r->type != 'M') throw BackendError("tcp store " + uri() + ": unexpected reply to wait");
+      if (!r->fields.empty()) {
+        std::vector<std::string> missing = std::move(r->fields);
+        missing.insert(missing.end(), keys.begin() + static_cast<std::ptrdiff_t>(end), keys.end());
+        return missing;
+      }
+      begin = end;
+    }
+    return {};
   }
   bool waits_in_slices() const override { return true; }
 
  private:
   void check_sizes(const std::string& key, size_t value) const {
-    if (key.size() > kTcpStoreMaxKey || value > kTcpStoreMaxValue)
-      throw BackendError("tcp store " + uri() + ": key of " + std::to_string(key.size()) +
-                         " bytes or value of " + std::to_string(value) +
-                         " bytes exceeds the limits (" + std::to_string(kTcpStoreMaxKey) + ", " +
-                         std::to_string(kTcpStoreMaxValue) + ")");
+    if (key.size() > kTcpStoreMaxKey)
+      throw BackendError("tcp store " + uri() + ": a key of " + std::to_string(key.size()) +
+                         " bytes exceeds the limit of " + std::to_string(kTcpStoreMaxKey) +
+                         " bytes per key");
+    if (value > kTcpStoreMaxValue)
+      throw BackendError("tcp store " + uri() + ": a value of " + std::to_string(value) +
+                         " bytes exceeds the limit of " + std::to_string(kTcpStoreMaxValue) +
+                         " bytes per value");
   }
 
   // Tells the server which process this connection is (StoreOptions::process), so that a
@@ -243,9 +268,9 @@ class TcpStore final : public Store {
       if (r.type == 'Z') {
         socket_ = Socket();
         // Kept: every later request says it again (a caller may have wrapped the first).
-        fenced_ =
-            "tcp store " + uri() + ": " +
-            (r.fields.empty() ? std::string("this process is fenced") : printable(r.fields[0]));
+        fenced_ = "tcp store " + uri() + ": " +
+                  (r.fields.empty() ? std::string("this process is fenced")
+                                    : quote_untrusted(r.fields[0], kShownReply));
         throw FencedError(fenced_);
       }
       return r;

@@ -46,6 +46,20 @@ Limit connection_cap(const Limit& configured) {
                       " are kept for its other uses): raise it on rank 0's machine"};
 }
 
+size_t pending_limit(size_t cap, Rank world_size) {
+  constexpr size_t kMaxPending = 4096, kMinPending = 4;
+  const size_t ranks = world_size > 0 ? static_cast<size_t>(world_size) : 0;
+  const size_t left = cap > ranks ? cap - ranks : 0;
+  return std::clamp<size_t>(left / 4, kMinPending, kMaxPending);
+}
+
+void raise_descriptor_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  rl.rlim_cur = rl.rlim_max;
+  (void)::setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 size_t open_descriptor_limit() {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;

@@ -29,6 +29,17 @@ struct Limit {
 /// descriptor). Read at each connection: a program may raise its limit meanwhile.
 [[nodiscard]] Limit connection_cap(const Limit& configured);
 
+/// The connections without proof the server holds at most when it may hold `cap` in all
+/// and the job has `world_size` ranks (0: unknown): a quarter of what the ranks leave, at
+/// least 4 and at most 4096. Beyond it the one waiting longest for its proof is closed, so
+/// that strangers never hold more than a part of the server's descriptors: the rest is the
+/// job's ranks' and the process's own (Gloo's pairs).
+[[nodiscard]] std::size_t pending_limit(std::size_t cap, Rank world_size);
+
+/// Raises this process's soft descriptor limit to its hard limit (once the server starts:
+/// each rank holds a connection). Nothing happens when it cannot be raised.
+void raise_descriptor_limit();
+
 /// This process's soft descriptor limit (0 when it cannot be read).
 [[nodiscard]] std::size_t open_descriptor_limit();
 

@@ -23,6 +23,7 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, const StoreOpt
     : where_(host + ":" + std::to_string(port)), options_(options),
       secret_(options.token.empty() ? random_hex(32) : ""), connections_(connection_limit(options)),
       bytes_limit_(byte_limit(options)) {
+  raise_descriptor_limit();
   listen_on(host, port);
   epoll_ = Socket(::epoll_create1(EPOLL_CLOEXEC));
   wake_ = Socket(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -144,7 +145,7 @@ TcpStoreServer::SetResult TcpStoreServer::insert(const std::string& key, std::st
     if (map_.count(key) != 0) return SetResult::exists;
     if (bytes_ + cost > bytes_limit_.value) {
       if (why != nullptr)
-        *why = "store at " + where_ + " refused to set key '" + printable(key) + "' (" +
+        *why = "store at " + where_ + " refused to set key " + quote_untrusted(key) + " (" +
                std::to_string(cost) + " bytes with its bookkeeping): it holds " +
                std::to_string(bytes_) + " bytes in " + std::to_string(map_.size()) +
                " keys, and its limit is " + std::to_string(bytes_limit_.value) + " bytes, set by " +
@@ -348,8 +349,8 @@ void TcpStoreServer::admit(Socket s) {
       return;
     }
     evict_oldest_pending();
-  } else if (pending_.size() >= kMaxPending) {
-    evict_oldest_pending();
+  } else if (pending_.size() >= pending_limit(cap.value, options_.world_size)) {
+    evict_oldest_pending();  // strangers keep to their share; the ranks' is kept for them
   }
   const int one = 1;
   ::setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

@@ -35,8 +35,6 @@
 
 namespace commgrid::bootstrap::tcp {
 
-/// Connections that have not proven the token yet, at most: beyond, the oldest is closed.
-inline constexpr std::size_t kMaxPending = 4096;
 /// A genuine rank proves within a round trip of the greeting; a loaded machine may take
 /// seconds to schedule it.
 inline constexpr Ms kHandshakeDeadline = std::chrono::seconds(10);
@@ -141,6 +139,10 @@ class TcpStoreServer {
   bool read_requests(Conn& c);
   bool serve_requests(Conn& c);
   bool refuse_fenced(Conn& c, const std::string& process);
+  // Answers a request beyond a limit with an error naming it ('E') and closes the
+  // connection once it is sent; true (the connection stays until then).
+  bool refuse_request(Conn& c, const std::string& why);
+  bool refuse_key(Conn& c, std::size_t bytes);
   bool serve(Conn& c, Message m);
   bool park(Conn& c, Message m);
   void advance_wait(Conn& c, bool resume);

@@ -72,6 +72,7 @@ bool TcpStoreServer::read_proof(Conn& c) {
 
 // After the proof: bytes as they come (never more than the frame they belong to needs).
 bool TcpStoreServer::read_requests(Conn& c) {
+  if (c.closing) return true;  // refused: what else it sends is not read
   size_t total = 0;
   while (total < (size_t{1} << 20) && c.in.size() - c.in_off < 4 + kMaxFrame) {
     const ssize_t n = ::recv(c.socket.get(), buffer_.data(), buffer_.size(), 0);
@@ -95,9 +96,24 @@ bool TcpStoreServer::serve_requests(Conn& c) {
     const size_t avail = c.in.size() - c.in_off;
     if (avail < 4) break;
     const uint32_t size = get_u32(c.in.data() + c.in_off);
-    if (size == 0 || size > kMaxFrame) return false;
+    if (size == 0) return false;
+    if (avail < 5) break;  // the type byte says the frame's limit
+    const char type = c.in[c.in_off + 4];
+    const size_t limit = max_request_frame(type);
+    if (limit == 0) return false;  // not a request: the connection broke the protocol
+    // Refused from its length alone, before its body is read or anything is allocated.
+    if (size > limit)
+      return refuse_request(c, std::string("a ") + request_name(type) + " request of " +
+                                   std::to_string(size) + " bytes exceeds the limit of " +
+                                   std::to_string(limit) + " bytes per request");
     if (avail < 4 + size) break;
-    auto m = decode(std::string_view(c.in).substr(c.in_off + 4, size));
+    const std::string_view body = std::string_view(c.in).substr(c.in_off + 4, size);
+    if (type == 'W')
+      if (const auto n = count_fields(body); n && *n > 1 + kTcpStoreMaxWaitKeys)
+        return refuse_request(c, "a wait request for " + std::to_string(*n - 1) +
+                                     " keys exceeds the limit of " +
+                                     std::to_string(kTcpStoreMaxWaitKeys) + " keys per request");
+    auto m = decode(body);
     c.in_off += 4 + size;
     if (!m || !serve(c, std::move(*m))) return false;
   }
@@ -125,7 +141,8 @@ bool TcpStoreServer::refuse_fenced(Conn& c, const std::string& process) {
 bool TcpStoreServer::serve(Conn& c, Message m) {
   if (!c.process.empty() && refuse_fenced(c, c.process)) return true;
   if (m.type == 'W') return park(c, std::move(m));
-  if (m.fields.empty() || m.fields[0].size() > kTcpStoreMaxKey) return false;
+  if (m.fields.empty()) return false;
+  if (m.fields[0].size() > kTcpStoreMaxKey) return refuse_key(c, m.fields[0].size());
   const std::string& key = m.fields[0];
   if (m.type == 'I' && m.fields.size() == 1) {  // identify as a process
     if (refuse_fenced(c, key)) return true;
@@ -134,13 +151,19 @@ bool TcpStoreServer::serve(Conn& c, Message m) {
     return true;
   }
   if (m.type == 'P' && m.fields.size() == 2) {  // fence a process
-    if (m.fields[1].size() > kTcpStoreMaxKey) return false;
+    if (m.fields[1].size() > kTcpStoreMaxKey)
+      return refuse_request(c, "a fencing message of " + std::to_string(m.fields[1].size()) +
+                                   " bytes exceeds the limit of " +
+                                   std::to_string(kTcpStoreMaxKey) + " bytes");
     fence(key, m.fields[1]);
     queue(c, encode({'K', {}}));
     return true;
   }
   if ((m.type == 'S' || m.type == 'X') && m.fields.size() == 2) {
-    if (m.fields[1].size() > kTcpStoreMaxValue) return false;
+    if (m.fields[1].size() > kTcpStoreMaxValue)
+      return refuse_request(c, "a value of " + std::to_string(m.fields[1].size()) +
+                                   " bytes exceeds the limit of " +
+                                   std::to_string(kTcpStoreMaxValue) + " bytes per value");
     std::string why;
     switch (insert(key, m.fields[1], &why)) {
       case SetResult::ok:
@@ -150,7 +173,7 @@ bool TcpStoreServer::serve(Conn& c, Message m) {
       case SetResult::exists:
         // 'X' (set if absent): the key existed, which is an answer, not an error.
         if (m.type == 'X') queue(c, encode({'F', {}}));
-        else queue(c, encode({'E', {"key '" + printable(key) + "' is already set"}}));
+        else queue(c, encode({'E', {"key " + quote_untrusted(key) + " is already set"}}));
         break;
       case SetResult::full: queue(c, encode({'E', {why}})); break;
     }
@@ -195,7 +218,7 @@ bool TcpStoreServer::park(Conn& c, Message m) {
   auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), slice);
   if (ec != std::errc() || end != t.data() + t.size() || slice < 0) return false;
   for (size_t k = 1; k < m.fields.size(); ++k)
-    if (m.fields[k].size() > kTcpStoreMaxKey) return false;
+    if (m.fields[k].size() > kTcpStoreMaxKey) return refuse_key(c, m.fields[k].size());
   c.wait_keys.assign(std::make_move_iterator(m.fields.begin() + 1),
                      std::make_move_iterator(m.fields.end()));
   c.wait_next = 0;
@@ -328,6 +351,18 @@ void TcpStoreServer::update_events(Conn& c) {
   ev.data.u64 = c.id;
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.socket.get(), &ev) == 0) c.events = events;
   // A parked wait with requests already received resumes them when it is answered.
+}
+
+bool TcpStoreServer::refuse_request(Conn& c, const std::string& why) {
+  queue(c, encode({'E', {"store at " + where_ + " refused this request: " + why}}));
+  c.closing = true;
+  c.in_off = c.in.size();  // nothing it sent is served
+  return true;
+}
+
+bool TcpStoreServer::refuse_key(Conn& c, size_t bytes) {
+  return refuse_request(c, "a key of " + std::to_string(bytes) + " bytes exceeds the limit of " +
+                               std::to_string(kTcpStoreMaxKey) + " bytes per key");
 }
 
 void TcpStoreServer::queue(Conn& c, std::string frame) { c.out.push_back({std::move(frame), {}}); }

@@ -28,5 +28,10 @@ inline constexpr std::size_t kTcpStoreMaxValue = std::size_t{64} << 20;
 /// node, bucket and string headers and the allocator's own (about 104 bytes measured with
 /// glibc for short keys; 128 keeps the count above what is resident).
 inline constexpr std::size_t kTcpStoreKeyOverhead = 128;
+/// The most keys and bytes one wait request carries (a census of 10^5 ranks names 10^5 keys
+/// of about 50 bytes). The client splits a longer wait into several; the server refuses a
+/// larger one, naming the limit, before it reads it.
+inline constexpr std::size_t kTcpStoreMaxWaitKeys = std::size_t{1} << 18;
+inline constexpr std::size_t kTcpStoreMaxWaitBytes = std::size_t{16} << 20;
 
 }  // namespace commgrid::bootstrap

@@ -18,6 +18,32 @@ uint32_t get_u32(const char* in) {
   return ntohl(be);
 }
 
+size_t max_request_frame(char type) {
+  switch (type) {
+    case 'S':
+    case 'X': return kMaxFrame;
+    case 'G':
+    case 'C':
+    case 'I': return 1 + 4 + kTcpStoreMaxKey;
+    case 'P': return 1 + 2 * (4 + kTcpStoreMaxKey);
+    case 'W': return kTcpStoreMaxWaitBytes;
+    default: return 0;
+  }
+}
+
+const char* request_name(char type) {
+  switch (type) {
+    case 'S':
+    case 'X': return "set";
+    case 'G': return "get";
+    case 'C': return "check";
+    case 'I': return "identify";
+    case 'P': return "fence";
+    case 'W': return "wait";
+    default: return "unknown";
+  }
+}
+
 std::string encode(const Message& m) {
   size_t size = 1;
   for (const auto& f : m.fields) size += 4 + f.size();
@@ -46,6 +72,21 @@ std::optional<Message> decode(std::string_view body) {
     body.remove_prefix(n);
   }
   return m;
+}
+
+std::optional<size_t> count_fields(std::string_view body) {
+  if (body.empty()) return std::nullopt;
+  body.remove_prefix(1);
+  size_t n = 0;
+  while (!body.empty()) {
+    if (body.size() < 4) return std::nullopt;
+    const uint32_t len = get_u32(body.data());
+    body.remove_prefix(4);
+    if (len > body.size()) return std::nullopt;
+    body.remove_prefix(len);
+    ++n;
+  }
+  return n;
 }
 
 }  // namespace commgrid::bootstrap::tcp

@@ -1,5 +1,5 @@
-// Text helpers of the stores: bytes in hex, and bytes that came from a peer or a store made
-// safe to put in a message.
+// Text helpers of the stores: bytes in hex. (Bytes from a peer or a store are shown with
+// quote_untrusted, <commgrid/store.hpp>.)
 #pragma once
 
 #include <string>
@@ -9,12 +9,5 @@ namespace commgrid::bootstrap {
 
 /// `bytes` as lowercase hex, two digits a byte.
 [[nodiscard]] std::string hex_of(std::string_view bytes);
-
-/// Text from the other end of a connection, as it may be shown: printable, bounded.
-[[nodiscard]] std::string printable(std::string_view text);
-
-/// A claim's text as it may appear in a message: it came from the store, so anyone who
-/// could write there chose it.
-[[nodiscard]] std::string shown(const std::string& text);
 
 }  // namespace commgrid::bootstrap

@@ -189,6 +189,31 @@ TEST(Launch, TorchrunsFlagNamesAndSpellingsAreAccepted) {
   EXPECT_TRUE(has(id.err, "error: --rdzv-id: ")) << id.err;
 }
 
+TEST(Launch, AMultiNodeJobWithoutATokenWarnsNamingItsStore) {
+  // Without COMMGRID_TOKEN the tcp:// store of a multi-node job hands the job's secret to
+  // whoever connects: launch says so at start, on each node. (One node of two runs `true`,
+  // which needs no peer.)
+  const std::string port = std::to_string(free_port());
+  const std::string cmd = "timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
+                          " launch -n 1 --nnodes 2 --node-rank 0 --master-port " + port +
+                          " -- true";
+  Result bare = run_shell("env -u COMMGRID_TOKEN " + cmd);
+  EXPECT_EQ(bare.code, 0) << bare.err;
+  EXPECT_TRUE(has(bare.err,
+                  "launch: warning: COMMGRID_TOKEN is not set: anyone who can connect "
+                  "to this job's store (tcp://127.0.0.1:" +
+                      port + ") is handed the job's secret"))
+      << bare.err;
+  Result with_token = run_shell("COMMGRID_TOKEN=t " + cmd);
+  EXPECT_EQ(with_token.code, 0) << with_token.err;
+  EXPECT_FALSE(has(with_token.err, "warning")) << with_token.err;
+  // One node makes its own token: nothing to warn about.
+  Result one = run_shell("env -u COMMGRID_TOKEN timeout 60 " +
+                         commgrid::test::shell_quote(COMMGRID_CLI) + " launch -n 1 -- true");
+  EXPECT_EQ(one.code, 0) << one.err;
+  EXPECT_FALSE(has(one.err, "warning")) << one.err;
+}
+
 TEST(Launch, OutputRawAndRank0) {
   const std::string script = "echo \"out $RANK\"; echo \"err $RANK\" >&2";
   Result raw = launch({"launch", "-n", "3", "--output", "raw", "--", "sh", "-c", script});

@@ -25,19 +25,25 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A rank process of the test worker: its output goes to a file.
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// A rank process of the test worker: its output goes to a file. `extra` adds variables (a
+// launcher's run id).
 class Rank {
  public:
   Rank(const std::string& store, int rank, int size, const std::string& mode,
-       const std::string& seconds)
+       const std::string& seconds, const Env& extra = {})
       : out_(std::filesystem::temp_directory_path() /
              ("commgrid-same-id-" + std::to_string(::getpid()) + "-" + std::to_string(serial_++))) {
     pid_ = ::fork();
     if (pid_ == 0) {
-      for (const char* v : {"COMMGRID_TOKEN", "COMMGRID_JOB_ID", "TORCHELASTIC_RUN_ID",
-                            "SLURM_JOB_ID", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                            "PMI_RANK", "COMMGRID_LOCAL_RANK", "COMMGRID_LOCAL_WORLD_SIZE"})
+      for (const char* v :
+           {"COMMGRID_TOKEN", "COMMGRID_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "RANK",
+            "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "COMMGRID_LOCAL_RANK",
+            "COMMGRID_LOCAL_WORLD_SIZE", "COMMGRID_JOB_NONCE", "PMIX_NAMESPACE",
+            "OMPI_MCA_ess_base_jobid", "SLURM_STEP_ID", "TORCHELASTIC_RESTART_COUNT"})
         ::unsetenv(v);
+      for (const auto& [name, value] : extra) ::setenv(name.c_str(), value.c_str(), 1);
       ::setenv("COMMGRID_STORE", store.c_str(), 1);
       ::setenv("COMMGRID_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("COMMGRID_WORLD_SIZE", std::to_string(size).c_str(), 1);
@@ -130,6 +136,61 @@ TEST(SameIdJobs, OnARedisStoreTheSecondFailsAndTheFirstCompletes) {
 
 TEST(SameIdJobs, OnATcpStoreTheSecondFailsAndTheFirstCompletes) {
   second_job_fails_first_completes("tcp://127.0.0.1:" + std::to_string(free_port()), true);
+}
+
+// Job A's rank 0 starts; job B (the same id, no token, another run id from its launcher)
+// starts its rank 1 before A's rank 1 has. B's rank 1 used to take the free place and form a
+// world with A's rank 0 (the two jobs merged, and A's late rank 1 was refused). Now B's rank
+// 1 is refused at once, naming the other run, and A completes when its rank 1 arrives.
+void a_late_rank_is_not_replaced(const std::string& uri, const Env& run_a, const Env& run_b) {
+  SCOPED_TRACE(uri);
+  Rank a0(uri, 0, 2, "ok", "", run_a);
+  // A's rank 0 has joined (its place is taken) before B's rank starts.
+  StoreOptions probe;
+  probe.timeout = 30s;
+  probe.job_id = "shared";
+  auto store = open_store(uri, probe);
+  EXPECT_EQ(store->wait_for(std::vector<std::string>{"commgrid-job/rank/0"}, 30s),
+            std::vector<std::string>{});
+  const auto t0 = std::chrono::steady_clock::now();
+  Rank b1(uri, 1, 2, "ok", "", run_b);
+  EXPECT_EQ(b1.wait(60s), 1) << "job B's rank 1 joined job A's world:\n" << b1.output();
+  const std::string out = b1.output();
+  EXPECT_NE(out.find("is in use by another run of job 'shared' (rank 1 refused: its run is"),
+            std::string::npos)
+      << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "B's rank must fail at once";
+  // A's late rank 1 still finds its place, and A completes.
+  Rank a1(uri, 1, 2, "ok", "", run_a);
+  EXPECT_EQ(a0.wait(60s), 0) << a0.output();
+  EXPECT_EQ(a1.wait(60s), 0) << a1.output();
+  EXPECT_NE(a1.output().find("rank 1 of 2 ok sum=1"), std::string::npos) << a1.output();
+}
+
+Env run(const std::string& name, const std::string& value) {
+  return {{"COMMGRID_JOB_ID", "shared"}, {name, value}};
+}
+
+TEST(SameIdJobs, OnAFileStoreALateRankIsNotReplacedByAnotherRunsRank) {
+  std::string pattern = (std::filesystem::temp_directory_path() / "commgrid-late-XXXXXX").string();
+  const std::string dir = ::mkdtemp(pattern.data());
+  a_late_rank_is_not_replaced("file://" + dir, run("COMMGRID_JOB_NONCE", "run-a"),
+                              run("COMMGRID_JOB_NONCE", "run-b"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SameIdJobs, OnARedisStoreALateRankIsNotReplacedByAnotherRunsRank) {
+  RedisServer redis;
+  if (!redis.available()) GTEST_SKIP() << "redis-server not found or did not start";
+  // Open MPI's namespace: each mpirun has its own.
+  a_late_rank_is_not_replaced(redis.uri("late"), run("PMIX_NAMESPACE", "1111"),
+                              run("PMIX_NAMESPACE", "2222"));
+}
+
+TEST(SameIdJobs, OnATcpStoreALateRankIsNotReplacedByAnotherRunsRank) {
+  // SLURM's job id: each sbatch has its own (the job id is the user's, the same for both).
+  a_late_rank_is_not_replaced("tcp://127.0.0.1:" + std::to_string(free_port()),
+                              run("SLURM_JOB_ID", "1001"), run("SLURM_JOB_ID", "1002"));
 }
 
 }  // namespace

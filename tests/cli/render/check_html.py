@@ -49,6 +49,13 @@ def check_page(exe, browser, tmp, name, layout, screenshot):
         return
     page = open(path, encoding="utf-8").read()
     print(f"{name}: {len(page)} bytes")
+    # The page's title names the world and, under --compat head, says so.
+    world = layout[layout.index("--world-size") + 1]
+    head = "--compat" in layout and layout[layout.index("--compat") + 1] == "head"
+    title = re.search(r"<title>([^<]*)</title>", page)
+    want = f"commgrid layout: world {world}{', compat head' if head else ''}, order "
+    check(title is not None and title.group(1).startswith(want),
+          f"{name}: title {title.group(1) if title else None!r}, want {want!r}...")
     # Self-contained: no src= at all, and href= only to data: URLs.
     refs = re.findall(r'\b(src|href)\s*=\s*"([^"]*)"', page)
     check(all(attr == "href" and val.startswith("data:") for attr, val in refs),
@@ -92,6 +99,10 @@ def main():
         check_page(exe, browser, tmp, "window4096",
                    ["--world-size", "4096", "--tp", "8", "--pp", "16", "--cp", "2", "--ep", "8",
                     "--etp", "1", "--nodes", "2-5", "--rank", "20"], False)
+        # Megatron-core HEAD's groups, their long kind names in the selector.
+        check_page(exe, browser, tmp, "head16",
+                   ["--compat", "head", "--world-size", "16", "--tp", "2", "--ep", "2", "--cp",
+                    "2", "--expert-gtp-remat", "2"], False)
     return finish("check_html")
 
 

@@ -53,6 +53,12 @@ def check_picture(exe, name, layout, gpus, kinds, max_bytes):
 
     root = ET.fromstring(text)
     check(root.tag == NS + "svg", f"{name}: root is {root.tag}")
+    # The picture's title names the world and, under --compat head, says so.
+    head = "--compat" in layout and layout[layout.index("--compat") + 1] == "head"
+    title = root.find(f"{NS}title")
+    want = f"commgrid layout: world {world}{', compat head' if head else ''}, order "
+    check(title is not None and (title.text or "").startswith(want),
+          f"{name}: title {None if title is None else title.text!r}, want {want!r}...")
     groups = plan_groups(exe, *layout)
     panels = root.findall(f".//{NS}g[@class='panel']")
     titles = [pn.get("data-title") for pn in panels]
@@ -146,6 +152,10 @@ def main():
     check_picture(exe, "pp1024", ["--world-size", "1024", "--pp", "2"], 16, ["pp", "dp"], 1_000_000)
     check_picture(exe, "moe1024", ["--world-size", "1024", "--tp", "8", "--cp", "2", "--ep", "8",
                                    "--pp", "4"], 8, None, 2_000_000)
+    # Megatron-core HEAD's groups: the kinds the seed does not have draw like the others.
+    check_picture(exe, "head16", ["--compat", "head", "--world-size", "16", "--tp", "2", "--ep", "2",
+                                  "--cp", "2", "--expert-gtp-remat", "2"],
+                  4, ["tp", "tp_ep_pp_with_egtp_remat", "dp"], 200_000)
     return finish("check_svg")
 
 

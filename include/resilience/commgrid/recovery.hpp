@@ -2,7 +2,8 @@
 // agree (one decision per epoch, by set_if_absent), fence (the dead may not rejoin) and
 // regroup (the next epoch's world and ProcessGroups, spares taking the dead ranks' places).
 // Backend-neutral: the world of an epoch comes from a factory (make_gloo_world with the
-// epoch's prefix). See docs/resilience.md.
+// epoch's prefix). The driver (resilient_driver.hpp) runs it around a program's steps.
+// See docs/resilience.md.
 #pragma once
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "commgrid/communicator.hpp"
 #include "commgrid/process_groups.hpp"
 #include "commgrid/rank_map.hpp"
+#include "commgrid/resilience_keys.hpp"
 #include "commgrid/store.hpp"
 
 namespace commgrid {
@@ -41,8 +43,8 @@ struct RecoveryOptions {
   /// (every operation it may be blocked in, a collective or the next epoch's world
   /// creation, is bounded by it), so it is never declared dead for being blocked.
   double decision_window = 1.5;
-  /// Every key of recovery lives under it.
-  std::string prefix = "resilience";
+  /// Every key of recovery lives under it (resilience_keys.hpp).
+  std::string prefix = std::string(kResiliencePrefix);
   /// This process's incarnation (0, then 1, 2, ... for each restart by commgrid launch).
   int incarnation = 0;
   /// Opt-in: shrink the world when no spare is left. Without it a dead rank without a spare
@@ -52,11 +54,12 @@ struct RecoveryOptions {
 
 /// What one epoch's decision said.
 struct EpochDecision {
-  std::int64_t epoch = 0;             ///< the epoch it starts
-  std::vector<std::int64_t> dead;     ///< processes declared dead (and fenced)
-  std::vector<std::int64_t> revived;  ///< restarted processes back as spares
-  std::int64_t decider = -1;          ///< the process whose write won
-  std::string text;                   ///< as stored
+  std::int64_t epoch = 0;                ///< the epoch it starts
+  std::vector<std::int64_t> dead;        ///< processes declared dead (and fenced)
+  std::vector<std::int64_t> revived;     ///< restarted processes back as spares
+  std::int64_t decider = -1;             ///< the process whose write won
+  std::vector<std::int64_t> process_of;  ///< the process of each logical rank of the epoch
+  std::string text;                      ///< as stored (format_decision)
   /// Set when the epoch shrank the world: its layout (shrink->config, world_size W'), each
   /// old logical rank's new rank (shrink->new_rank) and each new rank's old one
   /// (shrink->old_ranks()), the old ranks being the previous epoch's.
@@ -85,8 +88,13 @@ class Recovery {
   /// restarted process (options.incarnation > 0) first finds the job's current epoch.
   Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t process,
            RecoveryOptions options = {});
+  ~Recovery();
+  Recovery(const Recovery&) = delete;
+  Recovery& operator=(const Recovery&) = delete;
 
-  [[nodiscard]] std::int64_t epoch() const noexcept { return epoch_; }
+  /// The current epoch: map().epoch(), the job's one epoch counter (0, then one more per
+  /// decision adopted).
+  [[nodiscard]] std::int64_t epoch() const noexcept { return map_.epoch(); }
   [[nodiscard]] const RankMap& map() const noexcept { return map_; }
   [[nodiscard]] std::int64_t process() const noexcept { return process_; }
   [[nodiscard]] const RecoveryOptions& options() const noexcept { return options_; }
@@ -99,14 +107,16 @@ class Recovery {
   [[nodiscard]] std::optional<Rank> logical_rank() const { return map_.logical_rank(process_); }
   /// The decisions adopted so far, oldest first.
   [[nodiscard]] const std::vector<EpochDecision>& history() const noexcept { return history_; }
-  /// The identity this process gives the store (StoreOptions::process), e.g. "process/3/0".
+  /// The identity this process gives the store (StoreOptions::process), e.g. "process/3/0"
+  /// (process_identity).
   [[nodiscard]] static std::string identity(std::int64_t process, int incarnation);
   /// The store prefix of the current epoch's world (and groups).
   [[nodiscard]] std::string world_prefix() const;
 
   /// Marks the current epoch failed (the first reason is kept); idempotent, never blocks.
   void mark_failed(const std::string& reason);
-  /// Whether the current epoch is marked failed: one store read (the per-step check).
+  /// Whether the current epoch is marked failed: one store read (the per-step check). (It
+  /// also tells this process that the job has not moved on since it last ran: see agree().)
   [[nodiscard]] bool failed();
   /// The reason the current epoch was marked failed; empty when it was not.
   [[nodiscard]] std::string failure_reason();
@@ -115,8 +125,16 @@ class Recovery {
   /// Whether mark_done() was called by any process.
   [[nodiscard]] bool done();
   /// A spare's wait: true when the current epoch failed, false when the job is done;
-  /// the wait is re-armed every timeout, so a spare waits as long as the job runs.
+  /// the wait is re-armed every timeout, so a spare waits as long as the job runs. Throws
+  /// RecoveryError with the job's reason when the job ended (job_ended()).
   bool wait_for_failure();
+  /// Ends the job: posts `reason` as the job's end (job_ended_key, the first reason is kept)
+  /// and marks the current epoch failed with it, so that every process, blocked or not,
+  /// learns of it. Returns whether this process's reason was the one kept.
+  bool end_job(const std::string& reason);
+  /// Why the job ended (end_job, or a decision after which it cannot go on); nullopt while
+  /// it goes on. One store read.
+  [[nodiscard]] std::optional<std::string> job_ended();
 
   /// Agrees with every live process on the next epoch and adopts it: registers, then the
   /// lowest registered process (or, when it does not decide within the window, the next)
@@ -124,10 +142,17 @@ class Recovery {
   /// it. Spares take the dead ranks; with RecoveryOptions::shrink, when they do not suffice,
   /// the world shrinks (replace_or_shrink: every process computes the same change from the
   /// same decision). Throws FencedError when this process is declared dead in it,
-  /// NoSpareError when a dead rank finds no spare and shrink is off, IncompatibleError
-  /// (plan_shrink's, "dp", naming the dead logical ranks) when no valid smaller layout
-  /// exists, BackendError when the decision's shrink differs from this process's (different
-  /// ShrinkOptions), TimeoutError when no decision comes within the timeout.
+  /// NoSpareError ("recovery: cannot go on without a spare: ...", naming the logical ranks)
+  /// when a dead rank finds no spare and no valid smaller layout exists (or shrink is off),
+  /// RecoveryError with the job's reason when the job ended (job_ended()), BackendError when
+  /// the decision's shrink differs from this process's (different ShrinkOptions),
+  /// TimeoutError when no decision comes within the timeout. The job's end is posted
+  /// (end_job) by the first process to find it.
+  ///
+  /// A process that did not run for longer than the timeout (stopped, SIGSTOP; a thread
+  /// watches for such gaps) and finds, when it runs again, that the job went on without it
+  /// (its epoch failed) is dead to the job, by the failure model: it posts its own death,
+  /// fences its identity and throws FencedError, however soon it could have registered.
   const EpochDecision& agree();
 
   /// Creates the current epoch's world and groups (nothing on a spare). Once the world has
@@ -141,8 +166,11 @@ class Recovery {
                       const InitOptions& init = {});
 
  private:
-  std::string key(std::int64_t epoch, const std::string& name) const;
   void adopt(const std::string& text);
+  /// Forgets a stall that ended before `observed`, when this process saw the epoch healthy.
+  void saw_healthy(std::chrono::steady_clock::time_point observed);
+  /// Throws RecoveryError when the job ended.
+  void check_ended();
   std::string decide(const std::vector<std::int64_t>& dead,
                      const std::vector<std::int64_t>& revived);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
@@ -152,11 +180,12 @@ class Recovery {
   RankMap map_;
   std::int64_t process_;
   RecoveryOptions options_;
-  std::int64_t epoch_ = 0;
   std::vector<int> incarnation_;  ///< per process, as the decisions said
   std::vector<EpochDecision> history_;
   std::optional<ParallelConfig> config_;  ///< with options_.shrink: the current epoch's
   bool shrunk_ = false;                   ///< whether some epoch shrank the world
+  struct StallWatch;                      ///< the thread that notices this process stopped
+  std::unique_ptr<StallWatch> stall_;
 };
 
 /// What `commgrid launch --spares S` tells each of its processes (COMMGRID_PROCESS,
@@ -179,14 +208,5 @@ struct SpareLaunch {
 /// (a job that only shrinks, with options.shrink).
 [[nodiscard]] std::unique_ptr<Recovery> make_recovery(const SpareLaunch& launch,
                                                       RecoveryOptions options = {});
-
-/// The store keys commgrid launch posts for a process's death (so that agreement need not
-/// wait out the window for it): "<prefix>/process/<p>/<incarnation>/dead".
-[[nodiscard]] std::string dead_process_key(const std::string& prefix, std::int64_t process,
-                                           int incarnation);
-/// "<prefix>/epoch/<e>/failed".
-[[nodiscard]] std::string epoch_failed_key(const std::string& prefix, std::int64_t epoch);
-/// "<prefix>/epoch/<e>/decision".
-[[nodiscard]] std::string epoch_decision_key(const std::string& prefix, std::int64_t epoch);
 
 }  // namespace commgrid

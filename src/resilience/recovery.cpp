@@ -4,8 +4,11 @@
 #include "commgrid/launch_env.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -33,39 +36,50 @@ std::int64_t parse_number(std::string_view s, const std::string& where) {
   return v;
 }
 
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  while (!s.empty()) {
-    const auto at = s.find(sep);
-    out.push_back(s.substr(0, at));
-    if (at == std::string_view::npos) break;
-    s.remove_prefix(at + 1);
-  }
-  return out;
-}
-
 }  // namespace
 
-std::string dead_process_key(const std::string& prefix, std::int64_t process, int incarnation) {
-  return prefix + "/process/" + std::to_string(process) + "/" + std::to_string(incarnation) +
-         "/dead";
-}
-std::string epoch_failed_key(const std::string& prefix, std::int64_t epoch) {
-  return prefix + "/epoch/" + std::to_string(epoch) + "/failed";
-}
-std::string epoch_decision_key(const std::string& prefix, std::int64_t epoch) {
-  return prefix + "/epoch/" + std::to_string(epoch) + "/decision";
+// Notices when this process did not run for longer than the job's timeout: a thread that
+// ticks a few times a second sees the monotonic clock jump (SIGSTOP, a paused machine).
+struct Recovery::StallWatch {
+  explicit StallWatch(Ms timeout)
+      : thread([this, timeout](std::stop_token stop) {
+          const Ms period = std::clamp(timeout / 8, Ms(10), Ms(250));
+          std::mutex m;
+          std::condition_variable_any cv;
+          auto last = Clock::now();
+          std::unique_lock lock(m);
+          while (!stop.stop_requested()) {
+            cv.wait_for(lock, stop, period, [] { return false; });
+            const auto now = Clock::now();
+            if (now - last > timeout) {
+              gap_ms.store(std::chrono::duration_cast<Ms>(now - last).count());
+              ended_ns.store(now.time_since_epoch().count());
+            }
+            last = now;
+          }
+        }) {}
+  std::atomic<long long> ended_ns{0};  // when the last stall longer than the timeout ended
+  std::atomic<long long> gap_ms{0};    // and how long it was
+  std::jthread thread;
+};
+
+Recovery::~Recovery() = default;
+
+void Recovery::saw_healthy(Clock::time_point observed) {
+  long long ended = stall_->ended_ns.load();
+  if (ended != 0 && ended <= observed.time_since_epoch().count())
+    (void)stall_->ended_ns.compare_exchange_strong(ended, 0);
 }
 
 std::string Recovery::identity(std::int64_t process, int incarnation) {
-  return "process/" + std::to_string(process) + "/" + std::to_string(incarnation);
+  return process_identity(process, incarnation);
 }
 
 Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t process,
                    RecoveryOptions options)
     : store_(std::move(store)), map_(std::move(map)), process_(process),
-      options_(std::move(options)),
-      incarnation_(static_cast<std::size_t>(map_.num_processes()), 0) {
+      options_(std::move(options)), incarnation_(static_cast<std::size_t>(map_.num_processes()), 0),
+      stall_(std::make_unique<StallWatch>(options_.timeout)) {
   if (!store_) throw ConfigError("store", "recovery: no store");
   if (process < 0 || process >= map_.num_processes())
     throw RankOutOfRangeError("process", "recovery: process " + std::to_string(process) +
@@ -96,8 +110,8 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   }
   // Every decision so far, replayed: a restarted process learns the job's current epoch
   // (and the fresh process of epoch 0 finds none).
-  while (store_->has(epoch_decision_key(options_.prefix, epoch_ + 1)))
-    adopt(text(store_->get(epoch_decision_key(options_.prefix, epoch_ + 1))));
+  while (store_->has(epoch_decision_key(options_.prefix, epoch() + 1)))
+    adopt(text(store_->get(epoch_decision_key(options_.prefix, epoch() + 1))));
   // A restarted process first waits for the decision that declares its previous
   // incarnation dead (launch restarts it at once), then asks to come back as a spare at
   // the next decision (adopt registers it).
@@ -105,7 +119,7 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
     const auto deadline = Clock::now() + std::chrono::duration_cast<Ms>(
                                              options_.timeout * (1.0 + options_.decision_window));
     while (map_.role(process_) != ProcessRole::dead) {
-      const std::string k = epoch_decision_key(options_.prefix, epoch_ + 1);
+      const std::string k = epoch_decision_key(options_.prefix, epoch() + 1);
       if (!store_->wait_for(std::vector<std::string>{k}, Ms(1000)).empty()) {
         if (Clock::now() >= deadline)
           throw TimeoutError("recovery: restarted process " + std::to_string(process_) +
@@ -117,34 +131,60 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   }
 }
 
-std::string Recovery::key(std::int64_t epoch, const std::string& name) const {
-  return options_.prefix + "/epoch/" + std::to_string(epoch) + "/" + name;
-}
-
-std::string Recovery::world_prefix() const { return key(epoch_, "world"); }
+std::string Recovery::world_prefix() const { return epoch_world_prefix(options_.prefix, epoch()); }
 
 void Recovery::mark_failed(const std::string& reason) {
-  (void)store_->set_if_absent(epoch_failed_key(options_.prefix, epoch_),
+  (void)store_->set_if_absent(epoch_failed_key(options_.prefix, epoch()),
                               bytes("process " + std::to_string(process_) + ": " + reason));
 }
 
-bool Recovery::failed() { return store_->has(epoch_failed_key(options_.prefix, epoch_)); }
+bool Recovery::failed() {
+  const auto asked = Clock::now();
+  const bool f = store_->has(epoch_failed_key(options_.prefix, epoch()));
+  if (!f) saw_healthy(asked);
+  return f;
+}
 
 std::string Recovery::failure_reason() {
-  const std::string k = epoch_failed_key(options_.prefix, epoch_);
+  const std::string k = epoch_failed_key(options_.prefix, epoch());
   return store_->has(k) ? text(store_->get(k)) : std::string();
 }
 
-void Recovery::mark_done() { (void)store_->set_if_absent(options_.prefix + "/done", bytes("1")); }
+void Recovery::mark_done() {
+  (void)store_->set_if_absent(job_done_key(options_.prefix), bytes("1"));
+}
 
-bool Recovery::done() { return store_->has(options_.prefix + "/done"); }
+bool Recovery::done() { return store_->has(job_done_key(options_.prefix)); }
+
+bool Recovery::end_job(const std::string& reason) {
+  const bool first = store_->set_if_absent(job_ended_key(options_.prefix), bytes(reason));
+  // Every process blocked on this epoch (a collective's watcher, a spare, a world being
+  // created) wakes on its failure key.
+  (void)store_->set_if_absent(epoch_failed_key(options_.prefix, epoch()),
+                              bytes("process " + std::to_string(process_) + ": " + reason));
+  return first;
+}
+
+std::optional<std::string> Recovery::job_ended() {
+  return job_end_reason(*store_, options_.prefix);
+}
+
+void Recovery::check_ended() {
+  if (auto reason = job_ended()) throw RecoveryError(*reason);
+}
 
 bool Recovery::wait_for_failure() {
-  const std::vector<std::string> keys{epoch_failed_key(options_.prefix, epoch_)};
+  const std::vector<std::string> keys{epoch_failed_key(options_.prefix, epoch())};
   for (;;) {
     if (done()) return false;
     // Slices of a second: a finished job is seen within one.
-    if (store_->wait_for(keys, Ms(1000)).empty()) return true;
+    const auto asked = Clock::now();
+    if (!store_->wait_for(keys, Ms(1000)).empty()) {
+      saw_healthy(asked);
+    } else {
+      check_ended();
+      return true;
+    }
   }
 }
 
@@ -159,98 +199,134 @@ EpochChange Recovery::change(const RankMap& map, const std::vector<std::int64_t>
   return replace_or_shrink(map, dead, *config_, options_.shrink->global_batch);
 }
 
+namespace {
+// The process of each logical rank of `map`.
+std::vector<std::int64_t> processes_of(const RankMap& map) {
+  std::vector<std::int64_t> out;
+  for (Rank r = 0; r < map.world_size(); ++r) out.push_back(map.process_of(r));
+  return out;
+}
+}  // namespace
+
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
                              const std::vector<std::int64_t>& revived) {
-  std::string out = "epoch=" + std::to_string(epoch_ + 1) +
-                    "\ndecider=" + std::to_string(process_) + "\ndead=" + join(dead) + "\nrevived=";
+  DecisionRecord d;
+  d.epoch = epoch() + 1;
+  d.decider = process_;
+  d.dead = dead;
   RankMap revived_map = map_;
-  for (std::size_t i = 0; i < revived.size(); ++i) {
-    const std::string k = key(epoch_ + 1, "alive/" + std::to_string(revived[i]));
-    out += (i ? "," : "") + std::to_string(revived[i]) + ":" + text(store_->get(k));
-    revived_map = revived_map.revive(revived[i]);
+  for (std::int64_t p : revived) {
+    const std::string k = epoch_alive_key(options_.prefix, d.epoch, p);
+    d.revived.emplace_back(p, static_cast<int>(parse_number(text(store_->get(k)), "incarnation")));
+    revived_map = revived_map.revive(p);
   }
-  out += "\n";
-  // The world size a shrink leads to, which every process checks against its own plan.
+  // The world size a shrink leads to, which every process checks against its own plan, and
+  // the process of each logical rank (what commgrid launch follows).
   try {
-    if (const auto plan = change(revived_map, dead).shrink)
-      out += "shrink=" + std::to_string(plan->config.world_size) + "\n";
-  } catch (const ConfigError&) {
+    const EpochChange step = change(revived_map, dead);
+    if (step.shrink) d.shrink_world = step.shrink->config.world_size;
+    d.process_of = processes_of(step.map);
+  } catch (const RecoveryError&) {
     // No next epoch: every process throws the same error when it adopts the decision.
+  } catch (const ConfigError&) {
+    // (plan_shrink's: no valid smaller layout.)
   }
-  return out;
+  return format_decision(d);
 }
 
 void Recovery::adopt(const std::string& decision) {
+  const DecisionRecord record = parse_decision(decision);
+  if (record.epoch != epoch() + 1)
+    throw BackendError("recovery: the decision for epoch " + std::to_string(epoch() + 1) +
+                       " says epoch " + std::to_string(record.epoch));
   EpochDecision d;
+  d.epoch = record.epoch;
+  d.decider = record.decider;
+  d.dead = record.dead;
   d.text = decision;
-  std::vector<std::pair<std::int64_t, int>> revive;
-  std::optional<std::int64_t> shrink_world;
-  for (std::string_view line : split(decision, '\n')) {
-    if (line.empty()) continue;
-    const auto eq = line.find('=');
-    if (eq == std::string_view::npos)
-      throw BackendError("recovery: malformed decision line '" + std::string(line) + "'");
-    const std::string_view name = line.substr(0, eq), value = line.substr(eq + 1);
-    if (name == "epoch") d.epoch = parse_number(value, "epoch");
-    else if (name == "decider") d.decider = parse_number(value, "decider");
-    else if (name == "dead") {
-      for (auto p : split(value, ',')) d.dead.push_back(parse_number(p, "dead process"));
-    } else if (name == "revived") {
-      for (auto item : split(value, ',')) {
-        const auto colon = item.find(':');
-        if (colon == std::string_view::npos)
-          throw BackendError("recovery: malformed revived '" + std::string(item) + "'");
-        revive.emplace_back(parse_number(item.substr(0, colon), "revived process"),
-                            static_cast<int>(parse_number(item.substr(colon + 1), "incarnation")));
-        d.revived.push_back(revive.back().first);
-      }
-    } else if (name == "shrink") {
-      shrink_world = parse_number(value, "shrink");
-    }
-  }
-  if (d.epoch != epoch_ + 1)
-    throw BackendError("recovery: the decision for epoch " + std::to_string(epoch_ + 1) +
-                       " says epoch " + std::to_string(d.epoch));
   RankMap next = map_;
-  for (auto [p, inc] : revive) {
+  for (auto [p, inc] : record.revived) {
     next = next.revive(p);
     incarnation_[static_cast<std::size_t>(p)] = inc;
+    d.revived.push_back(p);
   }
-  epoch_ = d.epoch;
   history_.push_back(d);
   // A decision that leaves a rank without a spare (and, with shrink, without a smaller
-  // layout) still ends the epoch on every process alike: each throws the same error.
-  EpochChange step = change(next, d.dead);
+  // layout) ends the job on every process alike: each throws the same error, and the first
+  // posts it as the job's end.
+  EpochChange step{map_, std::nullopt};
+  try {
+    step = change(next, d.dead);
+  } catch (const NoSpareError& e) {
+    const NoSpareError ended(std::string("recovery: cannot go on without a spare: ") + e.what(),
+                             e.ranks());
+    (void)end_job(ended.what());
+    throw ended;
+  } catch (const ConfigError& e) {
+    std::vector<Rank> ranks;
+    for (std::int64_t p : d.dead)
+      if (const auto r = next.logical_rank(p)) ranks.push_back(*r);
+    std::sort(ranks.begin(), ranks.end());
+    const NoSpareError ended(std::string("recovery: cannot go on without a spare: ") + e.what(),
+                             ranks);
+    (void)end_job(ended.what());
+    throw ended;
+  }
   const auto world = [](std::optional<std::int64_t> w) {
     return w ? "shrinks the world to " + std::to_string(*w) : std::string("keeps the world");
   };
   const std::optional<std::int64_t> mine =
       step.shrink ? std::optional<std::int64_t>(step.shrink->config.world_size) : std::nullopt;
-  if (mine != shrink_world)
-    throw BackendError("recovery: the decision for epoch " + std::to_string(epoch_) + " " +
-                       world(shrink_world) + ", this process's plan " + world(mine) +
+  if (mine != record.shrink_world)
+    throw BackendError("recovery: the decision for epoch " + std::to_string(d.epoch) + " " +
+                       world(record.shrink_world) + ", this process's plan " + world(mine) +
                        " (RecoveryOptions::shrink differs between processes)");
+  const std::vector<std::int64_t> ranks = processes_of(step.map);
+  if (!record.process_of.empty() && record.process_of != ranks)
+    throw BackendError("recovery: the decision for epoch " + std::to_string(d.epoch) +
+                       " gives the logical ranks to processes " + join(record.process_of) +
+                       ", this process's map to " + join(ranks));
   if (step.shrink) {
     config_ = step.shrink->config;
     shrunk_ = true;
   }
   history_.back().shrink = std::move(step.shrink);
-  map_ = std::move(step.map);
+  history_.back().process_of = ranks;
+  map_ = step.map.at_epoch(d.epoch);
   if (map_.role(process_) == ProcessRole::dead &&
       incarnation_[static_cast<std::size_t>(process_)] == options_.incarnation)
     throw FencedError("process " + std::to_string(process_) + " was declared dead in epoch " +
-                      std::to_string(epoch_) + " and is fenced: it may not rejoin; exiting");
+                      std::to_string(d.epoch) + " and is fenced: it may not rejoin; exiting");
   // A restarted process not taken back yet asks again at the next decision.
   if (map_.role(process_) == ProcessRole::dead)
-    (void)store_->set_if_absent(key(epoch_ + 1, "alive/" + std::to_string(process_)),
+    (void)store_->set_if_absent(epoch_alive_key(options_.prefix, d.epoch + 1, process_),
                                 bytes(std::to_string(options_.incarnation)));
 }
 
 const EpochDecision& Recovery::agree() {
-  const std::int64_t next = epoch_ + 1;
+  const std::int64_t next = epoch() + 1;
   const std::string decision_key = epoch_decision_key(options_.prefix, next);
+  const std::string ended_key = job_ended_key(options_.prefix);
+  check_ended();
+  if (stall_->ended_ns.load() != 0) {
+    // This process did not run for longer than a timeout, and the job went on without it
+    // (its epoch failed): by the failure model it is dead. It says so itself, at once, so
+    // that nobody waits for it, and may not rejoin.
+    char text[96];
+    std::snprintf(text, sizeof text, "%.1f s, longer than the job's timeout of %.1f s",
+                  static_cast<double>(stall_->gap_ms.load()) / 1000.0,
+                  static_cast<double>(options_.timeout.count()) / 1000.0);
+    const std::string why = "process " + std::to_string(process_) + " did not run for " + text +
+                            ", and the job went on without it (epoch " + std::to_string(epoch()) +
+                            " failed): it is fenced: it may not rejoin; exiting";
+    (void)store_->set_if_absent(dead_process_key(options_.prefix, process_, options_.incarnation),
+                                bytes(why));
+    mark_failed(why);
+    (void)store_->fence(identity(process_, options_.incarnation), why);
+    throw FencedError(why);
+  }
   mark_failed("joined the agreement on epoch " + std::to_string(next));
-  (void)store_->set_if_absent(key(next, "alive/" + std::to_string(process_)),
+  (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
                               bytes(std::to_string(options_.incarnation)));
   const Ms window(
       std::max<long long>(1, static_cast<long long>(static_cast<double>(options_.timeout.count()) *
@@ -263,6 +339,7 @@ const EpochDecision& Recovery::agree() {
       adopt(text(store_->get(decision_key)));
       return history_.back();
     }
+    check_ended();
     // Wait for the registrations in short slices, re-reading the deaths launch posts
     // between them: a death is often posted moments after a survivor detected it.
     std::vector<std::int64_t> known_dead, waiting;
@@ -274,13 +351,15 @@ const EpochDecision& Recovery::agree() {
       keys.clear();
       for (std::int64_t p : expected)
         (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
-      for (std::int64_t p : waiting) keys.push_back(key(next, "alive/" + std::to_string(p)));
+      for (std::int64_t p : waiting) keys.push_back(epoch_alive_key(options_.prefix, next, p));
       const auto left = std::chrono::duration_cast<Ms>(window_end - Clock::now());
       missing_keys = store_->wait_for(keys, std::clamp(left, Ms(0), Ms(200)));
-      if (missing_keys.empty() || Clock::now() >= window_end || store_->has(decision_key)) break;
+      if (missing_keys.empty() || Clock::now() >= window_end || store_->has(decision_key) ||
+          store_->has(ended_key))
+        break;
     }
     const std::set<std::string> missing_set(missing_keys.begin(), missing_keys.end());
-    std::vector<std::int64_t> registered, dead = known_dead;
+    std::vector<std::int64_t> candidates, dead = known_dead;
     for (std::size_t i = 0; i < waiting.size(); ++i) {
       // A registration by another incarnation (a restart of a process that died) is not
       // this incarnation's: the one the map knows is dead.
@@ -288,20 +367,24 @@ const EpochDecision& Recovery::agree() {
           missing_set.count(keys[i]) == 0 &&
           (waiting[i] == process_ || parse_number(text(store_->get(keys[i])), "incarnation") ==
                                          incarnation_[static_cast<std::size_t>(waiting[i])]);
-      (here ? registered : dead).push_back(waiting[i]);
+      (here ? candidates : dead).push_back(waiting[i]);
     }
+    // A restarted process (dead in the map, registered to come back) is a candidate too,
+    // after every process of the epoch: when none of those is left, it decides (and finds
+    // what the job can still do). So the list is never empty.
+    if (map_.role(process_) == ProcessRole::dead) candidates.push_back(process_);
     // Candidates in registration order's stand-in, the process number: round k's is the
     // k-th registered; the ones before it did not decide within their window: dead.
     const std::size_t idx =
-        std::min<std::size_t>(static_cast<std::size_t>(round), registered.size() - 1);
-    if (registered[idx] == process_ && !store_->has(decision_key)) {
-      dead.insert(dead.end(), registered.begin(),
-                  registered.begin() + static_cast<std::ptrdiff_t>(idx));
+        std::min<std::size_t>(static_cast<std::size_t>(round), candidates.size() - 1);
+    if (candidates[idx] == process_ && !store_->has(decision_key)) {
+      for (std::size_t i = 0; i < idx; ++i)
+        if (map_.role(candidates[i]) != ProcessRole::dead) dead.push_back(candidates[i]);
       std::sort(dead.begin(), dead.end());
       std::vector<std::int64_t> revived;
       for (std::int64_t p = 0; p < map_.num_processes(); ++p) {
         if (map_.role(p) != ProcessRole::dead) continue;
-        const std::string k = key(next, "alive/" + std::to_string(p));
+        const std::string k = epoch_alive_key(options_.prefix, next, p);
         if (store_->has(k) && parse_number(text(store_->get(k)), "incarnation") >
                                   incarnation_[static_cast<std::size_t>(p)])
           revived.push_back(p);
@@ -322,31 +405,31 @@ const EpochDecision& Recovery::agree() {
       continue;  // adopt the winner, whoever it is
     }
     if (store_->wait_for(std::vector<std::string>{decision_key}, window).empty()) continue;
-    // Every registered process had its window as the candidate, and none decided.
-    if (static_cast<std::size_t>(round) >= registered.size())
+    // Every candidate had its window, and none decided.
+    if (static_cast<std::size_t>(round) >= candidates.size())
       throw TimeoutError("recovery: no decision for epoch " + std::to_string(next) +
                          " after every registered process's window of " +
                          std::to_string(window.count()) +
-                         " ms (processes registered: " + join(registered) + ")");
+                         " ms (processes registered: " + join(candidates) + ")");
   }
 }
 
 EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& config,
                             const InitOptions& init) {
   EpochGroups out;
-  out.epoch = epoch_;
+  out.epoch = epoch();
   const std::optional<Rank> rank = logical_rank();
   if (!rank) return out;
   try {
     // A process that dies before the world exists (launch posts the epoch failed, or a peer
     // marks it) ends every wait for it at once instead of at the timeout.
-    const WaitWatch watch(epoch_failed_key(options_.prefix, epoch_));
+    const WaitWatch watch(epoch_failed_key(options_.prefix, epoch()));
     out.world =
         factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
     out.groups = std::make_shared<ProcessGroups>();
     out.groups->initialize(*out.world, shrunk_ ? *config_ : config, init);
   } catch (const FencedError&) { throw; } catch (const BackendError& e) {
-    mark_failed(std::string("creating the world of epoch ") + std::to_string(epoch_) +
+    mark_failed(std::string("creating the world of epoch ") + std::to_string(epoch()) +
                 " failed: " + e.what());
     throw;
   }

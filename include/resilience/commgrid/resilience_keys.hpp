@@ -1,0 +1,81 @@
+// The store keys of resilience, spelled once: every key a recovering job reads or writes
+// (the processes' Recovery, commgrid launch posting deaths and following the epochs, the
+// tests) comes from these functions, and each epoch's decision is written and read by
+// format_decision / parse_decision. docs/resilience.md, "The store's keys".
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "commgrid/store.hpp"
+
+namespace commgrid {
+
+/// The prefix every key of resilience lives under unless RecoveryOptions::prefix says
+/// otherwise.
+inline constexpr std::string_view kResiliencePrefix = "resilience";
+
+/// "<prefix>/process/<p>/<incarnation>/dead": the death of one incarnation of a process
+/// (posted by commgrid launch when it exits, or by the decider that declares it dead).
+[[nodiscard]] std::string dead_process_key(std::string_view prefix, std::int64_t process,
+                                           int incarnation);
+/// "<prefix>/epoch/<e>/failed": epoch e failed; its value is the first reason given.
+[[nodiscard]] std::string epoch_failed_key(std::string_view prefix, std::int64_t epoch);
+/// "<prefix>/epoch/<e>/decision": the decision that starts epoch e (format_decision).
+[[nodiscard]] std::string epoch_decision_key(std::string_view prefix, std::int64_t epoch);
+/// "<prefix>/epoch/<e>/alive/<p>": process p registered for epoch e; its value is the
+/// process's incarnation.
+[[nodiscard]] std::string epoch_alive_key(std::string_view prefix, std::int64_t epoch,
+                                          std::int64_t process);
+/// "<prefix>/epoch/<e>/world": the store prefix of epoch e's world and groups.
+[[nodiscard]] std::string epoch_world_prefix(std::string_view prefix, std::int64_t epoch);
+/// "<prefix>/epoch/<e>/reshard": the store prefix of the transfer world of a shrink into
+/// epoch e (every live process).
+[[nodiscard]] std::string epoch_transfer_prefix(std::string_view prefix, std::int64_t epoch);
+/// "<prefix>/done": the job finished (logical rank 0 sets it after the last step).
+[[nodiscard]] std::string job_done_key(std::string_view prefix);
+/// "<prefix>/ended": the job cannot go on (no spare and no smaller layout, a state lost,
+/// a state provider that failed); its value is the one line that says why.
+[[nodiscard]] std::string job_ended_key(std::string_view prefix);
+/// "process/<p>/<incarnation>": the identity a process gives its store connection
+/// (StoreOptions::process), which a decision that declares it dead fences.
+[[nodiscard]] std::string process_identity(std::int64_t process, int incarnation);
+
+/// One epoch's decision, as stored under epoch_decision_key:
+///
+///     epoch=2
+///     decider=0
+///     dead=3
+///     revived=1:1
+///     shrink=4          (only when the world shrank: its new size)
+///     ranks=0,5,2,4     (the process of each logical rank of the new epoch)
+///
+/// A decision after which the job cannot go on (no spare and no smaller layout) has no
+/// ranks line; job_ended_key then says why.
+struct DecisionRecord {
+  std::int64_t epoch = 0;
+  std::int64_t decider = -1;
+  std::vector<std::int64_t> dead;                     ///< processes declared dead
+  std::vector<std::pair<std::int64_t, int>> revived;  ///< (process, incarnation) back as spares
+  std::optional<std::int64_t> shrink_world;           ///< the new world size of a shrink
+  std::vector<std::int64_t> process_of;               ///< per logical rank; empty: no epoch
+};
+/// The stored text of a decision (the format above; empty lists are written empty).
+[[nodiscard]] std::string format_decision(const DecisionRecord& decision);
+/// Parses a stored decision. Lines it does not know are ignored (a later format may add
+/// some). Throws BackendError naming the line for a malformed one.
+[[nodiscard]] DecisionRecord parse_decision(std::string_view text);
+
+/// The decisions in `store` under `prefix` from epoch `from` + 1 on, in order, as long as
+/// they follow one another (epoch e's decision exists for each): what commgrid launch reads
+/// to follow the job (which process holds logical rank 0 now: back().process_of[0]).
+[[nodiscard]] std::vector<DecisionRecord> read_decisions(Store& store, std::string_view prefix,
+                                                         std::int64_t from = 0);
+/// Why the job ended (job_ended_key's value), or nullopt while it goes on.
+[[nodiscard]] std::optional<std::string> job_end_reason(Store& store, std::string_view prefix);
+
+}  // namespace commgrid

@@ -1,0 +1,132 @@
+// The store keys of resilience and the decision's text (resilience_keys.hpp).
+#include "commgrid/resilience_keys.hpp"
+
+#include <charconv>
+
+namespace commgrid {
+namespace {
+
+std::string epoch_key(std::string_view prefix, std::int64_t epoch, std::string_view name) {
+  return std::string(prefix) + "/epoch/" + std::to_string(epoch) + "/" + std::string(name);
+}
+
+std::string join(const std::vector<std::int64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  while (!s.empty()) {
+    const auto at = s.find(sep);
+    out.push_back(s.substr(0, at));
+    if (at == std::string_view::npos) break;
+    s.remove_prefix(at + 1);
+  }
+  return out;
+}
+
+std::int64_t number(std::string_view s, std::string_view what) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size())
+    throw BackendError("recovery: malformed " + std::string(what) + " '" + std::string(s) +
+                       "' in a decision");
+  return v;
+}
+
+std::vector<std::int64_t> numbers(std::string_view s, std::string_view what) {
+  std::vector<std::int64_t> out;
+  for (std::string_view item : split(s, ',')) out.push_back(number(item, what));
+  return out;
+}
+
+std::string text(const std::vector<char>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+std::string dead_process_key(std::string_view prefix, std::int64_t process, int incarnation) {
+  return std::string(prefix) + "/process/" + std::to_string(process) + "/" +
+         std::to_string(incarnation) + "/dead";
+}
+std::string epoch_failed_key(std::string_view prefix, std::int64_t epoch) {
+  return epoch_key(prefix, epoch, "failed");
+}
+std::string epoch_decision_key(std::string_view prefix, std::int64_t epoch) {
+  return epoch_key(prefix, epoch, "decision");
+}
+std::string epoch_alive_key(std::string_view prefix, std::int64_t epoch, std::int64_t process) {
+  return epoch_key(prefix, epoch, "alive/" + std::to_string(process));
+}
+std::string epoch_world_prefix(std::string_view prefix, std::int64_t epoch) {
+  return epoch_key(prefix, epoch, "world");
+}
+std::string epoch_transfer_prefix(std::string_view prefix, std::int64_t epoch) {
+  return epoch_key(prefix, epoch, "reshard");
+}
+std::string job_done_key(std::string_view prefix) { return std::string(prefix) + "/done"; }
+std::string job_ended_key(std::string_view prefix) { return std::string(prefix) + "/ended"; }
+std::string process_identity(std::int64_t process, int incarnation) {
+  return "process/" + std::to_string(process) + "/" + std::to_string(incarnation);
+}
+
+std::string format_decision(const DecisionRecord& d) {
+  std::string out = "epoch=" + std::to_string(d.epoch) + "\ndecider=" + std::to_string(d.decider) +
+                    "\ndead=" + join(d.dead) + "\nrevived=";
+  for (std::size_t i = 0; i < d.revived.size(); ++i)
+    out += (i ? "," : "") + std::to_string(d.revived[i].first) + ":" +
+           std::to_string(d.revived[i].second);
+  out += "\n";
+  if (d.shrink_world) out += "shrink=" + std::to_string(*d.shrink_world) + "\n";
+  if (!d.process_of.empty()) out += "ranks=" + join(d.process_of) + "\n";
+  return out;
+}
+
+DecisionRecord parse_decision(std::string_view decision) {
+  DecisionRecord d;
+  for (std::string_view line : split(decision, '\n')) {
+    if (line.empty()) continue;
+    const auto eq = line.find('=');
+    if (eq == std::string_view::npos)
+      throw BackendError("recovery: malformed decision line '" + std::string(line) + "'");
+    const std::string_view name = line.substr(0, eq), value = line.substr(eq + 1);
+    if (name == "epoch") {
+      d.epoch = number(value, "epoch");
+    } else if (name == "decider") {
+      d.decider = number(value, "decider");
+    } else if (name == "dead") {
+      d.dead = numbers(value, "dead process");
+    } else if (name == "revived") {
+      for (std::string_view item : split(value, ',')) {
+        const auto colon = item.find(':');
+        if (colon == std::string_view::npos)
+          throw BackendError("recovery: malformed revived '" + std::string(item) +
+                             "' in a decision");
+        d.revived.emplace_back(number(item.substr(0, colon), "revived process"),
+                               static_cast<int>(number(item.substr(colon + 1), "incarnation")));
+      }
+    } else if (name == "shrink") {
+      d.shrink_world = number(value, "shrink");
+    } else if (name == "ranks") {
+      d.process_of = numbers(value, "rank's process");
+    }
+  }
+  return d;
+}
+
+std::vector<DecisionRecord> read_decisions(Store& store, std::string_view prefix,
+                                           std::int64_t from) {
+  std::vector<DecisionRecord> out;
+  for (std::int64_t e = from + 1; store.has(epoch_decision_key(prefix, e)); ++e)
+    out.push_back(parse_decision(text(store.get(epoch_decision_key(prefix, e)))));
+  return out;
+}
+
+std::optional<std::string> job_end_reason(Store& store, std::string_view prefix) {
+  const std::string key = job_ended_key(prefix);
+  if (!store.has(key)) return std::nullopt;
+  return text(store.get(key));
+}
+
+}  // namespace commgrid
