@@ -3,6 +3,7 @@
 // tree, and users reach these through the Communicator only.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -48,8 +49,8 @@ T combine(T a, T b) noexcept {
   } else {
     if constexpr (Op == ReduceOp::sum) return a + b;
     if constexpr (Op == ReduceOp::prod) return a * b;
-    if constexpr (Op == ReduceOp::max) return a != a || a > b ? a : b;  // a != a: NaN
-    if constexpr (Op == ReduceOp::min) return a != a || a < b ? a : b;
+    if constexpr (Op == ReduceOp::max) return std::isnan(a) || a > b ? a : b;
+    if constexpr (Op == ReduceOp::min) return std::isnan(a) || a < b ? a : b;
   }
 }
 
