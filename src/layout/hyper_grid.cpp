@@ -1,6 +1,7 @@
 #include "commgrid/hyper_grid.hpp"
 
 #include <algorithm>
+#include <ranges>
 #include <set>
 
 #include "commgrid/config.hpp"
@@ -165,8 +166,8 @@ std::string HyperGrid::key(const std::vector<std::string>& dims, std::string_vie
   const View& k = view.empty() || shared_only ? views_.at("") : v;
   // Outermost first, as HEAD orders the dims of a key.
   std::vector<std::string> ordered;
-  for (auto it = k.names.rbegin(); it != k.names.rend(); ++it)
-    if (std::find(dims.begin(), dims.end(), *it) != dims.end()) ordered.push_back(*it);
+  for (const std::string& name : std::ranges::reverse_view(k.names))
+    if (std::find(dims.begin(), dims.end(), name) != dims.end()) ordered.push_back(name);
   const std::string joined = join(ordered, "-");
   return view.empty() || shared_only ? joined : std::string(view) + ":" + joined;
 }
