@@ -185,8 +185,8 @@ TEST(TcpStoreLimits, UnderALowDescriptorLimitRanksAreToldWhichLimitItIs) {
   EXPECT_GE(ranks.size(), 64u);
   EXPECT_LT(ranks.size(), 128u);
   EXPECT_TRUE(has(error,
-                  "connections in use, the limit set by the serving process's descriptor "
-                  "limit (ulimit -n 128"))
+                  "connections in use, the limit set by the descriptor limit of the serving "
+                  "process (ulimit -n 128"))
       << error;
   EXPECT_TRUE(server.alive()) << server.ending();
 }

@@ -124,6 +124,18 @@ TEST(TrainGptSpares, RankZeroDiesAndItsSpareReportsTheRun) {
   expect_same(with_failure(5, 1, layout, "0:1"), reference(4, layout));
 }
 
+TEST(TrainGptSpares, RankZeroDiesAndOutputRank0FollowsTheSpareThatTookIt) {
+  // --output rank0 shows logical rank 0's stdout alone: after process 0 dies, that is the
+  // spare's (process 4), which reports the run; launch follows the epochs to know it.
+  const std::vector<std::string> layout{"--tp", "2"};
+  std::vector<std::string> train = layout;
+  train.insert(train.end(), {"--steps", "6", "--format", "json", "--spares", "1",
+                             "--snapshot-every", "2", "--fault-kill", "0:1"});
+  const CliResult r = launch({"-n", "5", "--spares", "1", "--output", "rank0"}, train);
+  EXPECT_EQ(r.code, 0) << r.err;
+  expect_same(steps_of(r), reference(4, layout));
+}
+
 TEST(TrainGptSpares, TpPpDpAKilledStageIsReplaced) {
   const std::vector<std::string> layout{"--tp", "2", "--pp", "2", "--micro-batches", "2"};  // dp 2
   expect_same(with_failure(9, 1, layout, "5:2"), reference(8, layout));
@@ -337,8 +349,9 @@ TEST(TrainGptSpares, WhenNoRecoveryIsPossibleTheJobSaysWhyOnce) {
       "recovery: cannot go on without a spare: no spare left for logical rank [1] (0 spares for "
       "1 failed rank)";
   EXPECT_EQ(count(r.err, reason), 1u) << r.err;
-  EXPECT_NE(r.err.find("error: " + reason + " (after rank 1 killed by signal 9 (SIGKILL))"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("error: " + reason + " (after process 1 (rank 1) killed by signal 9 (SIGKILL))"),
+      std::string::npos)
       << r.err;
   // Only the first death, when the job could still go on, says so.
   EXPECT_LE(count(r.err, "the job goes on"), 1u) << r.err;

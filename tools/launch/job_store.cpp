@@ -27,6 +27,10 @@ JobStore::JobStore(const std::string& uri, const LaunchSettings& s)
 
 bool JobStore::done() { return store_->has(job_done_key(prefix_)); }
 
+std::vector<DecisionRecord> JobStore::decisions_after(std::int64_t epoch) {
+  return read_decisions(*store_, prefix_, epoch);
+}
+
 std::optional<std::string> JobStore::ended() {
   try {
     return job_end_reason(*store_, prefix_);

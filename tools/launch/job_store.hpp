@@ -8,7 +8,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "commgrid/resilience_keys.hpp"
 #include "commgrid/store.hpp"
 #include "launch/launch_settings.hpp"
 
@@ -29,6 +31,10 @@ class JobStore {
   /// Why the job cannot go on (Recovery::end_job), or nullopt (also when the store cannot
   /// be read).
   [[nodiscard]] std::optional<std::string> ended();
+
+  /// The decisions that started the epochs after `epoch`, in order (empty while there is
+  /// none). Throws commgrid::Error when the store fails or a decision is malformed.
+  [[nodiscard]] std::vector<DecisionRecord> decisions_after(std::int64_t epoch);
 
   /// What posting a death did.
   struct Posted {

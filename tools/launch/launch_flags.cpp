@@ -5,6 +5,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "commgrid/error.hpp"
 #include "commgrid/launch_env.hpp"
@@ -76,8 +79,14 @@ void parse_placement(const LaunchFlags& f, LaunchSettings& s) {
 // The job's identity: --rdzv-id, the user's or scheduler's, else (one node) a fresh one.
 // Several nodes must share it, so they cannot each make one up.
 void parse_identity(const LaunchFlags& f, JobSetup& job) {
-  // The user's COMMGRID_JOB_ID and COMMGRID_TOKEN, read and checked by the launch environment.
-  const LaunchEnv env = read_launch_env();
+  // The user's COMMGRID_JOB_ID and COMMGRID_TOKEN, read and checked by the launch environment;
+  // only those: an outer launcher's RANK or MASTER_PORT is launch's to replace, not to check.
+  const LaunchEnv env = read_launch_env([](const char* name) -> std::optional<std::string> {
+    const std::string_view n(name);
+    if (n != "COMMGRID_JOB_ID" && n != "COMMGRID_TOKEN") return std::nullopt;
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::optional<std::string>(value) : std::nullopt;
+  });
   const char* id = env.job_id ? env.job_id->c_str() : nullptr;
   const char* token = env.token ? env.token->c_str() : nullptr;
   if (!f.rdzv_id.empty()) {

@@ -9,6 +9,15 @@ SpareKeeper::SpareKeeper(const LaunchSettings& settings, std::unique_ptr<JobStor
     : settings_(settings), store_(std::move(store)),
       view_(settings.world_size(), settings.num_processes()) {}
 
+void SpareKeeper::follow() {
+  try {
+    for (const DecisionRecord& d : store_->decisions_after(view_.epoch()))
+      view_.adopt(d.epoch, d.dead, d.revived, d.process_of);
+  } catch (const Error&) {
+    // The store is gone (the job is ending) or a decision is unreadable: the labels stay.
+  }
+}
+
 bool SpareKeeper::done() {
   if (done_seen_) return true;
   try {

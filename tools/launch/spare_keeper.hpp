@@ -22,6 +22,10 @@ class SpareKeeper {
   [[nodiscard]] JobStore& store() noexcept { return *store_; }
   /// The epochs as launch last read them.
   [[nodiscard]] const EpochView& view() const noexcept { return view_; }
+  /// Reads the decisions made since, so that view() is the job's current epoch (a process
+  /// prints as the rank it holds only after the decision that gave it that rank was
+  /// written). A store that cannot be read leaves the view as it was.
+  void follow();
   /// Whether the program said the job is finished; false when the store cannot be read
   /// (and true from then on once it was seen).
   [[nodiscard]] bool done();

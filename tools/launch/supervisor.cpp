@@ -292,6 +292,7 @@ void Supervisor::loop() {
 // label as it is now.
 void Supervisor::relay(const std::vector<Stream*>& ready) {
   for (Stream* st : ready) st->read_some();
+  if (spares_) spares_->follow();  // the labels and the rank0 filter of the current epoch
   for (auto& c : children_) emit(c, false);
 }
 
@@ -320,6 +321,7 @@ void Supervisor::on_signals() {
 
 void Supervisor::reap(bool block) {
   std::vector<Child*> failed_now;
+  if (spares_) spares_->follow();  // a process's last label is of the epoch it ended in
   for (auto& c : children_) {
     if (!c.running) continue;
     int status = 0;
@@ -438,14 +440,6 @@ int Supervisor::finish() {
   }
   if (s_.job.resilient) return finish_resilient();
   if (!failure_) return 0;
-  if (s_.job.resilient) {
-    if (const auto ended = spares_->ended()) {
-      // The job could not recover (no spare and no smaller layout, a state lost): every
-      // process ended with the same reason, said once here.
-      print_error(*ended + " (after " + *failure_ + ")");
-      return 1;
-    }
-  }
   // Bad input is found by every rank alike before any communication: when each one exited
   // 2, so does launch, as the program alone would have.
   if (every_process_exited(2)) {
@@ -479,6 +473,14 @@ int Supervisor::finish_resilient() {
     return 0;
   }
   if (!failure_ && problem.empty()) return 0;
+  if (failure_) {
+    if (const auto ended = spares_->ended()) {
+      // The job could not recover (no spare and no smaller layout, a state lost): every
+      // process ended with the same reason, said once here.
+      print_error(*ended + " (after " + *failure_ + ")");
+      return 1;
+    }
+  }
   if (failure_ && problem.empty() && every_process_exited(2)) {
     print_error("every rank exited with code 2 (bad input; the ranks' errors are above)");
     return 2;

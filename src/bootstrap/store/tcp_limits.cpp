@@ -27,7 +27,7 @@ Limit byte_limit(const StoreOptions& o) {
   const size_t quarter =
       pages > 0 && page > 0 ? static_cast<size_t>(pages) / 4 * static_cast<size_t>(page) : kCeiling;
   return {std::min(kCeiling, quarter),
-          "the default, a quarter of this machine's memory and at most 16 GiB "
+          "the default, a quarter of the memory of this machine and at most 16 GiB "
           "(COMMGRID_STORE_MAX_BYTES sets it)"};
 }
 
@@ -41,9 +41,9 @@ Limit connection_cap(const Limit& configured) {
   const size_t reserve = std::clamp<size_t>(soft / 8, 16, 256);
   const size_t fd_cap = soft > reserve ? soft - reserve : 1;
   if (configured.value <= fd_cap) return configured;
-  return {fd_cap, "the serving process's descriptor limit (ulimit -n " + std::to_string(soft) +
+  return {fd_cap, "the descriptor limit of the serving process (ulimit -n " + std::to_string(soft) +
                       ", of which " + std::to_string(reserve) +
-                      " are kept for its other uses): raise it on rank 0's machine"};
+                      " are kept for its other uses): raise it on the machine of rank 0"};
 }
 
 size_t pending_limit(size_t cap, Rank world_size) {

@@ -293,7 +293,7 @@ void TcpStoreServer::refuse_for_descriptors(int err) {
           ? std::string("the machine is out of file descriptors (ENFILE)")
           : "the serving process is out of file descriptors (" + std::to_string(conns_.size()) +
                 " connections in use, its limit ulimit -n is " +
-                std::to_string(open_descriptor_limit()) + "): raise it on rank 0's machine";
+                std::to_string(open_descriptor_limit()) + "): raise it on the machine of rank 0";
   for (int i = 0; i < 64; ++i) {
     if (reserve_ >= 0) {
       ::close(reserve_);

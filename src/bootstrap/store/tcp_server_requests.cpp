@@ -58,7 +58,7 @@ bool TcpStoreServer::read_proof(Conn& c) {
   const auto a = decode(std::string_view(c.small.data() + 4, size));
   if (!a || a->type != 'A' || a->fields.size() != 2 || a->fields[1].size() != 32) return false;
   if (!client_proven(options_, c.nonce, a->fields[0])) {
-    queue(c, encode({'R', {"unauthenticated: the job's token was not proven"}}));
+    queue(c, encode({'R', {"unauthenticated: the token of the job was not proven"}}));
     c.closing = true;
     return true;
   }

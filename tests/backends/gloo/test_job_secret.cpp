@@ -87,7 +87,9 @@ TEST(GlooJobSecret, AStrangerSendingTheNoTokenProofIsRefusedAndNamed) {
     EXPECT_EQ(r.error.find(store->job_secret()), std::string::npos) << "secret shown";
   }
   EXPECT_GT(named, 0) << out[0].error << "\n" << out[1].error << "\n" << out[2].error;
-  EXPECT_LT(took, 10s);
+  // Each rank's timeout is 5 s: ending means the strangers did not hold it beyond that (the
+  // bound leaves 30 s for a loaded machine; a rank kept waiting by a stranger never ends).
+  EXPECT_LT(took, 5s + 30s);
   // Without strangers the same token-less job forms on a fresh store.
   for (const Outcome& r : tokenless_worlds(3, make_memory_store())) EXPECT_TRUE(r.ok) << r.error;
 }
