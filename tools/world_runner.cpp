@@ -9,6 +9,7 @@
 #include "commgrid/backends.hpp"
 #include "commgrid/error.hpp"
 #include "commgrid/launch_env.hpp"
+#include "commgrid/world.hpp"
 #include "layout_flags.hpp"
 #if COMMGRID_HAS_GLOO
 #include "commgrid/gloo.hpp"
@@ -38,6 +39,15 @@ void prepare_for(const WorldJob& job, const WorldPlan& plan) {
 int config_failure(const WorldPlan& plan, const ConfigError& e) {
   if (plan.rank() == 0) print_error(e.what());
   return 2;
+}
+
+// This launched rank's world from make_world: for nccl its bootstrap world (Gloo in the
+// launcher's store, or MPI), over which run_rank makes the device world once the input has
+// been checked, where a failure is this rank's error.
+std::unique_ptr<Communicator> launched_world(const RunnerOptions& o, const WorldPlan& plan) {
+  WorldPlan boot = plan;
+  boot.backend = plan.engine == WorldEngine::mpi ? "mpi" : "gloo";
+  return make_world({.backend = boot.backend, .timeout = o.timeout}, boot);
 }
 
 // One rank of the world, or the device world over it.
@@ -94,9 +104,7 @@ int run_store_ranks(const RunnerOptions& o, const WorldJob& job, const WorldPlan
   try {
     prepare_for(job, plan);
   } catch (const ConfigError& e) { return config_failure(plan, e); }
-  GlooOptions gloo;
-  gloo.timeout = o.timeout;
-  const std::unique_ptr<Communicator> world = make_gloo_world_from_env(gloo);
+  const std::unique_ptr<Communicator> world = launched_world(o, plan);
   return run_launched(o, job, plan, *world, nullptr);
 }
 #endif
@@ -109,7 +117,7 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
   // MPI_Init waits for every rank of the job: bounded by the launch's timeout.
   const MpiEnvironment env(MpiThreadSupport::serialized,
                            read_launch_env().timeout.value_or(kDefaultTimeout));
-  const std::unique_ptr<MpiCommunicator> world = make_mpi_world({.timeout = o.timeout});
+  const std::unique_ptr<Communicator> world = launched_world(o, plan);
   // A launcher whose variables commgrid does not know may still have started an MPI job:
   // then the world is MPI's, and the input is checked for its size.
   const bool checked = plan.alone() && world->size() == plan.size;
@@ -127,13 +135,13 @@ int run_mpi(const RunnerOptions& o, const WorldJob& job, const WorldPlan& launch
 }  // namespace
 
 WorldPlan plan_world_for(const RunnerOptions& o) {
-  WorldRequest request;
+  // What this build has (make_world's), the program's own backend choices checked by
+  // plan_world against its accepted list.
+  WorldRequest request = world_request({.backend = "auto", .timeout = o.timeout});
   request.backend = o.backend;
   if (!o.local.empty()) request.local = static_cast<int>(parse_integer("local", o.local, 1, 4096));
   request.accepted = o.accepted;
-  request.mpi_built = COMMGRID_HAS_MPI != 0;
-  request.gloo_built = COMMGRID_HAS_GLOO != 0;
-  request.nccl_built = COMMGRID_HAS_NCCL != 0 && static_cast<bool>(o.device_world);
+  request.nccl_built = request.nccl_built && static_cast<bool>(o.device_world);
   return plan_world(request, detect_launcher());
 }
 

@@ -1,9 +1,11 @@
-// The one world runner of `commgrid verify`, `commgrid bench` and the example programs:
-// the launcher (commgrid::plan_world in <commgrid/world_plan.hpp>) decides how the world
-// starts (--local N rank-threads, ranks launched by commgrid launch or torchrun meeting in
-// a store, an MPI job, or this process alone); the runner starts it, checks the input for
-// its size on every rank alike, runs the job on every rank and maps what went wrong to one
-// exit code: 0 done, 1 a check or the communication failed, 2 bad input.
+// The one world runner of `commgrid verify`, `commgrid bench` and the example programs
+// (installed as commgrid::cli): the launcher (commgrid::plan_world in
+// <commgrid/world_plan.hpp>) decides how the world starts (--local N rank-threads, ranks
+// launched by commgrid launch or torchrun meeting in a store, an MPI job, or this process
+// alone); the runner checks the input for its size on every rank alike, starts it (a
+// launched rank's world is commgrid::make_world's, <commgrid/world.hpp>), runs the job on
+// every rank and maps what went wrong to one exit code: 0 done, 1 a check or the
+// communication failed, 2 bad input.
 #pragma once
 
 #include <chrono>
@@ -27,8 +29,9 @@ struct RunnerOptions {
   std::chrono::milliseconds timeout{120000};
   /// The backends the program takes (its --backend choices).
   std::vector<std::string> accepted = {"mpi", "gloo", "nccl"};
-  /// For --backend nccl: the GPU world over a bootstrap world (Gloo or MPI). The program
-  /// links NCCL; the runner does not. Empty: this program has no NCCL.
+  /// For --backend nccl: the GPU world over a bootstrap world (Gloo or MPI; a launched
+  /// rank's from make_world), made after the input is checked. The program links NCCL; the
+  /// runner does not. Empty: this program has no NCCL.
   std::function<std::unique_ptr<Communicator>(Communicator& boot)> device_world;
 };
 

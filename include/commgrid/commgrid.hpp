@@ -62,3 +62,8 @@
 #if COMMGRID_HAS_NCCL && __has_include("commgrid/nccl.hpp")
 #include "commgrid/nccl.hpp"
 #endif
+
+// World (commgrid::world): make_world, this process's world from whichever launcher started it.
+#if __has_include("commgrid/world.hpp")
+#include "commgrid/world.hpp"
+#endif

@@ -65,6 +65,9 @@ std::string epoch_world_prefix(std::string_view prefix, std::int64_t epoch) {
 std::string epoch_transfer_prefix(std::string_view prefix, std::int64_t epoch) {
   return epoch_key(prefix, epoch, "reshard");
 }
+std::string epoch_torch_store_key(std::string_view prefix, std::int64_t epoch) {
+  return epoch_key(prefix, epoch, "torch_store");
+}
 std::string job_done_key(std::string_view prefix) { return std::string(prefix) + "/done"; }
 std::string job_ended_key(std::string_view prefix) { return std::string(prefix) + "/ended"; }
 std::string process_identity(std::int64_t process, int incarnation) {

@@ -136,10 +136,12 @@ void GroupCollection::set_index(std::size_t i, GroupValue value) {
 void GroupCollection::set_pairs(
     std::initializer_list<std::pair<std::string_view, GroupValue>> pairs) {
   std::vector<std::string> unknown;
-  for (const auto& [name, value] : pairs)
+  for (const auto& pair : pairs) {
+    const std::string_view name = pair.first;
     if (std::none_of(kinds_.begin(), kinds_.end(),
                      [&](GroupKind k) { return kind_name(k) == name; }))
       unknown.emplace_back(name);
+  }
   if (!unknown.empty())
     throw UnknownKindError("kinds", std::string("unknown group kind") +
                                         (unknown.size() > 1 ? "s " : " ") + quoted_list(unknown) +
@@ -179,6 +181,7 @@ void GroupCollection::fill_from_state(const ProcessGroups& state,
       set_index(i, NoGroup{state.no_group_reason(k, 0)});
     } else if (k == GroupKind::hcp) {
       std::vector<GroupHandle> levels;
+      levels.reserve(static_cast<std::size_t>(state.layout().levels(k)));
       for (int l = 0; l < state.layout().levels(k); ++l) levels.push_back(state.group_handle(k, l));
       set_index(i, std::move(levels));
     } else {

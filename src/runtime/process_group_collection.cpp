@@ -14,7 +14,7 @@ class NoneField : public GroupCollection {
     set(kind_name(ProcessGroupCollection::kFields[i]),
         NoGroup{"not set (reads as None, as in Megatron-core HEAD)"});
   }
-  const GroupField& value() const { return get(field_kinds()[0]); }
+  [[nodiscard]] const GroupField& value() const { return get(field_kinds()[0]); }
 };
 
 const GroupField& none_field(std::size_t i) {

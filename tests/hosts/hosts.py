@@ -5,12 +5,14 @@
     hosts.py ... bench          (recovery times across hosts, with and without delay)
 
 Each scenario makes 3 hosts, each a network namespace with its own address (198.18.N.1-3, the
-benchmarking range) on a veth pair whose other end is a port of a bridge in a fourth namespace
-(the switch), runs one `commgrid launch` per host (and, with etcd, one etcd member per host)
-and injects its faults there: a link down (the switch's port), a one-way block and random
-loss (nftables on the host), a rate limit (tbf) and a delay (netem on every switch port where
-the kernel has it, else delay_relay.py, a TCP relay that nftables sends the host's connections
-to the store and between etcd members through).
+benchmarking range), whose eth0 leads to a switch in a fourth namespace: either a kernel
+bridge (eth0 one end of a veth pair, the other a bridge port) or, where a scenario delays
+packets, tap_switch.py (eth0 a TAP device, the switch a process of the tests' own that
+forwards every frame between hosts after a delay, or drops it). It runs one `commgrid launch`
+per host (and, with etcd, one etcd member per host) and injects its faults there: a link down
+(the bridge's port, or the switch's), a one-way block and random loss (nftables on the host,
+or the switch's per-frame loss), a rate limit (tbf on the host's eth0) and a delay on every
+packet between hosts (the switch: this kernel has no netem and no NFQUEUE).
 Every run is checked: exactly one decision per epoch as the store saw it (etcd: each decision
 key written once), no process acting in an epoch that declared it dead (its lines, and with
 etcd every key naming it written before its fence), the steps' losses equal to those of the
@@ -18,31 +20,25 @@ same layout without failures step by step, and nothing left running in any names
 harness fails the scenario otherwise, then kills it and removes every namespace).
 
 Exit 0: passed; 1: failed (the reasons on stderr); 77: skipped (not root, no namespaces, no
-etcd), saying why.
+TAP devices, no etcd), saying why.
 """
 import argparse
 import base64
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
-RELAY_PORT = 47000
-RELAY_MARK = 0x4347
 STORE_PORT = 29400  # tcp:// (node 0's launcher) inside the namespaces: no other job is there
 ETCD_CLIENT, ETCD_PEER = 2379, 2380
-# The relay delays connections to these (the store, etcd's clients and peers) only: through
-# a relay, a refused connect becomes a connection that succeeds and is then closed, which
-# Gloo's pair set-up does not retry.
-STORE_PORTS = f"{STORE_PORT}, {ETCD_CLIENT}, {ETCD_PEER}"
 ROOT_PASSWORD = "hosts-root"
 TOKEN = "hosts-token"
 # The model and run: tiny, so that 3 hosts of 2 processes fit 2 cores.
@@ -76,18 +72,21 @@ def table(name, kind, priority, rule):
 
 
 class Network:
-    """N hosts and a switch, each a network namespace; removed whatever happens (close())."""
+    """N hosts and a switch, each a network namespace; removed whatever happens (close()).
+    fabric "bridge": the switch is a kernel bridge; "tap": tap_switch.py (delay and loss on
+    every frame between hosts)."""
 
-    def __init__(self, hosts, tmp):
+    def __init__(self, hosts, tmp, fabric="bridge"):
         self.tag = f"{os.getpid() % 100000}"
         self.switch = f"cg{self.tag}sw"
         self.hosts = [f"cg{self.tag}h{i}" for i in range(hosts)]
         self.subnet = 1 + os.getpid() % 250
         self.ips = [f"198.18.{self.subnet}.{i + 1}" for i in range(hosts)]
         self.tmp = tmp
+        self.fabric = fabric
         self.procs = []  # (name, Popen, out path, err path)
         self.made = []
-        self.netem = None
+        self.tap = None  # the tap_switch.py process (fabric "tap")
 
     # ---- setup and teardown -------------------------------------------------------------
     def up(self):
@@ -95,24 +94,92 @@ class Network:
             raise Skip("network namespaces need root (this runs as uid %d)" % os.geteuid())
         if shutil.which("ip") is None:
             raise Skip("iproute2's ip is not installed")
+        if self.fabric == "tap" and not os.path.exists("/dev/net/tun"):
+            raise Skip("no /dev/net/tun: the delaying switch needs TAP devices (a container "
+                       "started without the tun device)")
         try:
             run(["ip", "netns", "add", self.switch])
         except RuntimeError as e:
             raise Skip(f"cannot make a network namespace: {e}")
         self.made.append(self.switch)
         run(["ip", "-n", self.switch, "link", "set", "lo", "up"])
-        run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
-        run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
+        if self.fabric == "tap":
+            self.start_tap_switch()
+        else:
+            run(["ip", "-n", self.switch, "link", "add", "br0", "type", "bridge"])
+            run(["ip", "-n", self.switch, "link", "set", "br0", "up"])
         for i, h in enumerate(self.hosts):
             run(["ip", "netns", "add", h])
             self.made.append(h)
-            run(["ip", "link", "add", "name", "eth0", "netns", h, "type", "veth", "peer", "name",
-                 f"p{i}", "netns", self.switch])
-            run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0"])
-            run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up"])
+            if self.fabric == "tap":
+                # The switch's TAP p<i> moves to the host (its descriptor stays the switch's).
+                run(["ip", "-n", self.switch, "link", "set", f"p{i}", "netns", h])
+                run(["ip", "-n", h, "link", "set", f"p{i}", "name", "eth0"])
+            else:
+                run(["ip", "link", "add", "name", "eth0", "netns", h, "type", "veth", "peer",
+                     "name", f"p{i}", "netns", self.switch])
+                run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0"])
+                run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up"])
             run(["ip", "-n", h, "link", "set", "lo", "up"])
             run(["ip", "-n", h, "addr", "add", f"{self.ips[i]}/24", "dev", "eth0"])
             run(["ip", "-n", h, "link", "set", "eth0", "up"])
+
+    def start_tap_switch(self):
+        """tap_switch.py in the switch's namespace, ahead of the job's processes for the CPU
+        (a switch that waits for a core adds its wait to every frame's delay)."""
+        err = open(os.path.join(self.tmp, "tap_switch.err"), "w")
+        seed = int(time.time()) % 100000
+        # Real-time (SCHED_FIFO) where allowed: at a load of 20 on 2 cores, nice -15 left
+        # frames up to 60 ms late, FIFO at most about 1 ms. It never spins (it sleeps in poll
+        # until the next frame is due), and the kernel's real-time throttling bounds it anyway.
+        fifo = run(["chrt", "-f", "10", "true"], check=False).returncode == 0
+        ahead = ["chrt", "-f", "10"] if fifo else ["nice", "-n", "-15"]
+        self.tap = subprocess.Popen(
+            ["ip", "netns", "exec", self.switch] + ahead + [sys.executable,
+             os.path.join(HERE, "tap_switch.py"), "--seed", str(seed)] +
+            [f"p{i}" for i in range(len(self.hosts))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
+            start_new_session=True)
+        first = self.tap_line(20)
+        if first.startswith("error: cannot make a TAP device"):
+            raise Skip(f"tap_switch.py: {first[len('error: '):]}")
+        if first != "ready":
+            raise RuntimeError(f"tap_switch.py did not start: {first!r} " +
+                               open(os.path.join(self.tmp, "tap_switch.err")).read()[-2000:])
+        log(f"tap_switch.py ready (seed {seed}, {'SCHED_FIFO' if fifo else 'nice -15'})")
+
+    def tap_line(self, timeout):
+        ready, _, _ = select.select([self.tap.stdout], [], [], timeout)
+        if not ready:
+            raise RuntimeError(f"tap_switch.py did not answer within {timeout} s")
+        return self.tap.stdout.readline().strip()
+
+    def tap_command(self, line):
+        """One command to the switch; its answer (after "ok ")."""
+        self.tap.stdin.write(line + "\n")
+        self.tap.stdin.flush()
+        answer = self.tap_line(20)
+        if not answer.startswith("ok"):
+            raise RuntimeError(f"tap_switch.py {line!r}: {answer!r}")
+        return answer[3:]
+
+    def tap_stats(self):
+        return json.loads(self.tap_command("stats")) if self.tap else None
+
+    def stop_tap_switch(self):
+        if self.tap is None:
+            return
+        try:
+            self.tap.stdin.close()  # its stdin ends: it exits
+        except OSError:
+            pass
+        try:
+            self.tap.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.tap.kill()
+            self.tap.wait(timeout=10)
+        self.tap.stdout.close()
+        self.tap = None
 
     def start(self, name, host, cmd, env=None):
         out = os.path.join(self.tmp, f"{name}.out")
@@ -146,10 +213,11 @@ class Network:
                 pass
 
     def close(self, stop_infra):
-        """Stops what the harness itself runs (etcd, relays: stop_infra), then checks that no
-        process is left in any namespace; kills whatever is and removes every namespace.
+        """Stops what the harness itself runs (etcd: stop_infra; the switch), then checks that
+        no process is left in any namespace; kills whatever is and removes every namespace.
         Returns the leftovers ("host: pid (command)")."""
         stop_infra()
+        self.stop_tap_switch()
         left = []
         deadline = time.time() + 10
         for ns in self.made:
@@ -179,7 +247,11 @@ class Network:
 
     # ---- faults ------------------------------------------------------------------------
     def link(self, i, up):
-        run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up" if up else "down"])
+        """Host i's link down (cut off: its frames go nowhere, nothing reaches it) or up."""
+        if self.fabric == "tap":
+            self.tap_command(f"{'up' if up else 'down'} {i}")
+        else:
+            run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up" if up else "down"])
 
     def nft(self, i, script):
         p = subprocess.run(["ip", "netns", "exec", self.hosts[i], "nft", "-f", "-"], input=script,
@@ -195,49 +267,45 @@ class Network:
             run(["nft", "delete", "table", "ip", "cgblock"], ns=self.hosts[src], check=False)
 
     def loss(self, percent):
+        """percent of the frames between hosts lost: the switch's own draw per frame and link
+        (fabric "tap"), else nftables' numgen on every host's output. Says which ran."""
+        if self.fabric == "tap":
+            self.tap_command(f"loss {percent}")
+            return f"{percent}% of the frames on every link, each direction (tap_switch.py)"
         for i in range(len(self.hosts)):
             self.nft(i, table("inet cgloss", "filter", 0,
                               f"oifname \"eth0\" numgen random mod 100 < {percent} drop"))
+        return f"{percent}% of every host's output (nftables numgen)"
 
     def rate(self, rate="100mbit"):
         for h in self.hosts:
             run(["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate, "burst",
                  "256kb", "latency", "200ms"], ns=h)
 
-    def delay(self, ms, relays):
-        """Each host's outgoing traffic to other hosts gets ms in each direction: netem if
-        the kernel has it, else the relay. Returns which ran."""
-        if self.netem is None:
-            r = run(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                    ns=self.switch, check=False)
-            self.netem = r.returncode == 0
-            if self.netem:
-                run(["tc", "qdisc", "del", "dev", "lo", "root"], ns=self.switch, check=False)
-        if self.netem:
-            # On the switch's ports: each direction of every link, ms/2 at each end's port.
-            for i in range(len(self.hosts)):
-                run(["tc", "qdisc", "replace", "dev", f"p{i}", "root", "netem", "delay",
-                     f"{ms}ms"], ns=self.switch)
-            return f"netem {ms} ms on every switch port"
-        for i, h in enumerate(self.hosts):
-            # Ahead of the job's processes for the CPU: a relay that waits for a core adds its
-            # wait to the delay (and Gloo's connection gate gives a silent peer 2 s).
-            p = self.start(f"relay{i}", i, ["nice", "-n", "-15", sys.executable,
-                                            os.path.join(HERE, "delay_relay.py"),
-                                            str(RELAY_PORT), str(ms)])
-            relays.append(p)
-        for i, h in enumerate(self.hosts):
-            deadline = time.time() + 20
-            while "ready" not in open(os.path.join(self.tmp, f"relay{i}.out")).read():
-                if time.time() > deadline:
-                    raise RuntimeError(f"the delay relay of {h} did not start")
-                time.sleep(0.05)
-            self.nft(i, table("ip cgdelay", "nat", -100,
-                              f"meta mark != {RELAY_MARK} ip daddr 198.18.{self.subnet}.0/24 "
-                              f"ip daddr != {self.ips[i]} tcp dport {{ {STORE_PORTS} }} "
-                              f"redirect to :{RELAY_PORT}"))
-        return (f"delay_relay.py {ms} ms each way on every connection to the store and between "
-                f"etcd members (no netem here; Gloo's connections are not relayed)")
+    def delay(self, ms, jitter=0):
+        """Every frame between two hosts, each direction, waits ms (plus up to jitter) in the
+        switch. Says what ran."""
+        if self.fabric != "tap":
+            raise RuntimeError("a delay needs the tap fabric (tap_switch.py)")
+        self.tap_command(f"delay {ms} {jitter}")
+        return (f"tap_switch.py: every frame between hosts {ms}-{ms + jitter} ms each way "
+                f"(Gloo's, the store's and raft's alike)")
+
+    def probe_refused(self, src, dst):
+        """A connect from host src to a closed port of host dst: seconds until refused (the
+        RST is a packet like any other: it comes back one delayed round trip later, and the
+        connect is refused, not accepted by anything in between)."""
+        code = ("import socket,time\n"
+                "s=socket.socket(); s.settimeout(30); t=time.monotonic()\n"
+                "try:\n s.connect(('%s', 9)); print('accepted')\n"
+                "except ConnectionRefusedError:\n print('refused', time.monotonic()-t)\n"
+                "except OSError as e:\n print('error', e)\n") % self.ips[dst]
+        r = run([sys.executable, "-c", code], ns=self.hosts[src], timeout=60)
+        words = r.stdout.split()
+        if not words or words[0] != "refused":
+            raise Failed(f"a connect from host {src} to a closed port of host {dst}: "
+                         f"{r.stdout.strip()!r}, not refused")
+        return float(words[1])
 
 
 class Etcd:
@@ -293,6 +361,30 @@ class Etcd:
             if r.returncode == 0:
                 return r
         return r
+
+    def leader_off(self, host):
+        """Moves etcd's leadership off the member on `host` (to the next host's) and waits until
+        the cluster says so: the fault that follows takes a member away, not the leader. Losing
+        the leader costs an election first (the election timeout, 2 s, and a vote), which at a
+        load of 20 on 2 cores outlasted the scenarios' 3 s operation timeout and ended the job."""
+        if host >= self.members:
+            return
+        target = (host + 1) % self.members
+        deadline = time.time() + 60
+        while True:
+            r = self.ctl_run(["endpoint", "status", "-w", "json"])
+            status = json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else []
+            ids = {s["Endpoint"].split(":")[0]: s["Status"]["header"]["member_id"] for s in status}
+            leaders = {s["Status"]["leader"] for s in status}
+            want = ids.get(self.net.ips[target])
+            if want is not None and leaders == {want}:
+                return
+            if time.time() > deadline:
+                raise RuntimeError(f"etcd's leadership did not move to host {target} within 60 s: "
+                                   f"{r.stdout.strip()} {r.stderr.strip()}")
+            if want is not None and len(ids) == self.members:
+                self.ctl_run(["move-leader", format(want, "x")])
+            time.sleep(0.5)
 
     def dump(self, prefix):
         """Every key under prefix as etcd holds it: {key: (value, create_revision, version)}."""
@@ -517,9 +609,10 @@ def verify_across(args, net, store, etcd):
     log(f"verify across 3 hosts over {store}: {out.strip().splitlines()[-1]}")
 
 
-def scenario(name):
+def scenario(name, fabric="bridge"):
+    """A scenario, run on 3 hosts whose switch is `fabric` (None: it makes its own)."""
     def wrap(fn):
-        SCENARIOS[name] = fn
+        SCENARIOS[name] = (fn, fabric)
         return fn
     return wrap
 
@@ -546,26 +639,42 @@ def _clean(ctx):
     log(f"finished in {job.elapsed:.1f} s; {summary}")
 
 
-@scenario("delay-loss")
+# The delay-and-loss scenario: every frame between hosts DELAY_MS each way (a round trip
+# 2 x DELAY_MS more), LOSS_PERCENT of them lost, and a rate limit. Its operations' timeout
+# covers creating the world and every group over links that slow (measured: docs/benchmarks.md).
+DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT = 50, 2, 90
+
+
+@scenario("delay-loss", fabric="tap")
 def _delay_loss(ctx):
-    """Delay on every link, 3% loss, a rate limit: the job finishes as without them, with no
-    operation past its timeout (no failure, so no epoch after the first)."""
-    # The delay first: nftables redirects new connections only, so etcd's members must
-    # connect to each other through the relays.
-    how = ctx.net.delay(50, ctx.relays)
+    """Delay and loss on every link (Gloo's, the store's and raft's alike), a rate limit: the
+    job finishes as without them, with no operation past its timeout (no failure, so no epoch
+    after the first)."""
+    net = ctx.net
     etcd = ctx.etcd()
-    ctx.net.loss(3)
-    ctx.net.rate("200mbit")
-    log(f"faults: {how}; 3% loss (nftables numgen) on every host; tbf 200mbit")
-    job = Job(ctx.args, ctx.net, "etcd", 6, 60, "delay", etcd)
+    how = net.delay(DELAY_MS)
+    lost = net.loss(LOSS_PERCENT)
+    net.rate("200mbit")
+    log(f"faults: {how}; {lost}; tbf 200mbit on every host's eth0")
+    # Every connection is delayed, and a refused connect is still refused (the switch is not
+    # an end of anything): a round trip at least 2 x DELAY_MS.
+    took = net.probe_refused(1, 0)
+    if took < 2 * DELAY_MS / 1000.0:
+        raise Failed(f"a refused connect took {took * 1000:.1f} ms, less than the round trip "
+                     f"of {2 * DELAY_MS} ms the switch puts in its way")
+    log(f"a connect to a closed port of another host: refused after {took * 1000:.0f} ms")
+    job = Job(ctx.args, net, "etcd", 6, DELAY_TIMEOUT, "delay", etcd)
     job.start()
-    codes = job.wait(240)
+    codes = job.wait(300)
+    stats = net.tap_stats()
     summary = check(job, ctx.ref(6))
     if summary["epochs"] != 0:
         raise Failed(f"an operation ran past its timeout: {summary}\n{job.all_err()}")
     if any(c != 0 for c in codes):
         raise Failed(f"exit codes {codes}\n{job.all_err()}")
-    log(f"finished in {job.elapsed:.1f} s under delay and loss; {summary}")
+    if stats["lost"] == 0 or stats["forwarded"] == 0:
+        raise Failed(f"the switch lost or forwarded nothing: {stats}")
+    log(f"finished in {job.elapsed:.1f} s under delay and loss; {summary}; switch {stats}")
 
 
 @scenario("cut-off")
@@ -575,6 +684,7 @@ def _cut_off(ctx):
     the failure; when the link comes back, host 1's processes (whose own timeout is longer,
     so they are still alive) find themselves fenced and exit saying so."""
     etcd = ctx.etcd()
+    etcd.leader_off(1)
     job = Job(ctx.args, ctx.net, "etcd", 40, T, "cutoff", etcd, host_timeout={1: 5 * T})
     job.start()
     wait_for_training(job, etcd, 2)
@@ -610,6 +720,7 @@ def _asymmetric(ctx):
     """Host 1 cannot send to host 0 (host 0 still sends to host 1) for a while: the job goes
     on with whichever processes the decisions keep and finishes as without the fault."""
     etcd = ctx.etcd()
+    etcd.leader_off(1)
     job = Job(ctx.args, ctx.net, "etcd", 24, T, "asym", etcd)
     job.start()
     wait_for_training(job, etcd, 0.5)
@@ -629,6 +740,7 @@ def _asymmetric(ctx):
 def _flapping(ctx):
     """Host 1's link goes down and up every 0.4-0.8 s for 8 s while training."""
     etcd = ctx.etcd()
+    etcd.leader_off(1)
     job = Job(ctx.args, ctx.net, "etcd", 24, T, "flap", etcd)
     job.start()
     wait_for_training(job, etcd, 0.3)
@@ -681,6 +793,7 @@ def _store_host_etcd(ctx):
     """Host 0 (ranks 0, 1 and an etcd member) is lost: the store loses one member of three
     and goes on; the spares take ranks 0 and 1 and the job finishes as without the loss."""
     etcd = ctx.etcd()
+    etcd.leader_off(0)
     job = Job(ctx.args, ctx.net, "etcd", 40, T, "etcdlost", etcd)
     job.start()
     wait_for_training(job, etcd, 2)
@@ -696,38 +809,53 @@ def _store_host_etcd(ctx):
     log(f"job finished {time.time() - lost:.1f} s after host 0 was lost; {summary}")
 
 
-@scenario("bench")
+@scenario("bench", fabric=None)
 def _bench(ctx):
-    """Recovery across hosts, a process SIGKILLed at step 4, without and with 50 ms delay."""
+    """Recovery across hosts, process 2 (host 1) SIGKILLed at step 4 of 8 (train_gpt's own
+    --fault-kill), on the kernel bridge, then on tap_switch.py with each delay in turn (one
+    etcd cluster, the delay changed between runs). Each run checked as the scenarios are."""
     rows = []
-    for label in ("no delay", "50 ms each way (relay)"):
-        if label != "no delay":
-            # A new cluster behind the relays (nftables redirects new connections only).
-            ctx.stop_infra()
-            ctx._etcd = None
-            ctx.net.delay(50, ctx.relays)
-        etcd = ctx.etcd()
-        # Process 2 (host 1) dies at step 4: train_gpt's own --fault-kill.
-        job = Job(ctx.args, ctx.net, "etcd", 8, 60, f"bench{len(rows)}", etcd,
-                  extra=["--fault-kill", "2:4"])
-        job.start()
-        codes = job.wait(300)
-        summary = check(job, ctx.ref(8))
-        rows.append((label, job.elapsed, summary["recoveries"]))
-    for label, total, rec in rows:
+    plans = [("bridge", [None]), ("tap", [0] + ctx.args.delays)]
+    for fabric, delays in plans:
+        def runs(c, fabric=fabric, delays=delays):
+            etcd = c.etcd()
+            for ms in delays:
+                for rep in range(c.args.repeats):
+                    if ms is None:
+                        label = "kernel bridge"
+                    else:
+                        label = f"tap_switch.py, {ms} ms each way"
+                        c.net.delay(ms)
+                    job = Job(c.args, c.net, "etcd", 8, BENCH_TIMEOUT, f"bench{len(rows)}", etcd,
+                              extra=["--fault-kill", "2:4"])
+                    job.start()
+                    codes = job.wait(600)
+                    summary = check(job, c.ref(8))
+                    if codes[0] != 0 or codes[2] != 0 or summary["epochs"] != 1:
+                        raise Failed(f"bench {label}: exit codes {codes}, {summary}\n"
+                                     f"{job.all_err()}")
+                    stats = c.net.tap_stats()
+                    rows.append((label, job.elapsed, summary["recoveries"], stats))
+                    log(f"bench {label}: whole run {job.elapsed:.1f} s; {summary['recoveries']}"
+                        + (f"; switch late at most {stats['late_max_ms']:.1f} ms" if stats else ""))
+        with_network(ctx.args, fabric, runs)
+    print("| run | whole run | recovery (slowest process) | agreement | groups | state |")
+    print("|---|---|---|---|---|---|")
+    for label, total, rec, _ in rows:
         parts = [[float(x) for x in re.findall(r"[\d.]+(?= s)", r)] for r in rec]
         if not parts:
             raise Failed(f"bench {label}: no recovery was reported")
         slowest = max(parts, key=sum)
-        log(f"bench {label}: whole run {total:.1f} s; recovery of the slowest process "
-            f"{sum(slowest):.2f} s (agreement {slowest[0]:.2f} s, groups {slowest[1]:.2f} s, "
-            f"state {slowest[3]:.3f} s)")
+        print(f"| {label} | {total:.1f} s | {sum(slowest):.2f} s | {slowest[0]:.2f} s | "
+              f"{slowest[1]:.2f} s | {slowest[3] * 1000:.0f} ms |", flush=True)
+
+
+BENCH_TIMEOUT = 90  # covers creating every group over the slowest links benched
 
 
 class Context:
     def __init__(self, args, net):
         self.args, self.net = args, net
-        self.relays = []
         self._etcd = None
         self._ref = {}
 
@@ -742,20 +870,56 @@ class Context:
         return self._etcd
 
     def ref(self, steps):
-        if steps not in self._ref:
-            self._ref[steps] = reference(self.args, steps)
-        return self._ref[steps]
+        if steps not in REFERENCES:
+            REFERENCES[steps] = reference(self.args, steps)
+        return REFERENCES[steps]
 
     def stop_infra(self):
         # (etcd's data is thrown away: no need for its graceful, slower, shutdown.)
-        for p in self.relays + (self._etcd.procs if self._etcd else []):
+        procs = self._etcd.procs if self._etcd else []
+        for p in procs:
             if p.poll() is None:
                 p.kill()
-        for p in self.relays + (self._etcd.procs if self._etcd else []):
+        for p in procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+REFERENCES = {}  # steps -> the uninterrupted run's (loss, grad norm) per step
+
+
+def with_network(args, fabric, fn):
+    """Makes 3 hosts on `fabric`, runs fn(context), then stops everything and removes every
+    namespace; a process left in any of them fails the run (Failed), after it is killed. The
+    logs are kept when the run failed (or COMMGRID_HOSTS_KEEP is set)."""
+    tmp = tempfile.mkdtemp(prefix="commgrid-hosts-")
+    net = Network(3, tmp, fabric)
+    ctx = Context(args, net)
+    error = None
+    try:
+        net.up()
+        log(f"3 hosts {net.ips} on {'a kernel bridge' if fabric == 'bridge' else 'tap_switch.py'}")
+        fn(ctx)
+    except Skip:
+        signal.alarm(0)
+        net.close(ctx.stop_infra)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as e:  # the harness's own failures too: never a hang
+        error = e if isinstance(e, Failed) else Failed(f"{type(e).__name__}: {e}")
+    signal.alarm(0)  # the clean-up below runs whatever time is left
+    left = net.close(ctx.stop_infra)
+    if left:
+        lines = "processes left running in the namespaces: " + "; ".join(left)
+        error = Failed(f"{error}\n{lines}" if error else lines)
+    if error is None and not os.environ.get("COMMGRID_HOSTS_KEEP"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"(logs kept in {tmp})", file=sys.stderr, flush=True)
+    if error is not None:
+        raise error
 
 
 def main():
@@ -764,37 +928,38 @@ def main():
     ap.add_argument("--train-gpt", required=True)
     ap.add_argument("--etcd", default="")
     ap.add_argument("--etcdctl", default="")
+    ap.add_argument("--delays", type=lambda t: [int(x) for x in t.split(",")], default=[50, 100],
+                    help="bench: the delays (ms each way) to run with, besides none")
+    ap.add_argument("--repeats", type=int, default=1, help="bench: runs per row")
+    ap.add_argument("--deadline", type=int, default=270,
+                    help="seconds after which the scenario fails (and cleans up) rather than "
+                         "being killed by ctest's TIMEOUT (300 s); 0: none (bench's default)")
     ap.add_argument("scenario", choices=sorted(SCENARIOS))
     args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="commgrid-hosts-")
-    net = Network(3, tmp)
-    ctx = Context(args, net)
+    if args.deadline > 0 and args.scenario != "bench":
+        def past_deadline(*_):
+            raise Failed(f"the scenario ran past its deadline of {args.deadline} s")
+        signal.signal(signal.SIGALRM, past_deadline)
+        signal.alarm(args.deadline)
+    fn, fabric = SCENARIOS[args.scenario]
     status, why = 0, ""
     t0 = time.time()
+    log(f"scenario {args.scenario}")
     try:
-        net.up()
-        log(f"3 hosts {net.ips} on a bridge; scenario {args.scenario}")
-        SCENARIOS[args.scenario](ctx)
+        if fabric is None:
+            fn(Context(args, None))
+        else:
+            with_network(args, fabric, fn)
     except Skip as e:
         status, why = SKIP, f"SKIPPED: {e}"
     except Failed as e:
         status, why = 1, f"FAILED: {e}"
     except Exception as e:  # the harness itself failed: a failure too, never a hang
         status, why = 1, f"FAILED: {type(e).__name__}: {e}"
-    finally:
-        left = net.close(ctx.stop_infra)
-        if left and status != SKIP:
-            status = 1
-            why += "\nFAILED: processes left running in the namespaces: " + "; ".join(left)
-    if status == 0 and not os.environ.get("COMMGRID_HOSTS_KEEP"):
-        shutil.rmtree(tmp, ignore_errors=True)
+    if status == 0:
         log(f"passed in {time.time() - t0:.1f} s")
     else:
         print(why, file=sys.stderr if status == 1 else sys.stdout, flush=True)
-        if status == 1:
-            print(f"(logs kept in {tmp})", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     return status
 
 

@@ -1,6 +1,6 @@
 # ctest driver: install the build tree into a fresh prefix, then configure, build and run
 # the consumer project against it with find_package(commgrid): layout-only (which must look
-# for no backend), with each component this build has (every backend, resilience), and
+# for no backend), with each component this build has (every backend, resilience, world), and
 # asking for a component it lacks (which must fail, naming it).
 # Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR, BACKENDS (comma-separated), CXX_FLAGS,
 # LINKER_FLAGS.
@@ -32,6 +32,9 @@ foreach(_component "" ${BACKENDS})
   endif()
   if(_component STREQUAL "resilience")
     step(${_build}/consumer_resilience)
+  endif()
+  if(_component STREQUAL "world")
+    step(${_build}/consumer_world)
   endif()
 endforeach()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/package/consumer

@@ -36,6 +36,10 @@ inline constexpr std::string_view kResiliencePrefix = "resilience";
 /// "<prefix>/epoch/<e>/reshard": the store prefix of the transfer world of a shrink into
 /// epoch e (every live process).
 [[nodiscard]] std::string epoch_transfer_prefix(std::string_view prefix, std::int64_t epoch);
+/// "<prefix>/epoch/<e>/torch_store": the address ("host:port") of the torch TCPStore that
+/// epoch e's logical rank 0 serves for a Python program's torch groups
+/// (commgrid.torch.ResilientDriver).
+[[nodiscard]] std::string epoch_torch_store_key(std::string_view prefix, std::int64_t epoch);
 /// "<prefix>/done": the job finished (logical rank 0 sets it after the last step).
 [[nodiscard]] std::string job_done_key(std::string_view prefix);
 /// "<prefix>/ended": the job cannot go on (no spare and no smaller layout, a state lost,

@@ -150,19 +150,19 @@ class ModelCommProcessGroups : public GroupCollection {
   [[nodiscard]] static ModelCommProcessGroups from_state(const ProcessGroups& state,
                                                          const std::vector<GroupKind>& required);
 
-  const GroupField& tp() const { return get(GroupKind::tp); }
-  const GroupField& pp() const { return get(GroupKind::pp); }
-  const GroupField& mp() const { return get(GroupKind::mp); }
-  const GroupField& embd() const { return get(GroupKind::embd); }
-  const GroupField& pos_embd() const { return get(GroupKind::pos_embd); }
-  const GroupField& cp() const { return get(GroupKind::cp); }
-  const GroupField& tp_cp() const { return get(GroupKind::tp_cp); }
-  const GroupField& hcp() const { return get(GroupKind::hcp); }
-  const GroupField& ep() const { return get(GroupKind::ep); }
-  const GroupField& expt_tp() const { return get(GroupKind::expt_tp); }
-  const GroupField& tp_ep() const { return get(GroupKind::tp_ep); }
-  const GroupField& tp_ep_pp() const { return get(GroupKind::tp_ep_pp); }
-  const GroupField& expt_dp() const { return get(GroupKind::expt_dp); }
+  [[nodiscard]] const GroupField& tp() const { return get(GroupKind::tp); }
+  [[nodiscard]] const GroupField& pp() const { return get(GroupKind::pp); }
+  [[nodiscard]] const GroupField& mp() const { return get(GroupKind::mp); }
+  [[nodiscard]] const GroupField& embd() const { return get(GroupKind::embd); }
+  [[nodiscard]] const GroupField& pos_embd() const { return get(GroupKind::pos_embd); }
+  [[nodiscard]] const GroupField& cp() const { return get(GroupKind::cp); }
+  [[nodiscard]] const GroupField& tp_cp() const { return get(GroupKind::tp_cp); }
+  [[nodiscard]] const GroupField& hcp() const { return get(GroupKind::hcp); }
+  [[nodiscard]] const GroupField& ep() const { return get(GroupKind::ep); }
+  [[nodiscard]] const GroupField& expt_tp() const { return get(GroupKind::expt_tp); }
+  [[nodiscard]] const GroupField& tp_ep() const { return get(GroupKind::tp_ep); }
+  [[nodiscard]] const GroupField& tp_ep_pp() const { return get(GroupKind::tp_ep_pp); }
+  [[nodiscard]] const GroupField& expt_dp() const { return get(GroupKind::expt_dp); }
 };
 
 /// The groups gradient reduction and the distributed optimizer use (Megatron-core's
@@ -183,12 +183,12 @@ class GradCommProcessGroups : public GroupCollection {
   [[nodiscard]] static GradCommProcessGroups from_state(const ProcessGroups& state,
                                                         const std::vector<GroupKind>& required);
 
-  const GroupField& dp() const { return get(GroupKind::dp); }
-  const GroupField& dp_cp() const { return get(GroupKind::dp_cp); }
-  const GroupField& expt_dp() const { return get(GroupKind::expt_dp); }
-  const GroupField& intra_dp_cp() const { return get(GroupKind::intra_dp_cp); }
-  const GroupField& intra_expt_dp() const { return get(GroupKind::intra_expt_dp); }
-  const GroupField& inter_dist_opt() const { return get(GroupKind::inter_dist_opt); }
+  [[nodiscard]] const GroupField& dp() const { return get(GroupKind::dp); }
+  [[nodiscard]] const GroupField& dp_cp() const { return get(GroupKind::dp_cp); }
+  [[nodiscard]] const GroupField& expt_dp() const { return get(GroupKind::expt_dp); }
+  [[nodiscard]] const GroupField& intra_dp_cp() const { return get(GroupKind::intra_dp_cp); }
+  [[nodiscard]] const GroupField& intra_expt_dp() const { return get(GroupKind::intra_expt_dp); }
+  [[nodiscard]] const GroupField& inter_dist_opt() const { return get(GroupKind::inter_dist_opt); }
 };
 
 /// Prints summary().

@@ -36,6 +36,7 @@ from ._create import (create_group, create_hierarchical_groups,  # noqa: E402,F4
                       create_hybrid_dp_cp_groups, creation_strategies, overwrite_nccl_comm_cfgs)
 from ._init import create_all_gather_groups  # noqa: E402,F401
 from ._mesh import device_mesh  # noqa: E402,F401
+from .resilient import (Epoch, PeerFailure, RecoveryError, ResilientDriver, TorchTooOldError)  # noqa: E402,F401
 from ._policies import default_embedding_ranks_seed as default_embedding_ranks  # noqa: E402,F401
 from ._policies import (  # noqa: E402,F401
     default_position_embedding_ranks_seed as default_position_embedding_ranks)

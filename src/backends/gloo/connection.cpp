@@ -107,6 +107,7 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
       const std::vector<int> late = gate.late_peers();
       if (late.empty() || !arrived) throw;
       std::vector<int> late_global;
+      late_global.reserve(late.size());
       for (int p : late) late_global.push_back(global_ranks[static_cast<size_t>(p)]);
       throw TimeoutError("gloo " + op + " on " + group + ": timed out after " +
                          seconds_text(timeout) + " waiting for " +

@@ -367,6 +367,7 @@ std::unique_ptr<Communicator> GlooCommunicator::make_group(const std::vector<int
   auto it = std::find(members.begin(), members.end(), rank());
   COMMGRID_ENFORCE(it != members.end(), "rank not among the members of " + name);
   std::vector<int> global;
+  global.reserve(members.size());
   for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
   // A new group starts with this communicator's timeout.
   auto ctx = connect_group(*shared_, prefix, static_cast<int>(it - members.begin()), global, op,

@@ -52,14 +52,14 @@ class PairGateScope {
   PairGateScope& operator=(const PairGateScope&) = delete;
 
   /// Whether the gate is on for this scope (pair_gate_available()).
-  bool active() const { return static_cast<bool>(state_); }
+  [[nodiscard]] bool active() const { return static_cast<bool>(state_); }
   /// One line per connection the gate refused: "unauthenticated peer at ADDR (on the
   /// listener for peer P of this group): why", in the order they were refused.
-  std::vector<std::string> refused() const;
+  [[nodiscard]] std::vector<std::string> refused() const;
   /// The peers (ranks in the group) whose connection this rank's listeners still awaited
   /// at the deadline. The gate ends those waits then (Gloo bounds each pair's wait on its
   /// own, one after another: peers connecting late one by one would add up).
-  std::vector<int> late_peers() const;
+  [[nodiscard]] std::vector<int> late_peers() const;
 
   struct State;
 

@@ -118,6 +118,7 @@ void RendezvousStore::wait(const std::vector<std::string>& keys, const Ms& timeo
   if (keys.empty()) return;  // a member alone in its group: no request at all
   PairGatePause pause;
   std::vector<std::string> full_keys;
+  full_keys.reserve(keys.size());
   for (const auto& k : keys) full_keys.push_back(full(k));
   // Gloo waits for its peers' keys one after another; one deadline for the whole
   // rendezvous keeps the total within the timeout, whatever the number of peers.

@@ -47,7 +47,7 @@ class RendezvousStore final : public ::gloo::rendezvous::Store {
             const std::chrono::milliseconds& timeout) override;
 
  private:
-  std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+  [[nodiscard]] std::string full(const std::string& key) const { return prefix_ + "/" + key; }
   commgrid::Store& store_;
   std::string prefix_, op_, group_;
   const std::vector<int>& global_ranks_;

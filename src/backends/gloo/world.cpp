@@ -1,6 +1,6 @@
 // Starting a Gloo world: the world-size check, the TCP device, the world's connections;
 // and the world of a launched process (the launcher's environment, its store).
-#include <signal.h>
+#include <csignal>
 
 #include <gloo/transport/tcp/device.h>
 
@@ -81,7 +81,7 @@ void check_world_size(commgrid::Store& store, const std::string& prefix, int ran
         if (const std::string theirs = read(key(next)); theirs != mine) {
           const IncompatibleError e = mismatch(next, theirs, mine);
           publish('i', e.what());
-          throw e;
+          throw e;  // NOLINT(misc-throw-by-value-catch-by-reference): published, then thrown
         }
         ++next;
         pause = Ms(1);
@@ -96,12 +96,12 @@ void check_world_size(commgrid::Store& store, const std::string& prefix, int ran
           } else if (const std::string theirs = read(key(r)); theirs != mine) {
             const IncompatibleError e = mismatch(r, theirs, mine);
             publish('i', e.what());
-            throw e;
+            throw e;  // NOLINT(misc-throw-by-value-catch-by-reference): published, then thrown
           }
         }
         const TimeoutError e = timed_out(missing_ranks(missing));
         publish('t', e.what());
-        throw e;
+        throw e;  // NOLINT(misc-throw-by-value-catch-by-reference): published, then thrown
       }
       std::this_thread::sleep_for(std::min(pause, left() + Ms(1)));
       pause = std::min(pause * 2, Ms(20));
