@@ -174,6 +174,7 @@ class Walker {
     if (!req_.create(GroupKind::hybrid_dp_cp)) return;
     const std::int64_t parents = L_.num_groups(GroupKind::dp_cp);
     std::vector<GroupList> levels;
+    levels.reserve(static_cast<std::size_t>(L_.levels(GroupKind::hybrid_dp_cp)));
     for (int l = 0; l < L_.levels(GroupKind::hybrid_dp_cp); ++l)
       levels.push_back(L_.groups(GroupKind::hybrid_dp_cp, l));
     for (std::int64_t i = 0; i < parents; ++i) {

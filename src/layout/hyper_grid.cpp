@@ -1,6 +1,7 @@
 #include "commgrid/hyper_grid.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "commgrid/config.hpp"
@@ -165,8 +166,10 @@ std::string HyperGrid::key(const std::vector<std::string>& dims, std::string_vie
   const View& k = view.empty() || shared_only ? views_.at("") : v;
   // Outermost first, as HEAD orders the dims of a key.
   std::vector<std::string> ordered;
-  for (auto it = k.names.rbegin(); it != k.names.rend(); ++it)
-    if (std::find(dims.begin(), dims.end(), *it) != dims.end()) ordered.push_back(*it);
+  std::copy_if(k.names.rbegin(), k.names.rend(), std::back_inserter(ordered),
+               [&](const std::string& name) {
+                 return std::find(dims.begin(), dims.end(), name) != dims.end();
+               });
   const std::string joined = join(ordered, "-");
   return view.empty() || shared_only ? joined : std::string(view) + ":" + joined;
 }

@@ -344,6 +344,7 @@ EpochChange replace_or_shrink(const RankMap& map, std::span<const std::int64_t> 
   for (std::int64_t p : dead)
     if (const auto r = map.logical_rank(p)) by_replica[grid.coordinate(*r, Axis::dp)].push_back(*r);
   std::vector<std::vector<Rank>> lost;  // fewest dead ranks first, then lowest dp
+  lost.reserve(by_replica.size());
   for (auto& [d, ranks] : by_replica) lost.push_back(std::move(ranks));
   std::stable_sort(lost.begin(), lost.end(),
                    [](const auto& a, const auto& b) { return a.size() < b.size(); });

@@ -42,7 +42,7 @@ std::int64_t parse_number(std::string_view s, const std::string& where) {
 // ticks a few times a second sees the monotonic clock jump (SIGSTOP, a paused machine).
 struct Recovery::StallWatch {
   explicit StallWatch(Ms timeout)
-      : thread([this, timeout](std::stop_token stop) {
+      : thread([this, timeout](const std::stop_token& stop) {
           const Ms period = std::clamp(timeout / 8, Ms(10), Ms(250));
           std::mutex m;
           std::condition_variable_any cv;
@@ -258,19 +258,17 @@ void Recovery::adopt(const std::string& decision) {
   try {
     step = change(next, d.dead);
   } catch (const NoSpareError& e) {
-    const NoSpareError ended(std::string("recovery: cannot go on without a spare: ") + e.what(),
-                             e.ranks());
-    (void)end_job(ended.what());
-    throw ended;
+    const std::string message = std::string("recovery: cannot go on without a spare: ") + e.what();
+    (void)end_job(message);
+    throw NoSpareError(message, e.ranks());
   } catch (const ConfigError& e) {
     std::vector<Rank> ranks;
     for (std::int64_t p : d.dead)
       if (const auto r = next.logical_rank(p)) ranks.push_back(*r);
     std::sort(ranks.begin(), ranks.end());
-    const NoSpareError ended(std::string("recovery: cannot go on without a spare: ") + e.what(),
-                             ranks);
-    (void)end_job(ended.what());
-    throw ended;
+    const std::string message = std::string("recovery: cannot go on without a spare: ") + e.what();
+    (void)end_job(message);
+    throw NoSpareError(message, std::move(ranks));
   }
   const auto world = [](std::optional<std::int64_t> w) {
     return w ? "shrinks the world to " + std::to_string(*w) : std::string("keeps the world");

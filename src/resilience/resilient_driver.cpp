@@ -156,7 +156,7 @@ struct ResilientDriver::Impl {
   }
 
   // ---- the state provider ----------------------------------------------------------
-  std::string who() const {
+  [[nodiscard]] std::string who() const {
     const auto r = rec.logical_rank();
     return "process " + std::to_string(rec.process()) +
            (r ? " (logical rank " + std::to_string(*r) + ")" : std::string());
@@ -207,12 +207,14 @@ struct ResilientDriver::Impl {
   }
 
   // ---- buddy copies -----------------------------------------------------------------
-  std::int64_t shift() const {
+  [[nodiscard]] std::int64_t shift() const {
     const std::int64_t w = epoch_layout.world_size;
     return options.buddy_shift % w == 0 ? std::int64_t{1} : options.buddy_shift;
   }
-  std::int64_t buddy_of(std::int64_t r) const { return (r + shift()) % epoch_layout.world_size; }
-  std::int64_t buddy_source(std::int64_t r) const {
+  [[nodiscard]] std::int64_t buddy_of(std::int64_t r) const {
+    return (r + shift()) % epoch_layout.world_size;
+  }
+  [[nodiscard]] std::int64_t buddy_source(std::int64_t r) const {
     const std::int64_t w = epoch_layout.world_size;
     return ((r - shift()) % w + w) % w;
   }
@@ -242,7 +244,7 @@ struct ResilientDriver::Impl {
   // The step this rank can go back to: its latest snapshot's (a rank of the first epoch
   // without one: step 0, the initial state) and, with buddy copies, no later than its
   // latest copy's; kNone without state.
-  std::int64_t offer_step() const {
+  [[nodiscard]] std::int64_t offer_step() const {
     if (fresh) return kNone;
     std::int64_t latest = snapshots.empty() ? 0 : snapshots.back().step;
     if (buddy && !copies.empty()) latest = std::min(latest, copies.back().step);

@@ -83,7 +83,7 @@ class NcclDirect final : public DirectCollectives {
       throw BackendError("bench: direct nccl: the world was aborted: " + world_.abort_reason());
     return c;
   }
-  cudaStream_t stream() const { return world_.stream(); }
+  [[nodiscard]] cudaStream_t stream() const { return world_.stream(); }
 
   static void cuda(const char* call, cudaError_t e) {
     if (e == cudaSuccess) return;

@@ -119,7 +119,8 @@ std::vector<std::string> group_colours(std::size_t n) {
     // Nudge alternately darker and lighter until the colour is new; 24-bit colours leave
     // room for far more groups than a picture can hold.
     for (int step = 1; used.count(c) > 0; ++step) {
-      const double d = 0.004 * static_cast<double>((step + 1) / 2) * (step % 2 ? -1 : 1);
+      const int nudge = (step + 1) / 2;  // 1, 1, 2, 2, 3, ...: whole steps on purpose
+      const double d = 0.004 * static_cast<double>(nudge) * (step % 2 ? -1 : 1);
       c = hex_colour(std::fmod(h + 0.37 * step, 360.0), s, std::clamp(l + d, 0.15, 0.9));
     }
     used.insert(c);

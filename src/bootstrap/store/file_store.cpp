@@ -27,7 +27,7 @@ class FileStore final : public Store {
   FileStore(std::string folder, std::string secret) : folder_(std::move(folder)) {
     set_job_secret(std::move(secret));
   }
-  std::string uri() const override { return "file://" + folder_; }
+  [[nodiscard]] std::string uri() const override { return "file://" + folder_; }
 
  protected:
   void do_set(const std::string& key, const std::vector<char>& data) override {
@@ -82,7 +82,7 @@ class FileStore final : public Store {
     }
     return true;
   }
-  std::string path_of(const std::string& key) const {
+  [[nodiscard]] std::string path_of(const std::string& key) const {
     return folder_ + "/key-" + bootstrap::hex_of(key);
   }
   std::string folder_;

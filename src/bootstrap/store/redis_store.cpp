@@ -129,10 +129,10 @@ class RedisStore final : public Store {
              std::string local, std::chrono::milliseconds timeout)
       : host_(host), port_(port), prefix_(std::move(prefix)), local_(std::move(local)),
         redis_(uri(), host, port, password, timeout) {}
-  std::string uri() const override {
+  [[nodiscard]] std::string uri() const override {
     return "redis://" + host_ + ":" + std::to_string(port_) + "/" + prefix_;
   }
-  std::string local_address() const override { return local_; }
+  [[nodiscard]] std::string local_address() const override { return local_; }
 
   /// Claims the prefix for the job, or throws JobConflictError naming the job holding it.
   void claim(const StoreOptions& o) {
@@ -157,7 +157,7 @@ class RedisStore final : public Store {
   bool do_has(const std::string& key) override { return redis_.exists(full(key)); }
 
  private:
-  std::string full(const std::string& key) const { return prefix_ + "/" + key; }
+  [[nodiscard]] std::string full(const std::string& key) const { return prefix_ + "/" + key; }
   std::string host_;
   int port_;
   std::string prefix_;

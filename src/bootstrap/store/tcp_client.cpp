@@ -53,8 +53,10 @@ class TcpStore final : public Store {
     identify();
   }
 
-  std::string uri() const override { return "tcp://" + host_ + ":" + std::to_string(port_); }
-  std::string local_address() const override { return local_; }
+  [[nodiscard]] std::string uri() const override {
+    return "tcp://" + host_ + ":" + std::to_string(port_);
+  }
+  [[nodiscard]] std::string local_address() const override { return local_; }
 
  protected:
   // A set is a set_if_absent whose "already set" is an error (the server also still
@@ -143,7 +145,7 @@ class TcpStore final : public Store {
     }
     return {};
   }
-  bool waits_in_slices() const override { return true; }
+  [[nodiscard]] bool waits_in_slices() const override { return true; }
 
  private:
   void check_sizes(const std::string& key, size_t value) const {
