@@ -47,6 +47,7 @@ EtcdClient::EtcdClient(EtcdUri uri, std::string where, std::string user, std::st
       password_(std::move(password)), timeout_(timeout), abort_(abort),
       tokens_(uri_.endpoints.size()), last_error_(uri_.endpoints.size()) {
   curl_init_once();
+  // NOLINTNEXTLINE(cppcoreguidelines-prefer-member-initializer): after curl_init_once()
   curl_ = curl_easy_init();
   if (curl_ == nullptr) throw BackendError("etcd store " + where_ + ": curl_easy_init failed");
 }

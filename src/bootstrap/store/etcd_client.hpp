@@ -60,6 +60,7 @@ class EtcdClient {
   [[nodiscard]] bool auth_disabled() const { return auth_disabled_; }
 
  private:
+  // NOLINTNEXTLINE(bugprone-exception-escape): an empty json and optional do not throw
   struct Attempt {
     bool ok = false;
     bool sent = false;  // the request may have reached the member

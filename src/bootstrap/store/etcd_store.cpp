@@ -46,8 +46,8 @@ class EtcdStore final : public Store {
                 uri.user.empty() && !o.token.empty() ? job_password(o) : uri.password, o.timeout,
                 &abort_flag()) {}
 
-  std::string uri() const override { return where_; }
-  std::string local_address() const override { return client_.local_address(); }
+  [[nodiscard]] std::string uri() const override { return where_; }
+  [[nodiscard]] std::string local_address() const override { return client_.local_address(); }
 
   /// Claims the prefix for the job (or checks the claim), and sets the job secret.
   void claim(const StoreOptions& o) {
@@ -129,7 +129,7 @@ class EtcdStore final : public Store {
     return r;
   }
 
-  json fence_absent() const {
+  [[nodiscard]] json fence_absent() const {
     return {{"key", b64(fence_key(identity_))},
             {"target", "VERSION"},
             {"result", "EQUAL"},

@@ -45,7 +45,8 @@ bool grant_etcd_job(const std::string& uri, const std::string& root_user,
   }
   EtcdClient root(parsed, where, root_user, root_password, options.timeout, nullptr);
   if (!root.login()) return false;  // authentication is off: nothing to grant
-  const std::string user = job_user(options.job_id), role = user;
+  const std::string user = job_user(options.job_id);
+  const std::string& role = user;  // the job's role has the user's name
   auto tolerate_exists = [&](const std::string& path, const json& body) {
     try {
       (void)root.call(path, body);
