@@ -39,7 +39,7 @@ Unpacked unpack(std::span<const std::byte> bytes) {
     throw commgrid::InternalError("train state: " + std::to_string(bytes.size()) +
                                   " bytes are not float64 values");
   std::vector<double> all(bytes.size() / sizeof(double));
-  std::memcpy(all.data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(all.data(), bytes.data(), bytes.size());
   auto bad = [&] {
     return commgrid::InternalError("train state: " + std::to_string(all.size()) +
                                    " values do not hold a state and its results");

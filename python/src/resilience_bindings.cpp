@@ -228,7 +228,7 @@ class PyDriver {
                                    ", not bytes");
         }
         StateBytes state(bytes.size());
-        std::memcpy(state.data(), bytes.data(), bytes.size());
+        if (!state.empty()) std::memcpy(state.data(), bytes.data(), bytes.size());
         return state;
       } catch (py::error_already_set& e) { throw std::runtime_error(describe(e)); }
     }

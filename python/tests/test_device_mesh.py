@@ -4,13 +4,11 @@ each dimension, and one training step with FSDP2 over "dp" and tensor parallel o
 equals the same step over init_device_mesh (device_mesh_worker.py runs on each rank). Bad
 dimensions and a too-old torch are refused with errors naming them."""
 
-import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
+
+from rank_procs import run_ranks
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/install-venv)")
 
@@ -31,29 +29,5 @@ def test_too_old_torch_is_named():
 
 
 def test_device_mesh_on_4_gloo_ranks(tmp_path):
-    files = [(tmp_path / f"rank{r}.out", tmp_path / f"rank{r}.err") for r in range(WORLD)]
-    procs = []
-    for r, (out_file, err_file) in enumerate(files):
-        with open(out_file, "w") as out, open(err_file, "w") as err:
-            procs.append(subprocess.Popen([sys.executable, WORKER, str(r), str(WORLD),
-                                           str(tmp_path / "rendezvous")], stdout=out, stderr=err))
-    deadline = time.monotonic() + 240
-    failed = None
-    try:
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
-            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
-            if failed is not None or all(c == 0 for c in codes):
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    outputs = [(o.read_text(), e.read_text()) for o, e in files]
-    assert failed is None, f"rank {failed} failed: {outputs[failed][1][-3000:]}"
-    assert all(p.returncode == 0 for p in procs), "ranks still running after 240 s"
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert [r["rank"] for r in reports] == list(range(WORLD))
+    reports = run_ranks(tmp_path, WORKER, WORLD, [tmp_path / "rendezvous"])
     assert all(r["redistributed"] == 3 and r["params"] == 4 for r in reports), reports

@@ -59,12 +59,12 @@ class Sums final : public StateProvider {
   std::vector<double> sums;
   StateBytes save() override {
     StateBytes out(sums.size() * sizeof(double));
-    std::memcpy(out.data(), sums.data(), out.size());
+    if (!out.empty()) std::memcpy(out.data(), sums.data(), out.size());  // no step done: none
     return out;
   }
   void load(std::span<const std::byte> bytes) override {
     sums.resize(bytes.size() / sizeof(double));
-    std::memcpy(sums.data(), bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(sums.data(), bytes.data(), bytes.size());
   }
 };
 
