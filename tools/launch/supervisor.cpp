@@ -321,7 +321,7 @@ void Supervisor::on_signals() {
 
 void Supervisor::reap(bool block) {
   std::vector<Child*> failed_now;
-  if (spares_) spares_->follow();  // a process's last label is of the epoch it ended in
+  bool followed = false;  // the epochs read once per pass, and only when a process ended
   for (auto& c : children_) {
     if (!c.running) continue;
     int status = 0;
@@ -337,6 +337,10 @@ void Supervisor::reap(bool block) {
     if (WIFCONTINUED(status)) {
       c.stopped = false;
       continue;
+    }
+    if (spares_ && !followed) {
+      spares_->follow();  // a process's last label is of the epoch it ended in
+      followed = true;
     }
     c.final_rank0 = holds_rank0(c);  // (before final_label, which freezes both)
     c.final_label = label(c);
