@@ -430,8 +430,12 @@ class Etcd:
                 "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n")
         out = {"txn": 0, "watch": 0, "committed": 0}
         for i in range(self.members):
-            r = run([sys.executable, "-c", code, f"http://{self.net.ips[i]}:{ETCD_CLIENT}/metrics"],
-                    ns=self.net.hosts[i], check=False, timeout=15)
+            try:
+                r = run([sys.executable, "-c", code,
+                         f"http://{self.net.ips[i]}:{ETCD_CLIENT}/metrics"],
+                        ns=self.net.hosts[i], check=False, timeout=60)
+            except subprocess.TimeoutExpired:
+                continue  # (a member lost, or a machine too loaded to answer: left out)
             if r.returncode != 0:
                 continue
             for line in r.stdout.splitlines():
@@ -701,17 +705,19 @@ def _clean(ctx):
 
 
 # The delay-and-loss scenario: every frame between hosts DELAY_MS each way (a round trip
-# 2 x DELAY_MS more), LOSS_PERCENT of them lost, and a rate limit. Its operations' timeout
-# covers creating the world and every group over links that slow (measured: docs/benchmarks.md).
-# --delay-ms, --loss-percent, --timeout and --steps run it with others.
-DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT, DELAY_STEPS = 50, 2, 90, 6
+# 2 x DELAY_MS more), LOSS_PERCENT of them lost, and a rate limit: the far end of the range
+# the job must survive (50-200 ms, 1-5%; the bench runs the rest). Its operations' timeout
+# covers creating the world and every group over links that slow (measured: docs/benchmarks.md,
+# "Across hosts"). Few steps: the start-up is what the delay makes slow, and CI's time is
+# short. --delay-ms, --loss-percent, --timeout and --steps run it with others.
+DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT, DELAY_STEPS = 200, 5, 90, 2
 
 
 class Served:
     """etcd's counts (Etcd.counts) every `every` seconds while a job runs, in a thread of the
     harness: where in the run the store's requests went."""
 
-    def __init__(self, etcd, every=5.0):
+    def __init__(self, etcd, every=10.0):
         import threading
         self.etcd, self.every = etcd, every
         self.samples = []  # (seconds since start, counts)
