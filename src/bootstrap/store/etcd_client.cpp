@@ -119,10 +119,12 @@ void EtcdClient::watch(const std::string& key, const std::string& range_end, std
     rotate(e);
     return;
   }
-  // A member that never confirmed the watch within the slice (etcd answers a watch's creation
-  // at once) is gone or cut off, as far as this client can tell: the next request goes to
-  // another member rather than waiting on it again for the attempt's bound.
-  if (rc == CURLE_OPERATION_TIMEDOUT && !s.answered) {
+  // A member that never confirmed the watch within a slice of a second or more (etcd answers
+  // a watch's creation at once) is gone or cut off, as far as this client can tell: the next
+  // request goes to another member rather than waiting on it again for the attempt's bound.
+  // (A shorter slice says little on a loaded machine, and moving away from a member on this
+  // host makes every later request cross the network.)
+  if (rc == CURLE_OPERATION_TIMEDOUT && !s.answered && slice >= Ms(1000)) {
     last_error_[e] = "the watch was not confirmed within " + seconds_text(slice);
     rotate(e);
     return;
