@@ -362,9 +362,12 @@ class Run:
 
     def next_line(self):
         left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the run passed --run-timeout")
-        return self.lines.get(timeout=left)
+        try:
+            if left <= 0:
+                raise queue.Empty
+            return self.lines.get(timeout=left)
+        except queue.Empty:
+            raise TimeoutError("the run passed --run-timeout") from None
 
     def kill_all(self):
         for _, p in self.procs:
