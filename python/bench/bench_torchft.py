@@ -21,12 +21,14 @@ are averaged with one all-reduce of one flat buffer over Gloo.
   over the epoch's torch Gloo dp group.
 
 Each run trains --warmup steps, then --steps measured steps (the steady-state time per step:
-process 0's mean interval between completed steps over them, no failure yet), then the bench
-SIGKILLs replica 1's process as soon as it reports the last measured step, and the survivors
-train --after more steps. Recovery time (the same definition for both, printed): from the
-SIGKILL to the moment every process of the configuration that excludes the killed process
-(TorchFT: the quorum of N - 1 replicas; commgrid: the next epoch, with the spare, or shrunk)
-has completed its first step in it; the last of them counts.
+process 0's mean interval between completed steps over them, no failure yet); in the next
+step replica 1's process stops at its kill point (--kill-point: before the step, or in it just
+before the gradient all-reduce) and the bench SIGKILLs it; the survivors train --after more
+steps. Recovery time (the same definition for both, printed): from the SIGKILL to the moment
+every process of the configuration that excludes the killed process (TorchFT: the quorum of
+N - 1 replicas; commgrid: the next epoch, with the spare, or shrunk) has completed its first
+step in it; the last of them counts. --sides warm is commgrid with a spare whose processes
+first run one throwaway step, a state save/load and a 1-rank Gloo all-reduce (program code).
 
 Timeouts are set alike on both sides per setting T/H: T seconds bounds every operation
 (TorchFT's Manager timeout, quorum_timeout and connect_timeout, its ProcessGroupGloo's
@@ -590,8 +592,9 @@ def main(argv=None):
     out(f"torch {torch.__version__}, torchft {tft}, commgrid {args.commgrid}; "
         f"load {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}")
     out(f"model: MLP {args.hidden}-{args.ffn}-{args.hidden}, Adam, float32, batch {args.batch} per "
-        f"replica; {args.warmup} warm-up + {args.steps} measured steps, kill replica 1 after "
-        f"step {args.warmup + args.steps}, {args.after} more steps")
+        f"replica; {args.warmup} warm-up + {args.steps} measured steps, replica 1's process "
+        f"SIGKILLed in step {args.warmup + args.steps} (at the kill point), {args.after} more "
+        "steps")
     out(RECOVERY_DEFINITION)
     for t, h in settings:
         out(f"setting T={t:g}/H={h}: TorchFT lighthouse --heartbeat_timeout_ms {h} "
