@@ -19,16 +19,24 @@ With --impl commgrid, ``megatron.core.parallel_state`` is ``commgrid.torch.head`
 holding commgrid's classes of those names, put in place before megatron.core is imported
 (so the rest of megatron-core, and the tests, see commgrid's).
 
-How a test runs: every test id runs on its own, on WORLD_SIZE processes at once (one per
-rank; each forks a fresh pytest for the test from a process that has imported torch once),
-with a fresh rendezvous, and the ranks start each test together, so a test that fails or
-hangs on one rank cannot leave the next one out of step. A test passes when it passes on
-every rank; a rank that runs longer than --timeout is killed (the test counts as failed,
-"timeout").
+How the tests run: the ids are collected once (pytest's order, ``-k`` applied); WORLD_SIZE
+rank processes, started together, each run one pytest session over exactly those ids in that
+order, as Megatron-LM's CI runs a test file under torchrun, each test doing its own set-up
+and tear-down (Megatron's ``Utils.initialize_model_parallel`` / ``destroy_model_parallel``).
+After every test the ranks wait for each other (a file barrier, bounded), so that a rank whose
+test failed early cannot run ahead into the next test. Between tests the harness destroys the
+process groups a passed test left in torch.distributed (Megatron's destroy forgets its groups;
+torch keeps them, and a Gloo group holds threads and sockets), and after a test that failed
+on any rank it tears torch.distributed down and makes the default group again on a fresh
+port, so that one failure does not spill into the next tests. A test passes when it passes
+on every rank. A test running past --timeout on a rank is interrupted (SIGALRM) and fails;
+ranks stuck where the alarm cannot reach them (inside a C call) or that die are killed, the
+test fails on the ranks that did not finish it, and fresh ranks go on with the next test.
 
 What is adapted, and only the environment (no assertion of any test is changed):
 - Megatron's tests ask for NCCL and GPUs. ``torch.distributed.init_process_group`` and
-  ``new_group`` get backend "gloo" instead of "nccl" (with a bounded timeout);
+  ``new_group`` (torch's own callers of it included) get backend "gloo" instead of "nccl"
+  (with a bounded timeout);
   ``torch.cuda.set_device``, ``synchronize``, ``current_device`` and ``memory.empty_cache``
   do nothing and ``torch.cuda.device_count()`` is the world size.
 - ``megatron.training.argument_utils``, which Megatron's test utilities import and these
