@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -99,6 +100,38 @@ class EtcdCluster {
   /// Sends member i a signal (SIGSTOP, SIGCONT).
   void signal(std::size_t i, int sig) const {
     if (members_[i].pid > 0) ::kill(members_[i].pid, sig);
+  }
+  /// The member every live member names as its leader (etcdctl endpoint status); -1 when
+  /// they do not agree yet, none answers, or etcdctl is not installed.
+  [[nodiscard]] int leader() const {
+    const std::string exe = COMMGRID_ETCDCTL;
+    if (exe.empty() || ::access(exe.c_str(), X_OK) != 0) return -1;
+    auto number_after = [](const std::string& text, const std::string& name) {
+      const std::size_t at = text.find("\"" + name + "\":");
+      return at == std::string::npos
+                 ? std::string()
+                 : text.substr(at + name.size() + 3,
+                               text.find_first_of(",}", at) - at - name.size() - 3);
+    };
+    std::string leader_id;
+    int found = -1;
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      if (members_[i].pid <= 0) continue;
+      const std::string cmd = "ETCDCTL_API=3 " + exe + " --endpoints " + endpoint(i) +
+                              " --dial-timeout 2s endpoint status -w json 2>/dev/null";
+      FILE* p = ::popen(cmd.c_str(), "r");
+      if (p == nullptr) return -1;
+      std::string out;
+      char buf[4096];
+      for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+      ::pclose(p);
+      const std::string id = number_after(out, "member_id"), leads = number_after(out, "leader");
+      if (id.empty() || leads.empty() || leads == "0") return -1;
+      if (!leader_id.empty() && leads != leader_id) return -1;
+      leader_id = leads;
+      if (id == leads) found = static_cast<int>(i);
+    }
+    return found;
   }
   /// Runs etcdctl against member 0 with `args` (a shell fragment); its exit code. -1 when
   /// etcdctl is not installed.

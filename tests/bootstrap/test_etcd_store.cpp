@@ -358,5 +358,52 @@ TEST(EtcdStoreCluster, LosingOneMemberOfThreeLosesNothing) {
   EXPECT_EQ(text(a->get("decision")), "b");
 }
 
+// Three members, the leader killed while a process waits and another writes: every request
+// fails over to a member that answers and waits out the election ("no leader", "leader
+// changed" and requests that time out meanwhile are sent again), the wait, a watch on the
+// killed leader, ends when the key is set through another member, and a set_if_absent whose
+// reply may have been lost with the leader still counts as this call's own.
+TEST(EtcdStoreCluster, LosingTheLeaderLosesNothing) {
+  test::EtcdCluster cluster(3);
+  if (!cluster.available()) GTEST_SKIP() << cluster.why_not();
+  int leader = -1;
+  for (int i = 0; i < 100 && leader < 0; ++i) {
+    leader = cluster.leader();
+    if (leader < 0) std::this_thread::sleep_for(100ms);
+  }
+  if (leader < 0) GTEST_SKIP() << "etcdctl (Debian's etcd-client) is needed to find the leader";
+  const std::string id = fresh("leader");
+  // Both processes list the leader first: each loses the member it talks to.
+  std::string uri = "etcd://" + cluster.endpoint(static_cast<std::size_t>(leader));
+  for (std::size_t i = 0; i < cluster.size(); ++i)
+    if (static_cast<int>(i) != leader) uri += "," + cluster.endpoint(i);
+  // The timeout covers an election (the cluster's election timeout, 0.5 s, up to twice, and a
+  // vote) with room for a loaded machine.
+  StoreOptions o = job(id, "t", 20s);
+  const auto a = open_store(uri, o);
+  const auto b = open_store(uri, o);
+  a->set("before", bytes("1"));
+  std::vector<std::string> missing{"never"};
+  std::thread w([&] { missing = b->wait_for(std::vector<std::string>{"after"}, 60s); });
+  std::this_thread::sleep_for(300ms);
+  cluster.kill(static_cast<std::size_t>(leader));
+  a->set("after", bytes("2"));
+  w.join();
+  EXPECT_EQ(missing, std::vector<std::string>{});
+  EXPECT_EQ(text(b->get("after")), "2");
+  EXPECT_EQ(text(b->get("before")), "1");
+  EXPECT_TRUE(a->set_if_absent("decision", bytes("a")));
+  EXPECT_FALSE(b->set_if_absent("decision", bytes("b")));
+  EXPECT_EQ(text(b->get("decision")), "a");
+  // A new leader among the two left.
+  int now = -1;
+  for (int i = 0; i < 100 && now < 0; ++i) {
+    now = cluster.leader();
+    if (now < 0) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_GE(now, 0);
+  EXPECT_NE(now, leader);
+}
+
 }  // namespace
 }  // namespace commgrid

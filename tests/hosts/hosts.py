@@ -350,11 +350,15 @@ class Etcd:
             if r.returncode != 0:
                 raise RuntimeError(f"etcdctl {' '.join(args)}: {r.stderr}")
 
-    def ctl_run(self, args, user=True, host=None):
+    def ctl_run(self, args, user=True, host=None, members=None):
+        """etcdctl on `host` (None: the first host where it succeeds) with the endpoints of
+        `members` (None: all)."""
         hosts = [host] if host is not None else range(len(self.net.hosts))
+        endpoints = self.endpoints() if members is None else ",".join(
+            f"{self.net.ips[i]}:{ETCD_CLIENT}" for i in members)
         r = None
         for h in hosts:  # from a host that still reaches the cluster
-            cmd = [self.ctl, "--endpoints", self.endpoints(), "--dial-timeout", "3s",
+            cmd = [self.ctl, "--endpoints", endpoints, "--dial-timeout", "3s",
                    "--command-timeout", "5s"] + (["--user", f"root:{ROOT_PASSWORD}"] if user else []) + args
             env = dict(os.environ, ETCDCTL_API="3")
             r = run(cmd, ns=self.net.hosts[h], check=False, timeout=30, env=env)
@@ -366,10 +370,41 @@ class Etcd:
         """Moves etcd's leadership off the member on `host` (to the next host's) and waits until
         the cluster says so: the fault that follows takes a member away, not the leader. Losing
         the leader costs an election first (the election timeout, 2 s, and a vote), which at a
-        load of 20 on 2 cores outlasted the scenarios' 3 s operation timeout and ended the job."""
-        if host >= self.members:
-            return
-        target = (host + 1) % self.members
+        load of 20 on 2 cores outlasted the scenarios' 3 s operation timeout and ended the job
+        (the scenario store-leader-etcd loses the leader, with a timeout that covers it)."""
+        if host < self.members:
+            self.leader_on((host + 1) % self.members)
+
+    def status(self, host=None, members=None):
+        """etcdctl endpoint status of every member still answering (of `members`; None: all):
+        {host: (member id, the leader's id as that member sees it)}."""
+        r = self.ctl_run(["endpoint", "status", "-w", "json"], host=host, members=members)
+        out = {}
+        try:  # (a member that does not answer is left out, and etcdctl then exits 1)
+            listed = json.loads(r.stdout) if r.stdout.strip() else []
+        except ValueError:
+            listed = []
+        if listed:
+            for s in listed:
+                ip = s["Endpoint"].split(":")[0]
+                if ip in self.net.ips:
+                    out[self.net.ips.index(ip)] = (s["Status"]["header"]["member_id"],
+                                                   s["Status"]["leader"])
+        return out
+
+    def leader_host(self, host=None, members=None):
+        """The host whose member every answering member names as leader (None: they do not
+        agree, or none answers)."""
+        status = self.status(host, members)
+        leaders = {leader for _, leader in status.values()}
+        for h, (member, _) in status.items():
+            if leaders == {member}:
+                return h
+        return None
+
+    def leader_on(self, target):
+        """Moves etcd's leadership to the member on host `target` (etcdctl move-leader) and waits
+        until every member says so."""
         deadline = time.time() + 60
         while True:
             r = self.ctl_run(["endpoint", "status", "-w", "json"])
@@ -385,6 +420,33 @@ class Etcd:
             if want is not None and len(ids) == self.members:
                 self.ctl_run(["move-leader", format(want, "x")])
             time.sleep(0.5)
+
+    def counts(self):
+        """What the members served so far, summed over those that answer (from each member's
+        /metrics): the job's requests are transactions (reads, writes and the fence's check in
+        one) and watches; "committed" is raft's count of committed entries (the writes, and
+        etcd's own), the highest any member reports."""
+        code = ("import urllib.request,sys\n"
+                "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())\n")
+        out = {"txn": 0, "watch": 0, "committed": 0}
+        for i in range(self.members):
+            try:
+                r = run([sys.executable, "-c", code,
+                         f"http://{self.net.ips[i]}:{ETCD_CLIENT}/metrics"],
+                        ns=self.net.hosts[i], check=False, timeout=60)
+            except subprocess.TimeoutExpired:
+                continue  # (a member lost, or a machine too loaded to answer: left out)
+            if r.returncode != 0:
+                continue
+            for line in r.stdout.splitlines():
+                if line.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in line:
+                    out["txn"] += int(float(line.split()[-1]))
+                elif line.startswith("grpc_server_started_total{") and \
+                        'grpc_method="Watch"' in line:
+                    out["watch"] += int(float(line.split()[-1]))
+                elif line.startswith("etcd_server_proposals_committed_total "):
+                    out["committed"] = max(out["committed"], int(float(line.split()[-1])))
+        return out
 
     def dump(self, prefix):
         """Every key under prefix as etcd holds it: {key: (value, create_revision, version)}."""
@@ -404,13 +466,15 @@ class Job:
     the 2 spares. The store is node 0's tcp:// (served by its launcher) or the etcd cluster."""
 
     def __init__(self, args, net, store, steps, timeout, name, etcd=None, host_timeout=None,
-                 extra=()):
+                 extra=(), endpoints_from=None):
         self.args, self.net, self.store, self.steps, self.timeout = args, net, store, steps, timeout
         self.extra = list(extra)
         self.name, self.etcd = name, etcd
         self.job_id = f"hosts-{name}-{os.getpid()}"
         self.launches = []
         self.host_timeout = host_timeout or {}
+        # etcd: whose member each launch lists first (None: its own host's).
+        self.endpoints_from = endpoints_from
         self.t0 = None
 
     def start(self):
@@ -423,7 +487,8 @@ class Job:
             if self.store == "tcp":
                 flags += ["--master-addr", self.net.ips[0], "--master-port", str(STORE_PORT)]
             else:
-                flags += ["--store", f"etcd://{self.etcd.endpoints(node)}"]
+                first = node if self.endpoints_from is None else self.endpoints_from
+                flags += ["--store", f"etcd://{self.etcd.endpoints(first)}"]
             env = dict(os.environ, COMMGRID_TOKEN=TOKEN, COMMGRID_ETCD_ROOT_PASSWORD=ROOT_PASSWORD)
             cmd = [self.args.cli] + flags + ["--", self.args.train_gpt] + MODEL + [
                 "--steps", str(self.steps), "--format", "json", "--spares", "2",
@@ -640,41 +705,85 @@ def _clean(ctx):
 
 
 # The delay-and-loss scenario: every frame between hosts DELAY_MS each way (a round trip
-# 2 x DELAY_MS more), LOSS_PERCENT of them lost, and a rate limit. Its operations' timeout
-# covers creating the world and every group over links that slow (measured: docs/benchmarks.md).
-DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT = 50, 2, 90
+# 2 x DELAY_MS more), LOSS_PERCENT of them lost, and a rate limit: the far end of the range
+# the job must survive (50-200 ms, 1-5%; the bench runs the rest). Its operations' timeout
+# covers creating the world and every group over links that slow (measured: docs/benchmarks.md,
+# "Across hosts"). Few steps: the start-up is what the delay makes slow, and CI's time is
+# short. --delay-ms, --loss-percent, --timeout and --steps run it with others.
+DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT, DELAY_STEPS = 200, 5, 90, 2
+
+
+class Served:
+    """etcd's counts (Etcd.counts) every `every` seconds while a job runs, in a thread of the
+    harness: where in the run the store's requests went."""
+
+    def __init__(self, etcd, every=10.0):
+        import threading
+        self.etcd, self.every = etcd, every
+        self.samples = []  # (seconds since start, counts)
+        self.stop_flag = threading.Event()
+        self.t0 = time.time()
+        self.first = etcd.counts()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.thread.start()
+
+    def loop(self):
+        while not self.stop_flag.wait(self.every):
+            try:
+                self.samples.append((time.time() - self.t0, self.etcd.counts()))
+            except Exception:  # a member being lost: the next sample
+                pass
+
+    def stop(self, processes):
+        """Stops sampling; one line: transactions (per process) and watches in all, and the
+        transactions so far at each sample."""
+        self.stop_flag.set()
+        self.thread.join(timeout=30)
+        last = self.etcd.counts()
+        self.samples.append((time.time() - self.t0, last))
+        d = {k: last[k] - self.first[k] for k in last}
+        series = ", ".join(f"{t:.0f} s: {c['txn'] - self.first['txn']}"
+                           for t, c in self.samples)
+        return (f"etcd served {d['txn']} transactions ({d['txn'] / processes:.0f} per process), "
+                f"{d['watch']} watches, {d['committed']} raft entries committed; transactions "
+                f"by then: {series}")
 
 
 @scenario("delay-loss", fabric="tap")
 def _delay_loss(ctx):
     """Delay and loss on every link (Gloo's, the store's and raft's alike), a rate limit: the
     job finishes as without them, with no operation past its timeout (no failure, so no epoch
-    after the first)."""
-    net = ctx.net
+    after the first). Says how long the world took to make and what etcd served for it."""
+    net, args = ctx.net, ctx.args
+    delay_ms, loss = args.delay_ms or DELAY_MS, args.loss_percent or LOSS_PERCENT
+    timeout, steps = args.timeout or DELAY_TIMEOUT, args.steps or DELAY_STEPS
     etcd = ctx.etcd()
-    how = net.delay(DELAY_MS)
-    lost = net.loss(LOSS_PERCENT)
+    how = net.delay(delay_ms)
+    lost = net.loss(loss)
     net.rate("200mbit")
     log(f"faults: {how}; {lost}; tbf 200mbit on every host's eth0")
     # Every connection is delayed, and a refused connect is still refused (the switch is not
-    # an end of anything): a round trip at least 2 x DELAY_MS.
+    # an end of anything): a round trip at least 2 x delay_ms.
     took = net.probe_refused(1, 0)
-    if took < 2 * DELAY_MS / 1000.0:
+    if took < 2 * delay_ms / 1000.0:
         raise Failed(f"a refused connect took {took * 1000:.1f} ms, less than the round trip "
-                     f"of {2 * DELAY_MS} ms the switch puts in its way")
+                     f"of {2 * delay_ms} ms the switch puts in its way")
     log(f"a connect to a closed port of another host: refused after {took * 1000:.0f} ms")
-    job = Job(ctx.args, net, "etcd", 6, DELAY_TIMEOUT, "delay", etcd)
+    sampler = Served(etcd)
+    job = Job(args, net, "etcd", steps, timeout, "delay", etcd)
     job.start()
-    codes = job.wait(300)
+    codes = job.wait(max(300, 6 * timeout))
+    log(sampler.stop(6))
     stats = net.tap_stats()
-    summary = check(job, ctx.ref(6))
+    summary = check(job, ctx.ref(steps))
     if summary["epochs"] != 0:
         raise Failed(f"an operation ran past its timeout: {summary}\n{job.all_err()}")
     if any(c != 0 for c in codes):
         raise Failed(f"exit codes {codes}\n{job.all_err()}")
     if stats["lost"] == 0 or stats["forwarded"] == 0:
         raise Failed(f"the switch lost or forwarded nothing: {stats}")
-    log(f"finished in {job.elapsed:.1f} s under delay and loss; {summary}; switch {stats}")
+    log(f"finished in {job.elapsed:.1f} s under delay and loss (timeout {timeout} s); "
+        f"{summary}; switch {stats}")
 
 
 @scenario("cut-off")
@@ -809,6 +918,58 @@ def _store_host_etcd(ctx):
     log(f"job finished {time.time() - lost:.1f} s after host 0 was lost; {summary}")
 
 
+# Losing etcd's leader costs an election before the store answers again: a follower notices
+# after its election timeout (2 s, randomized up to twice that), then a pre-vote and a vote.
+# The scenario's operation timeout covers that (4 s at most, and a vote), the slack for load.
+LEADER_T = 8
+
+
+@scenario("store-leader-etcd")
+def _store_leader_etcd(ctx):
+    """Host 0 holds etcd's leader (ranks 0, 1 and the leading member) and is lost while
+    training: every launch lists host 0's member first, so every surviving client loses the
+    member it talks to, fails over to another, and waits out the election (requests refused
+    with "no leader" or whose reply was lost are sent again, a write then counted as possibly
+    applied; watches start again from the last revision seen); the spares take ranks 0 and 1
+    and the job finishes as without the loss."""
+    etcd = ctx.etcd()
+    etcd.leader_on(0)
+    job = Job(ctx.args, ctx.net, "etcd", 40, LEADER_T, "leaderlost", etcd, endpoints_from=0)
+    job.start()
+    wait_for_training(job, etcd, 2)
+    etcd.leader_on(0)  # (a no-op unless an election under load moved it meanwhile)
+    leader = etcd.leader_host()
+    if leader != 0:
+        raise Failed(f"etcd's leader is on host {leader}, not host 0: {etcd.status()}")
+    old_id = etcd.status()[0][0]
+    ctx.net.kill_host(0)
+    lost = time.time()
+    log("host 0 lost with etcd's leader (its processes and etcd member killed, its link down)")
+    new_leader, elected = None, None
+    while time.time() < lost + 60 and new_leader is None:
+        h = etcd.leader_host(host=1, members=[1, 2])
+        if h is not None:
+            new_leader, elected = h, time.time() - lost
+        else:
+            time.sleep(0.1)
+    if new_leader is None:
+        raise Failed(f"the surviving members elected no leader within 60 s: {etcd.status(1)}")
+    if etcd.status(1, [1, 2])[new_leader][0] == old_id:
+        raise Failed("the new leader is the lost member")
+    log(f"host {new_leader}'s member leads {elected:.1f} s after the loss")
+    codes = job.wait(240)
+    log(f"exit codes {codes} after {job.elapsed:.1f} s")
+    if codes[1] != 0 and codes[2] != 0:
+        raise Failed(f"exit codes {codes}\n{job.all_err()}")
+    summary = check(job, ctx.ref(40))
+    if codes[1] != 0 and codes[2] != 0:
+        raise Failed(f"exit codes {codes}\n{job.all_err()}")
+    if sorted(p for p in summary["dead"] if p in (0, 1)) != [0, 1]:
+        raise Failed(f"processes 0 and 1 were not declared dead: {summary}")
+    log(f"job finished {time.time() - lost:.1f} s after host 0 (etcd's leader) was lost "
+        f"(timeout {LEADER_T} s; new leader in {elected:.1f} s); {summary}")
+
+
 @scenario("bench", fabric=None)
 def _bench(ctx):
     """Recovery across hosts, process 2 (host 1) SIGKILLed at step 4 of 8 (train_gpt's own
@@ -826,10 +987,16 @@ def _bench(ctx):
                     else:
                         label = f"tap_switch.py, {ms} ms each way"
                         c.net.delay(ms)
-                    job = Job(c.args, c.net, "etcd", 8, BENCH_TIMEOUT, f"bench{len(rows)}", etcd,
+                        if c.args.loss_percent:
+                            c.net.loss(c.args.loss_percent)
+                            label += f", {c.args.loss_percent:g}% lost"
+                    timeout = c.args.timeout or BENCH_TIMEOUT
+                    sampler = Served(etcd)
+                    job = Job(c.args, c.net, "etcd", 8, timeout, f"bench{len(rows)}", etcd,
                               extra=["--fault-kill", "2:4"])
                     job.start()
-                    codes = job.wait(600)
+                    codes = job.wait(max(600, 8 * timeout))
+                    log(f"bench {label}: {sampler.stop(6)}")
                     summary = check(job, c.ref(8))
                     if codes[0] != 0 or codes[2] != 0 or summary["epochs"] != 1:
                         raise Failed(f"bench {label}: exit codes {codes}, {summary}\n"
@@ -931,6 +1098,16 @@ def main():
     ap.add_argument("--delays", type=lambda t: [int(x) for x in t.split(",")], default=[50, 100],
                     help="bench: the delays (ms each way) to run with, besides none")
     ap.add_argument("--repeats", type=int, default=1, help="bench: runs per row")
+    ap.add_argument("--delay-ms", type=int, default=0,
+                    help=f"delay-loss: ms each way (default {DELAY_MS})")
+    ap.add_argument("--loss-percent", type=float, default=0,
+                    help=f"delay-loss and bench: frames lost, percent (default {LOSS_PERCENT} "
+                         "in delay-loss, none in bench)")
+    ap.add_argument("--timeout", type=int, default=0,
+                    help=f"delay-loss and bench: every operation's timeout, seconds (default "
+                         f"{DELAY_TIMEOUT} and {BENCH_TIMEOUT})")
+    ap.add_argument("--steps", type=int, default=0,
+                    help=f"delay-loss: training steps (default {DELAY_STEPS})")
     ap.add_argument("--deadline", type=int, default=270,
                     help="seconds after which the scenario fails (and cleans up) rather than "
                          "being killed by ctest's TIMEOUT (300 s); 0: none (bench's default)")

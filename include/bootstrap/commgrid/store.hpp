@@ -91,6 +91,11 @@ class Store {
   /// (the tcp:// store's server) overrides it, and also waits_in_slices().
   virtual std::vector<std::string> do_wait(std::vector<std::string> keys,
                                            std::chrono::milliseconds slice);
+  /// Whether `key` is present as the copy of the store nearest to this process has it: may
+  /// answer false for a key set a moment ago elsewhere (a later check sees it), never true
+  /// for an absent one. wait_for checks its WaitWatch key with it on every round. The
+  /// default: do_has.
+  virtual bool do_has_nearby(const std::string& key) { return do_has(key); }
   /// Whether do_wait waits (true) or only checks (false: wait_for pauses between checks).
   [[nodiscard]] virtual bool waits_in_slices() const { return false; }
   /// Set by abort(); a do_wait that waits should end soon after it turns true.

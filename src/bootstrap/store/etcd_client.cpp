@@ -105,7 +105,7 @@ void EtcdClient::watch(const std::string& key, const std::string& range_end, std
   json req;
   req["create_request"] = {
       {"key", b64(key)}, {"range_end", b64(range_end)}, {"start_revision", revision}};
-  Stream s{&missing, {}, false, {}};
+  Stream s{&missing, {}, false, false, {}};
   set_common(e, "/v3/watch", req.dump(), slice);
   curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, &EtcdClient::on_stream);
   curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &s);
@@ -116,6 +116,16 @@ void EtcdClient::watch(const std::string& key, const std::string& range_end, std
         s.refusal->message.find("auth store is old") != std::string::npos)
       tokens_[e].clear();
     else if (!retryable(*s.refusal)) throw_refused(*s.refusal);
+    rotate(e);
+    return;
+  }
+  // A member that never confirmed the watch within a slice of a second or more (etcd answers
+  // a watch's creation at once) is gone or cut off, as far as this client can tell: the next
+  // request goes to another member rather than waiting on it again for the attempt's bound.
+  // (A shorter slice says little on a loaded machine, and moving away from a member on this
+  // host makes every later request cross the network.)
+  if (rc == CURLE_OPERATION_TIMEDOUT && !s.answered && slice >= Ms(1000)) {
+    last_error_[e] = "the watch was not confirmed within " + seconds_text(slice);
     rotate(e);
     return;
   }
@@ -141,7 +151,9 @@ bool EtcdClient::login() {
 bool EtcdClient::retryable(const Refusal& r) {
   if (r.code == kUnavailable || r.code == kDeadlineExceeded || r.code == kResourceExhausted)
     return true;
-  for (const char* m : {"no leader", "leader changed", "timed out", "not capable", "too many"})
+  // (etcd's words while it elects a leader, or a member stops: the request may go again.)
+  for (const char* m : {"no leader", "leader changed", "timed out", "not capable", "too many",
+                        "proposal dropped", "server stopped", "not leader"})
     if (r.message.find(m) != std::string::npos) return true;
   return false;
 }
@@ -324,6 +336,7 @@ size_t EtcdClient::on_stream(char* data, size_t size, size_t n, void* user) {
     const json j = json::parse(s->buffer.substr(0, nl), nullptr, false);
     s->buffer.erase(0, nl + 1);
     if (!j.is_object()) continue;
+    s->answered = true;
     if (const json& err = field(j, "error"); !err.is_null()) {
       const std::string m = err.is_object() ? text_of(err, "message") : "";
       s->refusal = Refusal{static_cast<int>(number(err, "code")), m.empty() ? "watch failed" : m};

@@ -74,6 +74,7 @@ class EtcdClient {
     std::set<std::string>* missing;
     std::string buffer;
     bool stop;
+    bool answered;  // the member sent a line (the watch's creation at least)
     std::optional<Refusal> refusal;
   };
 

@@ -117,7 +117,7 @@ std::vector<std::string> Store::wait_for(std::span<const std::string> keys,
         bool present = false;
         std::vector<char> value;
         store_call("check", uri(), [&] {
-          present = do_has(*watch);
+          present = do_has_nearby(*watch);
           if (present) value = do_get(*watch);
         });
         if (present)
