@@ -26,7 +26,8 @@ set(_commgrid_unity_apart
   test_etcd_store.cpp:text,bytes,job,fresh test_etcd_lost_reply.cpp:text,bytes,job,fresh
   test_plan_cli.cpp:plan test_plan_job_cli.cpp:plan test_plan_scale_cli.cpp:plan
   test_mpi_communicator.cpp:make_world test_mpi_process_groups.cpp:make_world
-  test_layouts.cpp:kSteps,kRelTolerance test_moe.cpp:kSteps,kRelTolerance)
+  test_layouts.cpp:kSteps,kRelTolerance test_moe.cpp:kSteps,kRelTolerance
+  test_nccl_host.cpp:FakeComm test_nccl_recovery.cpp:FakeComm)
 
 # _commgrid_unity_batches(TARGET): UNITY_GROUP on each of TARGET's .cpp files, in source
 # order, each into the first batch that has fewer than eight files and none that shares a
