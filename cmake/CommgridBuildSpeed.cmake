@@ -13,6 +13,10 @@
 # (The commgrid command is a unity build in every preset too: tools/CMakeLists.txt,
 # COMMGRID_UNITY_TOOLS.)
 option(COMMGRID_UNITY_TESTS "Compile each test program's files in batches (unity build)" ON)
+# The libraries under src/ and tools/ compile one file a unit unless COMMGRID_UNITY_LIBS is on (off by
+# default: an edit recompiles one file). scripts/tidy's tree turns it on, so that clang-tidy
+# parses the headers once a batch rather than once a file.
+option(COMMGRID_UNITY_LIBS "Compile each library's files under src/ and tools/ in batches (unity build)" OFF)
 
 # FILE:NAME,...: the names FILE defines at namespace scope that another file of its program
 # defines too (an anonymous namespace does not keep them apart in one unit).
@@ -27,7 +31,8 @@ set(_commgrid_unity_apart
   test_plan_cli.cpp:plan test_plan_job_cli.cpp:plan test_plan_scale_cli.cpp:plan
   test_mpi_communicator.cpp:make_world test_mpi_process_groups.cpp:make_world
   test_layouts.cpp:kSteps,kRelTolerance test_moe.cpp:kSteps,kRelTolerance
-  test_nccl_host.cpp:FakeComm test_nccl_recovery.cpp:FakeComm)
+  test_nccl_host.cpp:FakeComm test_nccl_recovery.cpp:FakeComm
+  recovery.cpp:text,join resilience_keys.cpp:text,join config.cpp:str rank_map.cpp:str)
 
 # _commgrid_unity_batches(TARGET): UNITY_GROUP on each of TARGET's .cpp files, in source
 # order, each into the first batch that has fewer than eight files and none that shares a
@@ -108,9 +113,15 @@ function(commgrid_speed_up_build)
         set(is_test TRUE)
       endif()
     endforeach()
+    get_target_property(dir ${t} SOURCE_DIR)
     if(is_test)
       target_compile_options(${t} PRIVATE $<$<CONFIG:RelWithDebInfo>:-Og -g1>)
       if(COMMGRID_UNITY_TESTS AND type STREQUAL "EXECUTABLE")
+        _commgrid_unity_batches(${t})
+      endif()
+    elseif(COMMGRID_UNITY_LIBS AND type STREQUAL "STATIC_LIBRARY")
+      file(RELATIVE_PATH rel "${PROJECT_SOURCE_DIR}" "${dir}")
+      if(rel MATCHES "^(src|tools)/")
         _commgrid_unity_batches(${t})
       endif()
     endif()

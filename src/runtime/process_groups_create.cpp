@@ -86,7 +86,14 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
   struct RestoreTimeout {
     Communicator& world;
     std::chrono::milliseconds timeout;
-    ~RestoreTimeout() { world.set_timeout(timeout); }
+    // A destructor must not throw: a backend that cannot re-apply the old timeout leaves the
+    // world with the call's shorter one, and its next operation says so by timing out early.
+    ~RestoreTimeout() {
+      try {
+        world.set_timeout(timeout);
+      } catch (...) {  // NOLINT(bugprone-empty-catch): see above
+      }
+    }
   } restore{world, world_timeout_};
   // A backend timeout inside says what bounded it: the whole call, not that one step.
   auto whole_call = [&](const TimeoutError& e) {
