@@ -45,6 +45,7 @@ struct Flags {
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
   std::string spares, snapshot_every = "1", state_from = "auto", fault_kill;  // docs/resilience.md
   std::string fault_state, snapshot_memory_limit = "0";
+  std::string fault_pace_ms = "0";  // test-only: see --fault-pace-ms
 };
 
 double parse_double(const std::string& param, const std::string& text, double min) {
@@ -269,6 +270,7 @@ int run_with_spares(const Flags& f, const Checked& checked) {
   resilience.shrink = !f.no_shrink;
   resilience.kills = parse_kills(f.fault_kill);
   resilience.state_faults = parse_state_faults(f.fault_state);
+  resilience.pace_ms = to_int("fault_pace_ms", f.fault_pace_ms, 0);
   resilience.snapshot_memory_limit = static_cast<std::size_t>(
       parse_integer("snapshot_memory_limit", f.snapshot_memory_limit, 0, std::int64_t{1} << 50));
   const auto [layout, config] = checked(launch->world_size());
@@ -395,6 +397,9 @@ int main(int argc, char** argv) {
   // Hidden (empty group): test-only faults that a comparison with one rank must catch.
   app.add_option("--fault", f.fault)->group("");
   app.add_option("--fault-state", f.fault_state)->group("");
+  // Test-only: every step of the resilient loop lasts at least MS milliseconds, so that a
+  // short job is still training when a harness injects a fault from outside (tests/hosts).
+  app.add_option("--fault-pace-ms", f.fault_pace_ms)->group("");
   app.footer(
       "Examples: commgrid-train-gpt --local 8 --tp 2 --pp 2 --sequence-parallel\n"
       "          mpirun -np 4 commgrid-train-gpt --cp 2 --dist-opt --format json\n"

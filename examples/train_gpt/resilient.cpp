@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "setup.hpp"
 
@@ -237,8 +238,11 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
   };
   callbacks.begin_step = [&](std::int64_t step) { fault_kill(static_cast<int>(step)); };
   callbacks.step = [&](std::int64_t step) {
+    const auto began = std::chrono::steady_clock::now();
     state.results.push_back(state.trainer->step(static_cast<int>(step)));
     state.step = static_cast<int>(step) + 1;
+    if (resilience.pace_ms > 0)
+      std::this_thread::sleep_until(began + std::chrono::milliseconds(resilience.pace_ms));
   };
   callbacks.recovered = [&](const commgrid::EpochRecord& r) {
     state.step = static_cast<int>(r.resumed_at);

@@ -47,6 +47,9 @@ struct ResilienceConfig {
     int step = -1;
   };
   std::vector<StateFault> state_faults;
+  /// Test-only: the least milliseconds each step lasts (the rest slept after it): keeps a
+  /// short job training while a harness injects a fault from outside.
+  int pace_ms = 0;
 };
 
 /// Why the layout leaves some rank's state without a full data-parallel replica (dp 1, the

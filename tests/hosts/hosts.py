@@ -466,9 +466,12 @@ class Job:
     the 2 spares. The store is node 0's tcp:// (served by its launcher) or the etcd cluster."""
 
     def __init__(self, args, net, store, steps, timeout, name, etcd=None, host_timeout=None,
-                 extra=(), endpoints_from=None):
+                 extra=(), endpoints_from=None, pace_ms=0):
         self.args, self.net, self.store, self.steps, self.timeout = args, net, store, steps, timeout
-        self.extra = list(extra)
+        # pace_ms: every step lasts at least that long (train_gpt's test-only --fault-pace-ms),
+        # so that the job is still training when the scenario's fault comes, however fast the
+        # machine.
+        self.extra = list(extra) + (["--fault-pace-ms", str(pace_ms)] if pace_ms else [])
         self.name, self.etcd = name, etcd
         self.job_id = f"hosts-{name}-{os.getpid()}"
         self.launches = []
@@ -795,7 +798,8 @@ def _cut_off(ctx):
     so they are still alive) find themselves fenced and exit saying so."""
     etcd = ctx.etcd()
     etcd.leader_off(1)
-    job = Job(ctx.args, ctx.net, "etcd", 40, T, "cutoff", etcd, host_timeout={1: 5 * T})
+    job = Job(ctx.args, ctx.net, "etcd", 40, T, "cutoff", etcd, host_timeout={1: 5 * T},
+              pace_ms=150)
     job.start()
     wait_for_training(job, etcd, 2)
     ctx.net.link(1, False)
@@ -831,7 +835,7 @@ def _asymmetric(ctx):
     on with whichever processes the decisions keep and finishes as without the fault."""
     etcd = ctx.etcd()
     etcd.leader_off(1)
-    job = Job(ctx.args, ctx.net, "etcd", 24, T, "asym", etcd)
+    job = Job(ctx.args, ctx.net, "etcd", 24, T, "asym", etcd, pace_ms=300)
     job.start()
     wait_for_training(job, etcd, 0.5)
     ctx.net.block(1, 0)
@@ -851,7 +855,7 @@ def _flapping(ctx):
     """Host 1's link goes down and up every 0.4-0.8 s for 8 s while training."""
     etcd = ctx.etcd()
     etcd.leader_off(1)
-    job = Job(ctx.args, ctx.net, "etcd", 24, T, "flap", etcd)
+    job = Job(ctx.args, ctx.net, "etcd", 24, T, "flap", etcd, pace_ms=400)
     job.start()
     wait_for_training(job, etcd, 0.3)
     end = time.time() + 8
@@ -874,7 +878,7 @@ def _flapping(ctx):
 def _store_host_tcp(ctx):
     """Host 0 (its launcher serves the tcp:// store) is lost: every other process ends within
     its timeouts with an error naming the store; the launches of hosts 1 and 2 exit 1."""
-    job = Job(ctx.args, ctx.net, "tcp", 200, T, "tcplost")
+    job = Job(ctx.args, ctx.net, "tcp", 200, T, "tcplost", pace_ms=50)
     job.start()
     wait_for_training(job, None, 0.5)
     ctx.net.kill_host(0)
@@ -904,7 +908,7 @@ def _store_host_etcd(ctx):
     and goes on; the spares take ranks 0 and 1 and the job finishes as without the loss."""
     etcd = ctx.etcd()
     etcd.leader_off(0)
-    job = Job(ctx.args, ctx.net, "etcd", 40, T, "etcdlost", etcd)
+    job = Job(ctx.args, ctx.net, "etcd", 40, T, "etcdlost", etcd, pace_ms=150)
     job.start()
     wait_for_training(job, etcd, 2)
     ctx.net.kill_host(0)
@@ -935,7 +939,8 @@ def _store_leader_etcd(ctx):
     and the job finishes as without the loss."""
     etcd = ctx.etcd()
     etcd.leader_on(0)
-    job = Job(ctx.args, ctx.net, "etcd", 40, LEADER_T, "leaderlost", etcd, endpoints_from=0)
+    job = Job(ctx.args, ctx.net, "etcd", 40, LEADER_T, "leaderlost", etcd, endpoints_from=0,
+              pace_ms=150)
     job.start()
     wait_for_training(job, etcd, 2)
     etcd.leader_on(0)  # (a no-op unless an election under load moved it meanwhile)
