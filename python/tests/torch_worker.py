@@ -238,6 +238,62 @@ def check_hyper_comm_grid():
     return checks, 0
 
 
+def _sockets():
+    """The connected TCP sockets this process holds (listening ones left out: a Gloo
+    group's device listens whether or not it connects)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                count += fields[3] == "01" and fields[9] in inodes  # 01: ESTABLISHED
+    return count
+
+
+def check_gloo_connection():
+    """gloo_connection: "eager" connects every pair of the rank's groups in their
+    constructors, "lazy" (auto's choice where torch has it) none until a group's first
+    collective; both leave TORCH_GLOO_LAZY_INIT as it was, and a mode this torch lacks is
+    an InvalidValueError naming the parameter, raised before any group exists."""
+    kwargs = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    expect("TORCH_GLOO_LAZY_INIT" not in os.environ, "TORCH_GLOO_LAZY_INIT set before the check")
+    opened = {}
+    for mode in ps.gloo_connections():
+        dist.barrier()
+        before = _sockets()
+        ps.initialize_model_parallel(gloo_connection=mode, **kwargs)
+        # Counted once every rank has made its groups and before any uses one (a lazy
+        # group's first collective connects its peers to this rank too).
+        dist.barrier()
+        opened[mode] = _sockets() - before
+        expect("TORCH_GLOO_LAZY_INIT" not in os.environ,
+               f"{mode}: TORCH_GLOO_LAZY_INIT left at {os.environ.get('TORCH_GLOO_LAZY_INIT')}")
+        rank = dist.get_rank()
+        check_group(f"tp ({mode})", ps.get_tensor_model_parallel_group(),
+                    [r for r in range(dist.get_world_size()) if r // 2 == rank // 2], rank)
+        ps.destroy_model_parallel()
+    # This rank's groups of tp 2 x pp 2 on 8 ranks have 20 pairs and more (two Gloo contexts
+    # a group): eager connects them all, lazy none of them before their first use.
+    if "lazy" in opened:
+        expect(opened["eager"] >= 20 and opened["lazy"] * 4 <= opened["eager"],
+               f"sockets opened by the initialization: {opened}")
+    try:
+        ps.initialize_model_parallel(gloo_connection="sometimes", **kwargs)
+        expect(False, 'gloo_connection="sometimes" must raise')
+    except commgrid.InvalidValueError as e:
+        expect("gloo_connection" in str(e) and "sometimes" in str(e), f"error text: {e}")
+    expect(not ps.model_parallel_is_initialized(), "a refused mode left groups behind")
+    return len(opened), 0
+
+
 def main():
     rank, world, init_file = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     # A bounded timeout: a rank that fails makes the others fail soon, not in 30 minutes.
@@ -273,9 +329,11 @@ def main():
         record = json.load(f)
     report.append(check_encoder(record["kwargs"], record))
     report.append(check_hyper_comm_grid())
+    report.append(check_gloo_connection())
     dist.barrier()
     print(json.dumps({"rank": rank, "checks": [c for c, _ in report],
-                      "creation_calls": [n for _, n in report], "torch": torch.__version__}))
+                      "creation_calls": [n for _, n in report], "torch": torch.__version__,
+                      "gloo_connections": ps.gloo_connections()}))
     dist.destroy_process_group()
 
 

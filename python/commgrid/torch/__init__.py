@@ -33,7 +33,8 @@ from ._api import (_set_global_memory_buffer, get_data_modulo_expert_parallel_gr
                    set_pipeline_model_parallel_split_rank)
 from ._config import InitArgs  # noqa: E402
 from ._create import (create_group, create_hierarchical_groups,  # noqa: E402,F401
-                      create_hybrid_dp_cp_groups, creation_strategies, overwrite_nccl_comm_cfgs)
+                      create_hybrid_dp_cp_groups, creation_strategies, gloo_connections,
+                      overwrite_nccl_comm_cfgs)
 from ._init import create_all_gather_groups  # noqa: E402,F401
 from ._mesh import device_mesh  # noqa: E402,F401
 from .resilient import (Epoch, PeerFailure, RecoveryError, ResilientDriver, TorchTooOldError)  # noqa: E402,F401
@@ -66,6 +67,7 @@ def initialize_model_parallel(
     *,
     compat="seed",
     creation="auto",
+    gloo_connection="auto",
     **head_arguments,
 ):
     """Creates this rank's torch.distributed group of every kind (Megatron-core's
@@ -75,7 +77,9 @@ def initialize_model_parallel(
     order, and takes HEAD's further keywords (gtp_remat_size, expert_gtp_remat_size,
     hybrid_context_parallel, high_priority_stream_groups, sharp_enabled_group, rank_offset,
     local_world_size); ``creation``: "auto" (the cheapest this torch offers), "local" or
-    "megatron" (see creation_strategies())."""
+    "megatron" (see creation_strategies()); ``gloo_connection``: "auto" (lazy where this
+    torch can, unless TORCH_GLOO_LAZY_INIT is set), "lazy" or "eager" (see
+    gloo_connections())."""
     given = dict(locals())  # the arguments, under Megatron's names: one InitArgs
     del given["head_arguments"]
     if compat not in ("seed", "head"):

@@ -11,6 +11,7 @@ which global a group lands in (the pp list of a rank in several pipelines), and 
 names a group.
 """
 
+import contextlib
 import inspect
 import os
 from dataclasses import dataclass
@@ -87,6 +88,51 @@ def _new_group_params():
 
 
 _NEW_GROUP_PARAMS = [None, frozenset()]
+
+# torch reads TORCH_GLOO_LAZY_INIT in every ProcessGroupGloo constructor (torch >= 2.8 has it;
+# its Device factory takes lazy_init since then too, which is how its presence is detected).
+_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
+
+
+def gloo_connections():
+    """The Gloo connection modes this torch offers: "lazy" (a group's pairs connect at their
+    first use, torch's TORCH_GLOO_LAZY_INIT) where its Gloo backend has it, and "eager"
+    (every pair of a group connects in its constructor, Megatron-core's way)."""
+    doc = getattr(getattr(dist, "ProcessGroupGloo", None), "create_device", None)
+    lazy = doc is not None and "lazy_init" in (doc.__doc__ or "")
+    return (["lazy"] if lazy else []) + ["eager"]
+
+
+def resolve_gloo_connection(mode):
+    """"auto": the user's TORCH_GLOO_LAZY_INIT where it is set (then commgrid leaves it
+    alone: None), else "lazy" where this torch has it, else "eager". A mode this torch does
+    not offer is an InvalidValueError naming it."""
+    offered = gloo_connections()
+    if mode == "auto":
+        return None if _LAZY_ENV in os.environ else offered[0]
+    if mode not in offered:
+        raise InvalidValueError(f"gloo_connection = {mode!r}: this torch ({torch.__version__}) "
+                                f"offers {offered}", parameter="gloo_connection")
+    return mode
+
+
+@contextlib.contextmanager
+def gloo_connection_scope(mode):
+    """TORCH_GLOO_LAZY_INIT set for the Gloo groups made inside (mode "lazy": 1, "eager": 0;
+    None: left as it is), and put back as it was afterwards: the mode applies to commgrid's
+    groups, not to every Gloo group the process makes."""
+    if mode is None:
+        yield
+        return
+    before = os.environ.get(_LAZY_ENV)
+    os.environ[_LAZY_ENV] = "1" if mode == "lazy" else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_LAZY_ENV, None)
+        else:
+            os.environ[_LAZY_ENV] = before
 
 
 def create_group(ranks=None, timeout=None, backend=None, pg_options=None,
@@ -196,7 +242,9 @@ class GroupOptions:
     get a Gloo twin, the NCCL options per group name (Megatron's nccl_communicator_config_path
     entries; ``seed_nccl_defaults``: the seed fills cga_cluster_size 4, max_ctas 32,
     min_ctas 1), the creation strategy ("local" or "megatron", see creation_strategies()),
-    and SHARP (None, "dp" or HEAD's "dp_replica"; ``head``: HEAD's NCCL_COLLNET_ENABLE)."""
+    SHARP (None, "dp" or HEAD's "dp_replica"; ``head``: HEAD's NCCL_COLLNET_ENABLE), and how
+    Gloo groups connect (``gloo_connection``: "lazy", "eager", or None: as the environment
+    says; see resolve_gloo_connection())."""
 
     timeout: Optional[timedelta] = None
     pp_backend: Optional[str] = None
@@ -206,6 +254,7 @@ class GroupOptions:
     creation: str = "megatron"
     sharp: Optional[str] = None
     head: bool = False
+    gloo_connection: Optional[str] = None
 
 
 def _make(kind, level, members, local, options, hybrid_sizes, rank):
@@ -250,15 +299,16 @@ def create_layout_groups(layout, rank, options, steps=None):
         aliases = layout.creation_aliases()
     sharp_kinds = _SHARP_KINDS.get(options.sharp, ())
     phase = "before"  # of the SHARP groups
-    for kind, level, members, local in sequence:
-        if phase == "before" and kind in sharp_kinds and (options.sharp == "dp" or kind != "expt_dp"):
-            if options.head:
-                os.environ["NCCL_COLLNET_ENABLE"] = "1"
-            phase = "in"
-        elif phase == "in" and kind not in sharp_kinds:
-            _sharp_barrier(options.sharp)  # NCCL makes the SHARP groups now; then SHARP is off
-            phase = "after"
-        _make(kind, level, list(members), local, options, hybrid_sizes, rank)
+    with gloo_connection_scope(options.gloo_connection):
+        for kind, level, members, local in sequence:
+            if phase == "before" and kind in sharp_kinds and (options.sharp == "dp" or kind != "expt_dp"):
+                if options.head:
+                    os.environ["NCCL_COLLNET_ENABLE"] = "1"
+                phase = "in"
+            elif phase == "in" and kind not in sharp_kinds:
+                _sharp_barrier(options.sharp)  # NCCL makes the SHARP groups now; then SHARP is off
+                phase = "after"
+            _make(kind, level, list(members), local, options, hybrid_sizes, rank)
     if phase == "in":
         _sharp_barrier(options.sharp)
     v = STATE.vars
@@ -318,11 +368,15 @@ def _own_steps(layout, rank):
     """"local": this rank's own groups, made with use_local_synchronization (only members
     take part), every kind in one fixed order, aliases not created. torch names such a group
     by its ranks and the number of groups the rank made before it, which must therefore be
-    the same on every member: a (kind, level) whose groups cover every rank of the layout
-    once adds one group on every rank; one that leaves ranks out (embd, pos_embd) is made by
-    every rank of the layout for each of its groups, without use_local_synchronization (a
-    non-member returns at once), so every rank's count grows alike and torch's later
-    new_group calls stay consistent too. Yields (kind, level, members, local)."""
+    the same on every member; so every rank makes exactly one new_group call per (kind,
+    level) and its Gloo twin. A (kind, level) whose groups cover every rank of the layout
+    once gives every rank its group. One that leaves ranks out (embd, pos_embd): a member
+    makes its group with use_local_synchronization, a rank in none of its groups calls
+    new_group for the kind's first group without it (torch returns at once for a
+    non-member, counting the call), so every rank's count grows alike and torch's later
+    new_group calls stay consistent too. A kind whose groups share a rank is made by every
+    rank for each of its groups, without use_local_synchronization. Yields (kind, level,
+    members, local)."""
     aliased = {alias for alias, _ in layout.creation_aliases()}
     for kind in layout.kinds():
         if kind in aliased or kind in ("dp_cp_ag", "expt_dp_ag"):
@@ -332,9 +386,18 @@ def _own_steps(layout, rank):
                 members = layout.group_of(kind, rank, level)
                 if members is not None:
                     yield kind, level, members, True
-            else:
-                for members in layout.groups(kind, level):
+                continue
+            groups = layout.groups(kind, level)
+            if not groups:
+                continue
+            mine = [m for m in groups if rank in m]
+            if sum(len(m) for m in groups) != len({r for m in groups for r in m}):
+                for members in groups:  # groups that overlap: every rank makes every one
                     yield kind, level, members, False
+            elif mine:
+                yield kind, level, mine[0], True
+            else:
+                yield kind, level, groups[0], False
 
 
 # ---- destroy ------------------------------------------------------------------------------

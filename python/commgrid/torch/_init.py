@@ -13,7 +13,7 @@ from ..errors import IncompatibleError, InvalidValueError, StateError, as_builti
 from ._config import make_layout
 from ._create import (GroupOptions, _DENSE_TWINS, _DESC, _EXPERT_TWINS, _PG_NAME, _nccl_options,
                       create_group, create_layout_groups, creation_strategies,
-                      overwrite_nccl_comm_cfgs)
+                      overwrite_nccl_comm_cfgs, resolve_gloo_connection)
 from ._encoder import encoder_layouts, encoder_steps
 from ._policies import default_embedding_ranks_seed, default_position_embedding_ranks_seed
 from ._runtime import GlobalMemoryBuffer
@@ -110,6 +110,7 @@ def initialize(args):
         raise StateError("initialize_model_parallel: torch.distributed is not initialized; "
                          "call torch.distributed.init_process_group first")
     creation = _creation(args)
+    gloo_connection = resolve_gloo_connection(args.gloo_connection)
     if args.pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc", "gloo"):
         raise as_builtin(InvalidValueError(
             f'"{args.pipeline_model_parallel_comm_backend}" backend for PP communication is '
@@ -123,7 +124,7 @@ def initialize(args):
                            pp_backend=args.pipeline_model_parallel_comm_backend,
                            gloo_twins=_twins(args), nccl_cfgs=_nccl_configs(args),
                            seed_nccl_defaults=not args.head, creation=creation, sharp=sharp,
-                           head=args.head)
+                           head=args.head, gloo_connection=gloo_connection)
     rank = dist.get_rank()
     STATE.reset()
     try:

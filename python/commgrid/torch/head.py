@@ -18,7 +18,7 @@ from ._api import *  # noqa: F401,F403  (what HEAD kept of the seed; redefined b
 from ._api import _in_embedding_group, _override, _ready_or_zero, _set_global_memory_buffer  # noqa: F401
 from ._config import InitArgs
 from ._create import (create_group, create_hierarchical_groups,  # noqa: F401
-                      create_hybrid_dp_cp_groups, creation_strategies, get_nccl_options,
+                      create_hybrid_dp_cp_groups, creation_strategies, get_nccl_options, gloo_connections,
                       overwrite_nccl_comm_cfgs)
 from ._init import create_all_gather_groups  # noqa: F401
 from ._mesh import device_mesh  # noqa: F401
@@ -55,6 +55,7 @@ def initialize_model_parallel(
     local_world_size=None,
     *,
     creation="auto",
+    gloo_connection="auto",
 ):
     """Creates this rank's torch.distributed group of every kind of Megatron-core HEAD's
     initialize_model_parallel (HEAD's arguments, in its order), in HEAD's creation order.
