@@ -151,7 +151,7 @@ def main(argv=None):
 
     def begin_step(step):
         if driver.incarnation == 0 and (driver.process, step) in args.fault_kill:
-            os.kill(os.getpid(), signal.SIGKILL)
+            print(f"TRACE {__import__('time').monotonic():.3f} pid {os.getpid()} KILL", file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGKILL)
 
     def step(n):
         epoch, model, optim = live["epoch"], live["model"], live["optim"]
@@ -183,7 +183,9 @@ def main(argv=None):
     def recovered(record):
         if live.get("epoch") is not None and live["epoch"].rank == 0:
             print(f"recovered into epoch {record['epoch']} at step {record['resumed_at']} "
-                  f"(dead: {record['dead']}, shrink: {record['shrink']})", file=sys.stderr,
+                  f"(dead: {record['dead']}, shrink: {record['shrink']}; agreement "
+                  f"{record['agreement_s']:.3f} s, groups {record['groups_s']:.3f} s, model "
+                  f"{record['model_s']:.3f} s, state {record['state_s']:.3f} s)", file=sys.stderr,
                   flush=True)
 
     try:

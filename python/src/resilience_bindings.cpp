@@ -110,6 +110,10 @@ class PyDriver {
     options.shrink = shrink;
     options.global_batch = global_batch;
     options.snapshot_memory_limit = snapshot_memory_limit;
+    // The driver's own C++ groups: the world moves buddy copies and reshards, the dp groups
+    // a spare's state from a replica. The program's groups are torch's (resilient.py), so
+    // no other kind is made here.
+    options.init.kinds = {GroupKind::dp};
     options.factory = [this](const std::string& prefix, Rank rank, Rank size) {
       Recovery& rec = driver_->recovery();
       GlooOptions o;

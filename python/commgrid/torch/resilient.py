@@ -27,6 +27,7 @@ docs/resilience.md, "torch programs".
 import datetime
 import gc
 import io
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -282,9 +283,18 @@ class ResilientDriver:
         self._user["start"](self._epoch)
 
     def _stop(self):
-        """Aborts and destroys the epoch's groups and drops every reference to them."""
+        """Aborts and destroys the epoch's groups and drops every reference to them. A Gloo
+        group closes its connections (so that a peer blocked with this process fails at
+        once) only when its last reference is gone: when one outlives the references dropped
+        here (a reference cycle in the program's model), a full garbage collection, which
+        costs 0.1-0.2 s with torch loaded, finds it; otherwise none is run."""
         stop = self._user.get("stop")
         epoch, self._epoch = self._epoch, None
+        if epoch is None and not dist.is_initialized():
+            return  # nothing of an epoch is left (the start of every epoch calls this)
+        alive = []
+        if dist.is_initialized():
+            alive = [weakref.ref(g) for g in list(dist.distributed_c10d._world.pg_map)]
         try:
             if epoch is not None and stop is not None:
                 stop()
@@ -298,4 +308,5 @@ class ResilientDriver:
                     if dist.is_initialized():
                         dist.destroy_process_group()
             self._store = None
-            gc.collect()
+            if any(ref() is not None for ref in alive):
+                gc.collect()
