@@ -615,7 +615,8 @@ def main(argv=None):
                         per_step, recovery, detail = run_commgrid(args, n, t, spares, point,
                                                                   side == "commgrid warm spare")
                 except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as error:
-                    # One failed run is reported and the others go on.
+                    # One failed run is reported (in full on stderr) and the others go on.
+                    print(f"{side} run failed: {error}", file=sys.stderr, flush=True)
                     per_step, recovery = None, None
                     detail = {"error": str(error).splitlines()[0][:200]}
                 results.append({"procs": n, "timeout_s": t, "heartbeat_ms": h, "kill_point": point,
