@@ -339,10 +339,13 @@ const EpochDecision& Recovery::agree() {
     }
     check_ended();
     // Wait for the registrations in short slices, re-reading the deaths launch posts
-    // between them: a death is often posted moments after a survivor detected it.
+    // between them: a death is often posted moments after a survivor detected it, so the
+    // slices start at 5 ms and double up to 200 ms (a registration ends a slice at once; a
+    // death does not, the store's wait being for every key).
     std::vector<std::int64_t> known_dead, waiting;
     std::vector<std::string> keys, missing_keys;
     const auto window_end = Clock::now() + window;
+    Ms slice(5);
     for (;;) {
       known_dead.clear();
       waiting.clear();
@@ -351,10 +354,11 @@ const EpochDecision& Recovery::agree() {
         (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
       for (std::int64_t p : waiting) keys.push_back(epoch_alive_key(options_.prefix, next, p));
       const auto left = std::chrono::duration_cast<Ms>(window_end - Clock::now());
-      missing_keys = store_->wait_for(keys, std::clamp(left, Ms(0), Ms(200)));
+      missing_keys = store_->wait_for(keys, std::clamp(left, Ms(0), slice));
       if (missing_keys.empty() || Clock::now() >= window_end || store_->has(decision_key) ||
           store_->has(ended_key))
         break;
+      slice = std::min(slice * 2, Ms(200));
     }
     const std::set<std::string> missing_set(missing_keys.begin(), missing_keys.end());
     std::vector<std::int64_t> candidates, dead = known_dead;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "commgrid/store.hpp"
+#include "loop_poke.hpp"
 
 namespace commgrid::gloo_backend {
 
@@ -20,7 +21,8 @@ namespace commgrid::gloo_backend {
 struct Shared {
   std::shared_ptr<Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
-  std::string token;  // the job's secret, proven to every peer of every new group
+  std::unique_ptr<LoopPoker> poker;  // the device's (declared after it: gone first)
+  std::string token;                 // the job's secret, proven to every peer of every new group
 };
 
 /// Connects a group's pairs, proves them and ends with a barrier, all by `deadline` (the

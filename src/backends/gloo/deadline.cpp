@@ -1,65 +1,18 @@
 #include "deadline.hpp"
 
 #include <gloo/context.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <memory>
 #include <utility>
 
 #include "commgrid/communicator.hpp"
+#include "loop_turner.hpp"
 #include "time_text.hpp"
 
 namespace commgrid::gloo_backend {
 
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-// Gloo closes a pair only after one more turn of the device's event loop (so that the
-// loop no longer calls into it), and the loop sleeps up to 10 ms in epoll_wait when
-// nothing happens: about 5 ms a pair, seconds for a large group, and the operation's wait
-// ends only when its own pair's turn comes. While alive, an always-readable descriptor on
-// the device keeps the loop turning, so that closing a pair takes microseconds.
-class LoopTurner final : public ::gloo::transport::tcp::Handler {
- public:
-  explicit LoopTurner(const std::shared_ptr<::gloo::transport::Device>& device)
-      : device_(std::dynamic_pointer_cast<::gloo::transport::tcp::Device>(device)) {
-    if (!device_) return;
-    fd_ = ::eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (fd_ < 0) return;
-    try {
-      device_->registerDescriptor(fd_, EPOLLIN, this);
-      registered_ = true;
-    } catch (const std::exception&) {
-      // Closing then takes Gloo's own time; it still happens.
-    }
-  }
-  ~LoopTurner() override {
-    if (registered_) {
-      try {
-        device_->unregisterDescriptor(fd_, this);
-      } catch (const std::exception&) {
-        // Unregistering fails only if the descriptor is gone: nothing calls us any more.
-      }
-    }
-    if (fd_ >= 0) ::close(fd_);
-  }
-  LoopTurner(const LoopTurner&) = delete;
-  LoopTurner& operator=(const LoopTurner&) = delete;
-  // Level-triggered and never read: the next epoll_wait returns at once again.
-  void handleEvents(int /*events*/) override {}
-
- private:
-  std::shared_ptr<::gloo::transport::tcp::Device> device_;
-  int fd_ = -1;
-  bool registered_ = false;
-};
-
-}  // namespace
 
 namespace {
 

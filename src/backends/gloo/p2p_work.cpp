@@ -55,7 +55,9 @@ void GlooP2PWork::wait() {
       op.done = true;
       continue;
     }
-    const auto left = std::max(Ms(0), std::chrono::duration_cast<Ms>(deadline_ - Clock::now()));
+    // Rounded up: Gloo's own wait then ends at the deadline or after it, never a fraction of
+    // a millisecond before it (its timeout would read as Gloo's, not as the deadline's).
+    const auto left = std::max(Ms(0), std::chrono::ceil<Ms>(deadline_ - Clock::now()));
     try {
       comm_.call(
           op_,

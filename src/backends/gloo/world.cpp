@@ -154,6 +154,9 @@ std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
       "create device", "world",
       [&] { shared->device = ::gloo::transport::tcp::CreateDevice(attr); },
       "hostname " + attr.hostname);
+  // Connecting and closing a pair each wait for a turn of the device's loop: at once, not
+  // in up to 10 ms (loop_poke.hpp).
+  shared->poker = std::make_unique<LoopPoker>(shared->device);
   std::vector<int> global(static_cast<size_t>(size));
   std::iota(global.begin(), global.end(), 0);
   // Gloo writes to peers' sockets without MSG_NOSIGNAL: a peer that died would kill this
