@@ -15,6 +15,16 @@
 #include "commgrid/layout.hpp"
 
 namespace commgrid {
+namespace detail {
+// A snapshot: the state at the start of step `step`. Outside the anonymous namespace since
+// ResilientDriver::Impl (a type with linkage) holds them.
+struct Snapshot {
+  std::int64_t step = 0;
+  StateBytes bytes;
+};
+}  // namespace detail
+using detail::Snapshot;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -26,12 +36,6 @@ std::int64_t min_over(Communicator& c, std::int64_t v) {
   c.allreduce(std::span<std::int64_t>(&v, 1), ReduceOp::min)->wait();
   return v;
 }
-
-// A snapshot: the state at the start of step `step`.
-struct Snapshot {
-  std::int64_t step = 0;
-  StateBytes bytes;
-};
 
 const Snapshot* find(const std::deque<Snapshot>& list, std::int64_t s) {
   for (const Snapshot& snap : list)

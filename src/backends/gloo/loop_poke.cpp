@@ -24,13 +24,13 @@ constexpr int kTurns = 3;
 // Which epoll descriptor belongs to which poked loop: learnt from the poker's own
 // registration (its eventfd added to the loop's epoll set). Never destroyed: a group may
 // close while statics are destroyed at exit.
-struct Registry {
+struct PokeRegistry {
   std::mutex mutex;
   std::map<int, int> eventfd_of_epoll;  // epoll descriptor -> its poker's eventfd
   std::map<int, bool> pokers;           // eventfds of live pokers
 };
-Registry& registry() {
-  static Registry* const r = new Registry;
+PokeRegistry& poke_registry() {
+  static PokeRegistry* const r = new PokeRegistry;
   return *r;
 }
 std::atomic<int> g_pokers{0};  // live pokers: the interposed call's fast path reads it
@@ -46,8 +46,8 @@ struct LoopPoker::Handler final : ::gloo::transport::tcp::Handler {
     fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) return;
     {
-      std::lock_guard lock(registry().mutex);
-      registry().pokers[fd] = true;
+      std::lock_guard lock(poke_registry().mutex);
+      poke_registry().pokers[fd] = true;
     }
     ++g_pokers;
     try {
@@ -59,10 +59,10 @@ struct LoopPoker::Handler final : ::gloo::transport::tcp::Handler {
   }
   ~Handler() override {
     {
-      std::lock_guard lock(registry().mutex);
-      registry().pokers.erase(fd);
-      for (auto it = registry().eventfd_of_epoll.begin(); it != registry().eventfd_of_epoll.end();)
-        it = it->second == fd ? registry().eventfd_of_epoll.erase(it) : std::next(it);
+      std::lock_guard lock(poke_registry().mutex);
+      poke_registry().pokers.erase(fd);
+      for (auto it = poke_registry().eventfd_of_epoll.begin(); it != poke_registry().eventfd_of_epoll.end();)
+        it = it->second == fd ? poke_registry().eventfd_of_epoll.erase(it) : std::next(it);
     }
     --g_pokers;
     if (registered) {
@@ -108,12 +108,12 @@ extern "C" int epoll_ctl(int epfd, int op, int fd, epoll_event* ev) noexcept {
   const long rv = real_epoll_ctl(epfd, op, fd, ev);
   if (rv != 0 || g_pokers.load(std::memory_order_relaxed) == 0) return static_cast<int>(rv);
   // Under the lock: a poker's eventfd is closed only once it has left the registry.
-  std::lock_guard lock(registry().mutex);
-  if (op == EPOLL_CTL_ADD && registry().pokers.count(fd) != 0) {
-    registry().eventfd_of_epoll[epfd] = fd;
+  std::lock_guard lock(poke_registry().mutex);
+  if (op == EPOLL_CTL_ADD && poke_registry().pokers.count(fd) != 0) {
+    poke_registry().eventfd_of_epoll[epfd] = fd;
   } else if (op == EPOLL_CTL_DEL) {
-    const auto it = registry().eventfd_of_epoll.find(epfd);
-    if (it != registry().eventfd_of_epoll.end() && it->second != fd) {
+    const auto it = poke_registry().eventfd_of_epoll.find(epfd);
+    if (it != poke_registry().eventfd_of_epoll.end() && it->second != fd) {
       const std::uint64_t one = 1;
       (void)!::write(it->second, &one, sizeof one);
     }
