@@ -61,7 +61,8 @@ struct LoopPoker::Handler final : ::gloo::transport::tcp::Handler {
     {
       std::lock_guard lock(poke_registry().mutex);
       poke_registry().pokers.erase(fd);
-      for (auto it = poke_registry().eventfd_of_epoll.begin(); it != poke_registry().eventfd_of_epoll.end();)
+      for (auto it = poke_registry().eventfd_of_epoll.begin();
+           it != poke_registry().eventfd_of_epoll.end();)
         it = it->second == fd ? poke_registry().eventfd_of_epoll.erase(it) : std::next(it);
     }
     --g_pokers;
