@@ -113,8 +113,9 @@ def test_arguments_in_each_editions_order():
                        "hierarchical_context_parallel_sizes", "hybrid_context_parallel",
                        "expert_model_parallel_size", "gtp_remat_size", "expert_gtp_remat_size"]
     # HEAD's arguments in its order, then commgrid's own (keyword-only).
-    assert h[-6:] == ["high_priority_stream_groups", "sharp_enabled_group", "rank_offset",
-                      "local_world_size", "creation", "gloo_connection"]
+    assert h[-8:] == ["high_priority_stream_groups", "sharp_enabled_group", "rank_offset",
+                      "local_world_size", "creation", "gloo_connection", "gloo_device",
+                      "share_identical_groups"]
     assert list(inspect.signature(head.get_data_parallel_group).parameters) == [
         "with_context_parallel", "with_gtp_remat", "partial_data_parallel"]
     assert list(inspect.signature(head.get_tensor_and_data_parallel_group).parameters) == [

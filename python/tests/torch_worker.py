@@ -238,9 +238,9 @@ def check_hyper_comm_grid():
     return checks, 0
 
 
-def _sockets():
-    """The connected TCP sockets this process holds (listening ones left out: a Gloo
-    group's device listens whether or not it connects)."""
+def _sockets(state="01"):
+    """The TCP sockets this process holds in ``state`` (01: connected, the default; 0A:
+    listening, one per Gloo device whether or not it connects)."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -254,7 +254,7 @@ def _sockets():
         with open(table) as f:
             for line in f.readlines()[1:]:
                 fields = line.split()
-                count += fields[3] == "01" and fields[9] in inodes  # 01: ESTABLISHED
+                count += fields[3] == state and fields[9] in inodes
     return count
 
 
@@ -269,7 +269,7 @@ def check_gloo_connection():
     for mode in ps.gloo_connections():
         dist.barrier()
         before = _sockets()
-        ps.initialize_model_parallel(gloo_connection=mode, **kwargs)
+        ps.initialize_model_parallel(gloo_connection=mode, share_identical_groups=False, **kwargs)
         # Counted once every rank has made its groups and before any uses one (a lazy
         # group's first collective connects its peers to this rank too).
         dist.barrier()
@@ -292,6 +292,63 @@ def check_gloo_connection():
         expect("gloo_connection" in str(e) and "sometimes" in str(e), f"error text: {e}")
     expect(not ps.model_parallel_is_initialized(), "a refused mode left groups behind")
     return len(opened), 0
+
+
+def check_gloo_sharing():
+    """gloo_device: "shared" puts every Gloo group of one initialization on one device (one
+    listening socket), "per_group" gives each its own (one each). share_identical_groups:
+    kinds with the same rank sets get one group object (dp and dp_cp with cp 1, a Gloo twin
+    and its Gloo group), which destroy_model_parallel leaves usable; False gives each kind
+    its own, as Megatron. Bad values of either are InvalidValueErrors naming the parameter,
+    raised before any group exists."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kwargs = dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    listening = {}
+    for mode in ps.gloo_devices():
+        dist.barrier()
+        before = _sockets("0A")
+        ps.initialize_model_parallel(gloo_device=mode, gloo_connection="eager",
+                                     share_identical_groups=False, **kwargs)
+        listening[mode] = _sockets("0A") - before
+        check_group(f"dp ({mode})", ps.get_data_parallel_group(),
+                    [r for r in range(world) if r % 2 == rank % 2 and r // 4 == rank // 4], rank)
+        check_group(f"tp ({mode})", ps.get_tensor_model_parallel_group(),
+                    [r for r in range(world) if r // 2 == rank // 2], rank)
+        ps.destroy_model_parallel()
+    if "shared" in listening:
+        expect(listening["shared"] == 1, f"listening sockets of a shared device: {listening}")
+    # tp 2 x pp 2 on 8 ranks: a rank makes 20 Gloo groups (the twins included), a device each.
+    expect(listening["per_group"] >= 10, f"listening sockets, a device per group: {listening}")
+    for share in (True, False):
+        dist.barrier()
+        ps.initialize_model_parallel(share_identical_groups=share, **kwargs)
+        dp, dp_cp = ps.get_data_parallel_group(), ps.get_data_parallel_group(with_context_parallel=True)
+        twin = ps.get_data_parallel_group_gloo()
+        expect((dp is dp_cp) == share and (twin is dp) == share,
+               f"share_identical_groups={share}: dp is dp_cp {dp is dp_cp}, twin is dp {twin is dp}")
+        expect((ps.get_embedding_group() is ps.get_pipeline_model_parallel_group()) == share,
+               f"share_identical_groups={share}: embd (first and last stage of 2) vs pp")
+        ps.destroy_model_parallel()
+        # The twin is destroyed as Megatron destroys it, unless it is dp's own group.
+        t = torch.ones(1)
+        if share:
+            dist.all_reduce(t, group=dp)
+            expect(t.item() == 2, f"dp after destroy_model_parallel: {t.item()}")
+        else:
+            expect(twin not in dist.distributed_c10d._world.pg_map, "an unshared twin outlived destroy")
+    bad = [(dict(gloo_device="sometimes"), commgrid.InvalidValueError),
+           (dict(share_identical_groups="yes"), commgrid.InvalidValueError)]
+    if "shared" in ps.gloo_devices() and "lazy" in ps.gloo_connections():
+        bad.append((dict(gloo_device="shared", gloo_connection="lazy"), commgrid.IncompatibleError))
+    for given, error in bad:
+        try:
+            ps.initialize_model_parallel(**given, **kwargs)
+            expect(False, f"{given} must raise")
+        except error as e:
+            name, value = next(iter(given.items()))
+            expect(e.parameter == name and value in str(e), f"error text: {e}")
+        expect(not ps.model_parallel_is_initialized(), f"{given} left groups behind")
+    return len(listening) + 2, 0
 
 
 def main():
@@ -330,10 +387,12 @@ def main():
     report.append(check_encoder(record["kwargs"], record))
     report.append(check_hyper_comm_grid())
     report.append(check_gloo_connection())
+    report.append(check_gloo_sharing())
     dist.barrier()
     print(json.dumps({"rank": rank, "checks": [c for c, _ in report],
                       "creation_calls": [n for _, n in report], "torch": torch.__version__,
-                      "gloo_connections": ps.gloo_connections()}))
+                      "gloo_connections": ps.gloo_connections(),
+                      "gloo_devices": ps.gloo_devices()}))
     dist.destroy_process_group()
 
 

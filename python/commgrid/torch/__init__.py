@@ -33,8 +33,9 @@ from ._api import (_set_global_memory_buffer, get_data_modulo_expert_parallel_gr
                    set_pipeline_model_parallel_split_rank)
 from ._config import InitArgs  # noqa: E402
 from ._create import (create_group, create_hierarchical_groups,  # noqa: E402,F401
-                      create_hybrid_dp_cp_groups, creation_strategies, gloo_connections,
+                      create_hybrid_dp_cp_groups, creation_strategies,
                       overwrite_nccl_comm_cfgs)
+from ._gloo import gloo_connections, gloo_devices  # noqa: E402,F401
 from ._init import create_all_gather_groups  # noqa: E402,F401
 from ._mesh import device_mesh  # noqa: E402,F401
 from .resilient import (Epoch, PeerFailure, RecoveryError, ResilientDriver, TorchTooOldError)  # noqa: E402,F401
@@ -68,6 +69,8 @@ def initialize_model_parallel(
     compat="seed",
     creation="auto",
     gloo_connection="auto",
+    gloo_device="auto",
+    share_identical_groups="auto",
     **head_arguments,
 ):
     """Creates this rank's torch.distributed group of every kind (Megatron-core's
@@ -79,7 +82,12 @@ def initialize_model_parallel(
     local_world_size); ``creation``: "auto" (the cheapest this torch offers), "local" or
     "megatron" (see creation_strategies()); ``gloo_connection``: "auto" (lazy where this
     torch can, unless TORCH_GLOO_LAZY_INIT is set), "lazy" or "eager" (see
-    gloo_connections())."""
+    gloo_connections()); ``gloo_device``: "auto" ("shared" where this torch can and the
+    connection is eager), "shared" (one Gloo device for all of commgrid's Gloo groups: they
+    connect eagerly) or "per_group" (see gloo_devices());
+    ``share_identical_groups``: kinds whose Gloo groups are the same rank sets share one
+    group (True; "auto", the default: with creation "local") or each get their own as in
+    Megatron-core (False)."""
     given = dict(locals())  # the arguments, under Megatron's names: one InitArgs
     del given["head_arguments"]
     if compat not in ("seed", "head"):

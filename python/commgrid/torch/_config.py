@@ -12,13 +12,15 @@ from ..layout import Layout
 @dataclass
 class InitArgs:
     """initialize_model_parallel's arguments under Megatron-core's names (the seed's and
-    HEAD's), plus commgrid's ``compat`` ("seed" or "head"), ``creation`` and
-    ``gloo_connection``. Each facade
-    fills one from its own signature; nothing renames them on the way to the Layout."""
+    HEAD's), plus commgrid's ``compat`` ("seed" or "head"), ``creation``,
+    ``gloo_connection``, ``gloo_device`` and ``share_identical_groups``. Each facade fills
+    one from its own signature; nothing renames them on the way to the Layout."""
 
     compat: str = "seed"
     creation: str = "auto"
     gloo_connection: str = "auto"
+    gloo_device: str = "auto"
+    share_identical_groups: object = "auto"
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None

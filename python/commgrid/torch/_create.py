@@ -11,7 +11,6 @@ which global a group lands in (the pp list of a rank in several pipelines), and 
 names a group.
 """
 
-import contextlib
 import inspect
 import os
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import torch.distributed as dist
 from .. import _commgrid
 from .._state import GLOO_GLOBAL, GROUP_GLOBAL, RANKS_GLOBAL, STATE
 from ..errors import InvalidValueError
+from ._gloo import gloo_connection_scope, gloo_device_scope
 
 # Megatron's pg_name (the key of nccl_communicator_config_path's file) and group_desc per kind.
 _PG_NAME = {
@@ -88,52 +88,6 @@ def _new_group_params():
 
 
 _NEW_GROUP_PARAMS = [None, frozenset()]
-
-# torch reads TORCH_GLOO_LAZY_INIT in every ProcessGroupGloo constructor (torch >= 2.8 has it;
-# its Device factory takes lazy_init since then too, which is how its presence is detected).
-_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"
-
-
-def gloo_connections():
-    """The Gloo connection modes this torch offers: "lazy" (a group's pairs connect at their
-    first use, torch's TORCH_GLOO_LAZY_INIT) where its Gloo backend has it, and "eager"
-    (every pair of a group connects in its constructor, Megatron-core's way)."""
-    doc = getattr(getattr(dist, "ProcessGroupGloo", None), "create_device", None)
-    lazy = doc is not None and "lazy_init" in (doc.__doc__ or "")
-    return (["lazy"] if lazy else []) + ["eager"]
-
-
-def resolve_gloo_connection(mode):
-    """"auto": the user's TORCH_GLOO_LAZY_INIT where it is set (then commgrid leaves it
-    alone: None), else "lazy" where this torch has it, else "eager". A mode this torch does
-    not offer is an InvalidValueError naming it."""
-    offered = gloo_connections()
-    if mode == "auto":
-        return None if _LAZY_ENV in os.environ else offered[0]
-    if mode not in offered:
-        raise InvalidValueError(f"gloo_connection = {mode!r}: this torch ({torch.__version__}) "
-                                f"offers {offered}", parameter="gloo_connection")
-    return mode
-
-
-@contextlib.contextmanager
-def gloo_connection_scope(mode):
-    """TORCH_GLOO_LAZY_INIT set for the Gloo groups made inside (mode "lazy": 1, "eager": 0;
-    None: left as it is), and put back as it was afterwards: the mode applies to commgrid's
-    groups, not to every Gloo group the process makes."""
-    if mode is None:
-        yield
-        return
-    before = os.environ.get(_LAZY_ENV)
-    os.environ[_LAZY_ENV] = "1" if mode == "lazy" else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(_LAZY_ENV, None)
-        else:
-            os.environ[_LAZY_ENV] = before
-
 
 def create_group(ranks=None, timeout=None, backend=None, pg_options=None,
                  use_local_synchronization=False, group_desc=None):
@@ -244,7 +198,9 @@ class GroupOptions:
     min_ctas 1), the creation strategy ("local" or "megatron", see creation_strategies()),
     SHARP (None, "dp" or HEAD's "dp_replica"; ``head``: HEAD's NCCL_COLLNET_ENABLE), and how
     Gloo groups connect (``gloo_connection``: "lazy", "eager", or None: as the environment
-    says; see resolve_gloo_connection())."""
+    says; see resolve_gloo_connection()), which device they run on (``gloo_device``:
+    "shared" or "per_group", see gloo_devices()), and whether kinds with the same groups
+    share them (``share_identical``, see _IdenticalGroups)."""
 
     timeout: Optional[timedelta] = None
     pp_backend: Optional[str] = None
@@ -255,22 +211,70 @@ class GroupOptions:
     sharp: Optional[str] = None
     head: bool = False
     gloo_connection: Optional[str] = None
+    gloo_device: Optional[str] = None
+    share_identical: bool = False
 
 
-def _make(kind, level, members, local, options, hybrid_sizes, rank):
+def _default_backend():
+    """The default group's backend ("gloo", "nccl", "cpu:gloo,cuda:nccl", ...), or None
+    without a default group."""
+    try:
+        return dist.get_backend()
+    except (RuntimeError, ValueError):
+        return None
+
+
+class _IdenticalGroups:
+    """With ``share_identical``: one Gloo group for every kind (and Gloo twin) whose groups are
+    the same rank sets as an earlier kind's, e.g. dp and dp_cp when cp is 1, or the Gloo twins
+    of a Gloo default group. A kind shares only as a whole (its partition of the ranks equals
+    the earlier kind's), so every rank skips the same new_group calls and torch's count of
+    them, which names local groups, stays the same on every member. Only groups that are
+    Gloo alone share: an NCCL group keeps its own communicator (and stream), as Megatron's."""
+
+    def __init__(self, enabled, partition_of):
+        self._enabled = enabled
+        self._gloo_default = enabled and _default_backend() == "gloo"
+        self._partition_of = partition_of  # (kind, level) -> every group's members, in order
+        self._number = {}  # (kind, level) -> the number of its partition
+        self._partitions = {}  # partition -> its number
+        self._made = {}  # (partition number, members) -> what new_group gave this rank
+
+    def key(self, kind, level, members, backend):
+        """The key of a group of (kind, level) with these members and new_group's
+        ``backend``, or None when it is not shared."""
+        if not self._enabled or not (backend == "gloo" or (backend is None and self._gloo_default)):
+            return None
+        if (kind, level) not in self._number:
+            partition = tuple(tuple(m) for m in self._partition_of(kind, level))
+            self._number[(kind, level)] = self._partitions.setdefault(partition, len(self._partitions))
+        return self._number[(kind, level)], tuple(members)
+
+    def made(self, key, make):
+        """The group made for ``key`` before, else ``make()``'s, remembered."""
+        if key is None:
+            return make()
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+
+def _make(kind, level, members, local, options, hybrid_sizes, rank, identical):
     """One group (and its Gloo twin) of the kind, filed when this rank is a member."""
     cfgs = options.nccl_cfgs
     pg_options = _nccl_options(_PG_NAME[kind], cfgs, options.seed_nccl_defaults) if cfgs else None
     if kind == "pp" and options.pp_backend == "ucc":
         pg_options = None
     extra = {"use_local_synchronization": True} if local else {}
-    group = create_group(members, timeout=options.timeout,
-                         backend=options.pp_backend if kind == "pp" else None, pg_options=pg_options,
-                         group_desc=_desc(kind, level, False, hybrid_sizes), **extra)
+    backend = options.pp_backend if kind == "pp" else None
+    group = identical.made(identical.key(kind, level, members, backend), lambda: create_group(
+        members, timeout=options.timeout, backend=backend, pg_options=pg_options,
+        group_desc=_desc(kind, level, False, hybrid_sizes), **extra))
     twin = None
     if kind in options.gloo_twins:
-        twin = create_group(members, timeout=options.timeout, backend="gloo",
-                            group_desc=_desc(kind, level, True, hybrid_sizes), **extra)
+        twin = identical.made(identical.key(kind, level, members, "gloo"), lambda: create_group(
+            members, timeout=options.timeout, backend="gloo",
+            group_desc=_desc(kind, level, True, hybrid_sizes), **extra))
     if rank in members:
         _file(kind, level, group, twin, members, hybrid_sizes)
 
@@ -291,15 +295,21 @@ def create_layout_groups(layout, rank, options, steps=None):
     group. Collective over the layout's ranks; the state must be reset before."""
     hybrid_sizes = layout.hybrid_sizes()
     if steps is not None:
+        steps = list(steps)
         sequence = ((k, lv, m, False) for k, lv, _i, m in steps)
         aliases = []
+
+        def partition_of(kind, level):
+            return [m for k, lv, _i, m in steps if (k, lv) == (kind, level)]
     else:
+        partition_of = layout.groups
         sequence = (_own_steps(layout, rank) if options.creation == "local" else
                     ((k, lv, m, False) for k, lv, _i, m in layout.creation_order()))
         aliases = layout.creation_aliases()
     sharp_kinds = _SHARP_KINDS.get(options.sharp, ())
     phase = "before"  # of the SHARP groups
-    with gloo_connection_scope(options.gloo_connection):
+    identical = _IdenticalGroups(options.share_identical, partition_of)
+    with gloo_connection_scope(options.gloo_connection), gloo_device_scope(options.gloo_device):
         for kind, level, members, local in sequence:
             if phase == "before" and kind in sharp_kinds and (options.sharp == "dp" or kind != "expt_dp"):
                 if options.head:
@@ -308,7 +318,7 @@ def create_layout_groups(layout, rank, options, steps=None):
             elif phase == "in" and kind not in sharp_kinds:
                 _sharp_barrier(options.sharp)  # NCCL makes the SHARP groups now; then SHARP is off
                 phase = "after"
-            _make(kind, level, list(members), local, options, hybrid_sizes, rank)
+            _make(kind, level, list(members), local, options, hybrid_sizes, rank, identical)
     if phase == "in":
         _sharp_barrier(options.sharp)
     v = STATE.vars
@@ -403,11 +413,13 @@ def _own_steps(layout, rank):
 # ---- destroy ------------------------------------------------------------------------------
 
 def destroy_layout_groups():
-    """Megatron's destroy_model_parallel: destroys the Gloo twins this rank holds and forgets
-    every group and all state (Megatron leaves some globals, e.g. the global-rank lists,
+    """Megatron's destroy_model_parallel: destroys the Gloo twins this rank holds (not one that
+    is also a kind's own group) and forgets every group and all state (Megatron leaves some globals, e.g. the global-rank lists,
     behind; commgrid resets them all)."""
     pg_map = dist.distributed_c10d._world.pg_map
-    seen = set()
+    # A twin that is also a kind's own group (_IdenticalGroups: the twin of a Gloo group)
+    # stays, as Megatron's other groups do.
+    seen = {id(STATE.vars[name]) for name in GROUP_GLOBAL.values() if STATE.vars[name] is not None}
     for name in GLOO_GLOBAL.values():
         group = STATE.vars[name]
         if group is not None and id(group) not in seen and dist.is_initialized() and group in pg_map:

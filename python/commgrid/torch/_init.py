@@ -13,8 +13,9 @@ from ..errors import IncompatibleError, InvalidValueError, StateError, as_builti
 from ._config import make_layout
 from ._create import (GroupOptions, _DENSE_TWINS, _DESC, _EXPERT_TWINS, _PG_NAME, _nccl_options,
                       create_group, create_layout_groups, creation_strategies,
-                      overwrite_nccl_comm_cfgs, resolve_gloo_connection)
+                      overwrite_nccl_comm_cfgs)
 from ._encoder import encoder_layouts, encoder_steps
+from ._gloo import resolve_gloo_connection, resolve_gloo_device
 from ._policies import default_embedding_ranks_seed, default_position_embedding_ranks_seed
 from ._runtime import GlobalMemoryBuffer
 
@@ -111,6 +112,13 @@ def initialize(args):
                          "call torch.distributed.init_process_group first")
     creation = _creation(args)
     gloo_connection = resolve_gloo_connection(args.gloo_connection)
+    gloo_device = resolve_gloo_device(args.gloo_device, gloo_connection)
+    share = args.share_identical_groups
+    if share == "auto":
+        share = creation == "local"  # "megatron" makes Megatron's calls, one by one
+    if not isinstance(share, bool):
+        raise InvalidValueError(f"share_identical_groups = {share!r}: expected \"auto\", True "
+                                "or False", parameter="share_identical_groups")
     if args.pipeline_model_parallel_comm_backend not in (None, "nccl", "ucc", "gloo"):
         raise as_builtin(InvalidValueError(
             f'"{args.pipeline_model_parallel_comm_backend}" backend for PP communication is '
@@ -124,7 +132,8 @@ def initialize(args):
                            pp_backend=args.pipeline_model_parallel_comm_backend,
                            gloo_twins=_twins(args), nccl_cfgs=_nccl_configs(args),
                            seed_nccl_defaults=not args.head, creation=creation, sharp=sharp,
-                           head=args.head, gloo_connection=gloo_connection)
+                           head=args.head, gloo_connection=gloo_connection,
+                           gloo_device=gloo_device, share_identical=share)
     rank = dist.get_rank()
     STATE.reset()
     try:

@@ -18,8 +18,9 @@ from ._api import *  # noqa: F401,F403  (what HEAD kept of the seed; redefined b
 from ._api import _in_embedding_group, _override, _ready_or_zero, _set_global_memory_buffer  # noqa: F401
 from ._config import InitArgs
 from ._create import (create_group, create_hierarchical_groups,  # noqa: F401
-                      create_hybrid_dp_cp_groups, creation_strategies, get_nccl_options, gloo_connections,
+                      create_hybrid_dp_cp_groups, creation_strategies, get_nccl_options,
                       overwrite_nccl_comm_cfgs)
+from ._gloo import gloo_connections, gloo_devices  # noqa: F401
 from ._init import create_all_gather_groups  # noqa: F401
 from ._mesh import device_mesh  # noqa: F401
 from ._policies import default_embedding_ranks_head as default_embedding_ranks  # noqa: F401
@@ -56,6 +57,8 @@ def initialize_model_parallel(
     *,
     creation="auto",
     gloo_connection="auto",
+    gloo_device="auto",
+    share_identical_groups="auto",
 ):
     """Creates this rank's torch.distributed group of every kind of Megatron-core HEAD's
     initialize_model_parallel (HEAD's arguments, in its order), in HEAD's creation order.
