@@ -268,8 +268,9 @@ class Checks {
              " before " + std::to_string(members[i]));
     }
     if (must_contain_self && !std::binary_search(members.begin(), members.end(), c_.rank()))
-      fail("this rank (" + std::to_string(c_.rank()) +
-           ") is not among the members; only members call create_group");
+      fail("this rank (" + std::to_string(c_.rank()) + ") is not among the members; " +
+           (op_ == "create_groups" ? "a rank lists only its own groups"
+                                   : "only members call create_group"));
   }
 
  private:
@@ -307,6 +308,24 @@ std::unique_ptr<Communicator> Communicator::create_group(std::span<const Rank> m
   Checks(*this, "create_group").members(members, name, true);
   ++creation_calls_;
   return do_create_group(members, std::move(name));
+}
+
+std::vector<std::unique_ptr<Communicator>> Communicator::create_groups(
+    std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created) {
+  for (const GroupSpec& g : groups) Checks(*this, "create_groups").members(g.members, g.name, true);
+  creation_calls_ += static_cast<std::int64_t>(groups.size());
+  return do_create_groups(groups, created);
+}
+
+std::vector<std::unique_ptr<Communicator>> Communicator::do_create_groups(
+    std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created) {
+  std::vector<std::unique_ptr<Communicator>> out;
+  out.reserve(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    out.push_back(do_create_group(groups[i].members, groups[i].name));
+    if (created) created(i);
+  }
+  return out;
 }
 
 std::unique_ptr<Communicator> Communicator::create_group_collective(std::span<const Rank> members,

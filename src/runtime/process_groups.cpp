@@ -261,6 +261,11 @@ const std::vector<KindCreation>& ProcessGroups::creation_stats() const {
   return stats_;
 }
 
+std::chrono::nanoseconds ProcessGroups::creation_time() const {
+  require("creation_time");
+  return creation_time_;
+}
+
 std::chrono::nanoseconds ProcessGroups::fingerprint_time() const {
   require("fingerprint_time");
   return fingerprint_time_;

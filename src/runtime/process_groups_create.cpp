@@ -141,6 +141,7 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
       reason = std::string(kind_name(k)) + " was not created (not in InitOptions::kinds)";
     else reason.clear();
   }
+  const auto created_from = Clock::now();
   try {
     try {
       if (strategy_ == CreationStrategy::per_group) create_per_group(world, options);
@@ -151,6 +152,7 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
     destroy();
     throw;
   }
+  creation_time_ = Clock::now() - created_from;
   if (config.vpp) virtual_rank_ = 0;
   initialized_ = true;
 }
@@ -164,12 +166,43 @@ std::chrono::milliseconds ProcessGroups::group_timeout(const InitOptions& option
   return options.timeout.value_or(world_timeout_);
 }
 
+std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
+    Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of) {
+  // This rank's group of every (kind, level) that is not an alias, in reference order (the
+  // same relative order on every member: see Communicator::create_groups).
+  std::vector<GroupSpec> specs;
+  std::vector<Made> made;
+  for (GroupKind k : kinds_) {
+    if (parent_of[static_cast<int>(k)]) continue;
+    for (int level = 0; level < layout_->levels(k); ++level) {
+      const std::optional<GroupRef> ref = layout_->group_of(k, world_rank_, level);
+      if (!ref) continue;
+      specs.push_back({sorted_members(ref->members), group_name(k, level, ref->index)});
+      made.push_back({k, level, nullptr, {}});
+    }
+  }
+  before_world_call(world);
+  const auto t0 = Clock::now();
+  std::vector<std::unique_ptr<Communicator>> comms =
+      world.create_groups(specs, [&](std::size_t i) { made[i].time = Clock::now() - t0; });
+  COMMGRID_ENFORCE(comms.size() == made.size(),
+                   "backend gave " + std::to_string(comms.size()) + " communicators for " +
+                       std::to_string(made.size()) + " groups on rank " +
+                       std::to_string(world_rank_));
+  for (std::size_t i = 0; i < comms.size(); ++i) made[i].comm = std::move(comms[i]);
+  return made;
+}
+
 void ProcessGroups::create_split_or_member(Communicator& world, const InitOptions& options) {
   // Kinds Megatron does not create but points at a parent's groups (creation_aliases; the
   // parent comes first in reference order) reuse the parent's communicator, as there.
   std::array<std::optional<GroupKind>, kNumKinds> parent_of;
   for (const CreationAlias& a : creation_aliases(*layout_, kinds_))
     parent_of[static_cast<int>(a.kind)] = a.parent;
+  // Member creation: every group of this rank in one call (a backend makes them at once).
+  std::vector<Made> at_once;
+  if (strategy_ == CreationStrategy::member) at_once = create_members_at_once(world, parent_of);
+  auto next_made = at_once.begin();
   for (GroupKind k : kinds_) {
     auto& levels = slots_[static_cast<int>(k)];
     levels.resize(static_cast<std::size_t>(layout_->levels(k)));
@@ -194,8 +227,13 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
           comm = world.split(s.ref ? std::optional<std::int64_t>(s.ref->index) : std::nullopt,
                              world_rank_, s.ref ? name : label_of(k, level) + "#none");
         } else if (s.ref) {
-          const std::vector<Rank> members = sorted_members(s.ref->members);
-          comm = world.create_group(members, name);
+          COMMGRID_ENFORCE(
+              next_made != at_once.end() && next_made->kind == k && next_made->level == level,
+              "no communicator made for " + label_of(k, level));
+          comm = std::move(next_made->comm);
+          st.time = next_made->time;
+          st.creation_calls = 1;
+          ++next_made;
         }
         COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
                          "backend gave " + std::string(comm ? "a" : "no") + " communicator for " +
@@ -215,8 +253,10 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
         s.no_group_reason = "rank " + std::to_string(world_rank_) + " is in no " +
                             label_of(k, level) + " group (" + why_no_group(k) + ")";
       }
-      st.time = Clock::now() - t0;
-      st.creation_calls = world.creation_calls() - calls0;
+      if (strategy_ != CreationStrategy::member) {
+        st.time = Clock::now() - t0;
+        st.creation_calls = world.creation_calls() - calls0;
+      }
       stats_.push_back(std::move(st));
     }
   }
@@ -300,6 +340,7 @@ void ProcessGroups::destroy() noexcept {
   layout_.reset();
   virtual_rank_.reset();
   fingerprint_time_ = {};
+  creation_time_ = {};
   world_rank_ = world_size_ = 0;
   initialized_ = false;
 }

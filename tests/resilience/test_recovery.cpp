@@ -333,6 +333,44 @@ TEST(GlooRegroup, AWorldWhoseEpochIsMarkedFailedEndsAtOnceNotAtTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
 }
 
+TEST(GlooRegroup, ABatchOfGroupsWhoseEpochIsMarkedFailedEndsAtOnceNotAtTheTimeout) {
+  // A world of 4 exists; rank 3 dies before it makes its groups. The others' batch
+  // (create_groups, every group's connection on a thread of its own) waits for it under a
+  // 60 s timeout, and ends at once when the epoch is marked failed: each connecting thread
+  // watches the key as the calling thread does.
+  auto store = make_memory_store();
+  const auto factory = gloo_worlds(store);
+  std::vector<std::string> errors(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> ranks;
+    for (int r = 0; r < 4; ++r)
+      ranks.emplace_back([&, r] {
+        auto world = factory("epoch/0/world", r, 4);
+        world->set_timeout(60s);
+        if (r == 3) return;  // dies here
+        const WaitWatch watch(epoch_failed_key("resilience", 0));
+        const std::vector<GroupSpec> specs{
+            {{r - r % 2, r - r % 2 + 1}, "pair#" + std::to_string(r / 2)},
+            {{0, 1, 2, 3}, "all"},
+            {{r % 2, r % 2 + 2}, "parity#" + std::to_string(r % 2)}};
+        try {
+          (void)world->create_groups(specs);
+          errors[static_cast<std::size_t>(r)] = "no error";
+        } catch (const BackendError& e) { errors[static_cast<std::size_t>(r)] = e.what(); }
+      });
+    std::this_thread::sleep_for(300ms);
+    (void)store->set_if_absent(epoch_failed_key("resilience", 0),
+                               bytes("process 3: killed by signal 9"));
+  }
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("resilience/epoch/0/failed is set to 'process 3: killed by signal 9'"),
+              std::string::npos)
+        << e;
+  // Ended by the key at 300 ms, not by the 60 s timeout; room for a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);
+}
+
 TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
   auto store = make_memory_store();
   const ParallelConfig config = tp_config(4, 2);

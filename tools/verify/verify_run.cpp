@@ -127,7 +127,6 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
   constexpr std::size_t kPer = 5;
   const std::size_t R = report.kinds.size();
   std::vector<std::int64_t> buf(kPer * R + 2, 0);
-  std::int64_t total_ns = 0;
   for (std::size_t i = 0; i < R; ++i) {
     const KindVerdict& v = report.kinds[i];
     const bool member = pg.has_group(v.kind, v.level);
@@ -137,10 +136,9 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
     buf[kPer * i + 2] = stats[i].creation_calls;
     buf[kPer * i + 3] = member ? -size : INT64_MIN;
     buf[kPer * i + 4] = size;
-    total_ns += stats[i].time.count();
   }
   buf[kPer * R] = pg.fingerprint_time().count();
-  buf[kPer * R + 1] = total_ns;
+  buf[kPer * R + 1] = pg.creation_time().count();
   world.allreduce(buf.data(), buf.data(), buf.size(), DataType::int64, ReduceOp::max)->wait();
   bool any_failed = false;
   for (std::size_t i = 0; i < R; ++i) {

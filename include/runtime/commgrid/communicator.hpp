@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -160,6 +161,12 @@ class Work {
   [[nodiscard]] virtual bool done() const { return true; }
 };
 
+/// One group of Communicator::create_groups: what create_group takes.
+struct GroupSpec {
+  std::vector<Rank> members;  ///< ranks in the parent, ascending, including the caller
+  std::string name;
+};
+
 /// One point-to-point operation of a batch (torch.distributed's P2POp): a send of `count`
 /// elements to `peer`, or a receive from it, with a tag (>= 0). `peer` is a rank of the
 /// communicator the batch runs on (use Communicator::group_rank to map a global rank).
@@ -271,6 +278,15 @@ class Communicator {
   /// every member and unique among the groups created from this communicator.
   [[nodiscard]] std::unique_ptr<Communicator> create_group(std::span<const Rank> members,
                                                            std::string name);
+  /// Collective over this group: every rank passes the groups it is a member of (none is
+  /// fine), each as create_group takes it, and gets their communicators in that order. Every
+  /// member of a group must list it in the same order relative to the other groups it shares
+  /// with them (e.g. group kinds in one fixed order). A backend may make them all at once
+  /// (Gloo: every rank publishes every group's addresses before it waits for any, and one
+  /// barrier over this group ends the creation); otherwise it is create_group for each in
+  /// turn. `created(i)`, when given, is called once group i is usable (for timings).
+  [[nodiscard]] std::vector<std::unique_ptr<Communicator>> create_groups(
+      std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created = {});
   /// Collective over this whole group (Megatron's new_group): every rank calls it with the
   /// same members (ascending); members get the new communicator, others nullptr. Ranks that
   /// pass different members or names fail on every rank.
@@ -475,6 +491,9 @@ class Communicator {
                                                         std::string name) = 0;
   virtual std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,
                                                                    std::string name) = 0;
+  /// create_group for each in turn, unless the backend does better.
+  virtual std::vector<std::unique_ptr<Communicator>> do_create_groups(
+      std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created);
   virtual std::unique_ptr<Work> do_barrier() = 0;
   virtual std::unique_ptr<Work> do_broadcast(void* buf, std::size_t count, DataType type,
                                              Rank root) = 0;

@@ -185,9 +185,13 @@ class ProcessGroups {
 
   // ---- cost of initialization ---------------------------------------------------
   /// Per created kind and level, in creation order: time and backend calls on this rank.
+  /// With the member strategy every group is made in one batch, and a kind's time is from
+  /// the batch's start to its group being usable (the kinds' times overlap).
   [[nodiscard]] const std::vector<KindCreation>& creation_stats() const;
   /// Time of the fingerprint exchange on this rank.
   [[nodiscard]] std::chrono::nanoseconds fingerprint_time() const;
+  /// Wall time of creating every group on this rank (after the fingerprint).
+  [[nodiscard]] std::chrono::nanoseconds creation_time() const;
 
  private:
   struct Slot {
@@ -201,6 +205,17 @@ class ProcessGroups {
   void exchange_fingerprint(Communicator& world, const ParallelConfig& config,
                             const InitOptions& options);
   void create_split_or_member(Communicator& world, const InitOptions& options);
+  /// A communicator made by create_members_at_once, with the time it took to be usable.
+  struct Made {
+    GroupKind kind;
+    int level;
+    std::unique_ptr<Communicator> comm;
+    std::chrono::nanoseconds time;
+  };
+  /// The member strategy's creation: this rank's group of every kind that is no alias, in
+  /// one Communicator::create_groups call, in reference order.
+  std::vector<Made> create_members_at_once(
+      Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of);
   void create_per_group(Communicator& world, const InitOptions& options);
   /// Before each backend call of initialize on `world`: sets its timeout to what is left
   /// of the initialize's deadline.
@@ -223,6 +238,7 @@ class ProcessGroups {
   std::vector<std::shared_ptr<Communicator>> created_;
   std::vector<KindCreation> stats_;
   std::chrono::nanoseconds fingerprint_time_{0};
+  std::chrono::nanoseconds creation_time_{0};
   std::optional<Rank> virtual_rank_;
   /// During initialize: the world's own timeout and the deadline of the whole call.
   std::chrono::milliseconds world_timeout_{0};

@@ -5,6 +5,7 @@
 #include <gloo/transport/pair.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "deadline.hpp"
 #include "gloo_errors.hpp"
@@ -29,23 +30,30 @@ class MeshContext final : public ::gloo::Context {
  public:
   MeshContext(int rank, int size) : ::gloo::Context(rank, size) {}
 
-  /// Makes the pairs and publishes their addresses, then waits for the peers' addresses
-  /// for this rank (TimeoutError naming the members that did not arrive).
-  void publish_and_wait(RendezvousStore& store, std::shared_ptr<::gloo::transport::Device>& dev) {
+  /// Makes the pairs and publishes their addresses.
+  void publish(RendezvousStore& store, std::shared_ptr<::gloo::transport::Device>& dev) {
     closing_pairs_on_failure([&] {
       transport_ = dev->createContext(rank, size);
       transport_->setTimeout(getTimeout());
       for (int peer = 0; peer < size; ++peer)
         if (peer != rank) transport_->createPair(peer);
-      std::vector<std::string> theirs;
       for (int peer = 0; peer < size; ++peer) {
         if (peer == rank) continue;
         store.set(pair_key(rank, peer), transport_->getPair(peer)->address().bytes());
-        theirs.push_back(pair_key(peer, rank));
       }
-      store.wait(theirs);
     });
     device_ = dev;
+  }
+
+  /// Waits for the peers' addresses for this rank (TimeoutError naming the members that did
+  /// not arrive).
+  void wait(RendezvousStore& store) {
+    closing_pairs_on_failure([&] {
+      std::vector<std::string> theirs;
+      for (int peer = 0; peer < size; ++peer)
+        if (peer != rank) theirs.push_back(pair_key(peer, rank));
+      store.wait(theirs);
+    });
   }
 
   /// Connects every pair to the address its peer published for this rank.
@@ -78,64 +86,114 @@ class MeshContext final : public ::gloo::Context {
 
 }  // namespace
 
-std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix, int rank,
-                                               const std::vector<int>& global_ranks,
-                                               const std::string& op, const std::string& group,
-                                               Ms timeout,
-                                               std::chrono::steady_clock::time_point deadline) {
-  const int size = static_cast<int>(global_ranks.size());
-  auto ctx = std::make_shared<MeshContext>(rank, size);
+GroupConnection::GroupConnection(Shared& shared, std::string prefix, int rank,
+                                 std::vector<int> global_ranks, std::string op, std::string group,
+                                 Ms timeout, std::chrono::steady_clock::time_point deadline)
+    : shared_(shared), prefix_(std::move(prefix)), op_(std::move(op)), group_(std::move(group)),
+      global_ranks_(std::move(global_ranks)), rank_(rank), timeout_(timeout), deadline_(deadline),
+      store_(std::make_unique<RendezvousStore>(*shared_.store, prefix_, op_, group_, global_ranks_,
+                                               timeout, deadline)) {
+  auto ctx = std::make_shared<MeshContext>(rank, static_cast<int>(global_ranks_.size()));
   ctx->setTimeout(timeout);
-  RendezvousStore store(*shared.store, prefix, op, group, global_ranks, timeout, deadline);
-  guard(op, group, [&] { shared.store->set(arrival_key(prefix, rank), std::vector<char>{'1'}); });
+  ctx_ = std::move(ctx);
+}
+
+GroupConnection::~GroupConnection() = default;
+
+template <class F>
+void GroupConnection::gated(F&& f) {
   try {
-    PairGateScope gate(shared.token, prefix, rank, deadline);
-    bool arrived = false;  // every peer's address for this rank is in the store
     try {
-      guard(op, group, [&] { ctx->publish_and_wait(store, shared.device); });
-      arrived = true;
-      guard(op, group, [&] { ctx->connect(store); });
+      guard(op_, group_, std::forward<F>(f));
     } catch (const Error&) {
       // A pair whose listener the gate closed to strangers fails: name them.
-      const std::vector<std::string> refused = gate.refused();
+      const std::vector<std::string> refused =
+          gate_ ? gate_->refused() : std::vector<std::string>{};
       if (!refused.empty())
         throw AuthenticationError(
-            "gloo " + op + " on " + group + ": " + refused.front() +
+            "gloo " + op_ + " on " + group_ + ": " + refused.front() +
             (refused.size() > 1 ? " (and " + std::to_string(refused.size() - 1) + " more)" : ""));
       // Peers still unconnected at the deadline (the gate ended this rank's wait for them).
       // A member that never published its addresses is named by the rendezvous' own error.
-      const std::vector<int> late = gate.late_peers();
-      if (late.empty() || !arrived) throw;
+      const std::vector<int> late = gate_ ? gate_->late_peers() : std::vector<int>{};
+      if (late.empty() || !arrived_) throw;
       std::vector<int> late_global;
       late_global.reserve(late.size());
-      for (int p : late) late_global.push_back(global_ranks[static_cast<size_t>(p)]);
-      throw TimeoutError("gloo " + op + " on " + group + ": timed out after " +
-                         seconds_text(timeout) + " waiting for " +
+      for (int p : late) late_global.push_back(global_ranks_[static_cast<size_t>(p)]);
+      throw TimeoutError("gloo " + op_ + " on " + group_ + ": timed out after " +
+                         seconds_text(timeout_) + " waiting for " +
                          (late.size() == 1 ? "rank " : "ranks ") + join_ints(late) + " (global " +
-                         join_ints(late_global) + ") of " + std::to_string(size) + " to connect");
+                         join_ints(late_global) + ") of " + std::to_string(global_ranks_.size()) +
+                         " to connect");
     }
   } catch (const AbortedError& e) {
     // Every member has arrived when Gloo connects, so a refused or reset connection means
     // the peer failed, or a stranger connected to its listener first (the peer then reports
     // that stranger as an unauthenticated peer).
+    if (!arrived_) throw;
     throw AbortedError(std::string(e.what()) +
                        "; or an unauthenticated peer took the connection (see that rank's "
                        "error)");
   }
-  prove_peers(*ctx, shared.token, prefix, rank, op, group, deadline);
+}
+
+void GroupConnection::publish() {
+  guard(op_, group_,
+        [&] { shared_.store->set(arrival_key(prefix_, rank_), std::vector<char>{'1'}); });
+  gate_ = std::make_unique<PairGateScope>(shared_.token, prefix_, rank_, deadline_);
+  auto& mesh = static_cast<MeshContext&>(*ctx_);
+  gated([&] { mesh.publish(*store_, shared_.device); });
+  gate_->leave();  // its listeners stay gated; connect() enters it again
+}
+
+void GroupConnection::connect() {
+  auto& mesh = static_cast<MeshContext&>(*ctx_);
+  {
+    const PairGateScope::Entered entered(*gate_);
+    gated([&] { mesh.wait(*store_); });
+    arrived_ = true;  // every peer's address for this rank is in the store
+    gated([&] { mesh.connect(*store_); });
+  }
+  gate_.reset();
+}
+
+void GroupConnection::post_proofs() {
+  proofs_ = std::make_unique<PeerProofs>(*ctx_, shared_.token, prefix_, op_, group_);
+}
+
+void GroupConnection::wait_proofs() { proofs_->wait(deadline_); }
+
+void GroupConnection::barrier() {
   // A member returns from connecting once its own side of each pair is connected, possibly
   // while a peer is still finishing its handshake; a member that then ended at once
-  // (destroying the group) would make that peer fail. A barrier makes creation complete on all
-  // members.
-  if (size > 1) {
-    ::gloo::BarrierOptions opts(ctx);
-    opts.setTimeout(std::max(
-        Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));
-    guard(op, group, [&] {
-      with_deadline(ctx, op, group, timeout, deadline, [&] { ::gloo::barrier(opts); });
-    });
-  }
-  return ctx;
+  // (destroying the group) would make that peer fail. A barrier makes creation complete on
+  // all members.
+  end_with_barrier(ctx_, op_, group_, timeout_, deadline_);
+}
+
+void end_with_barrier(const std::shared_ptr<::gloo::Context>& ctx, const std::string& op,
+                      const std::string& group, Ms timeout,
+                      std::chrono::steady_clock::time_point deadline) {
+  if (ctx->size <= 1) return;
+  ::gloo::BarrierOptions opts(ctx);
+  opts.setTimeout(
+      std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - std::chrono::steady_clock::now())));
+  guard(op, group,
+        [&] { with_deadline(ctx, op, group, timeout, deadline, [&] { ::gloo::barrier(opts); }); });
+}
+
+std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string& prefix, int rank,
+                                               const std::vector<int>& global_ranks,
+                                               const std::string& op, const std::string& group,
+                                               Ms timeout,
+                                               std::chrono::steady_clock::time_point deadline) {
+  GroupConnection c(shared, prefix, rank, global_ranks, op, group, timeout, deadline);
+  c.publish();
+  c.connect();
+  c.post_proofs();
+  c.wait_proofs();
+  c.barrier();
+  return c.context();
 }
 
 }  // namespace commgrid::gloo_backend

@@ -12,8 +12,13 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <optional>
+#include <system_error>
+#include <thread>
 
+#include "commgrid/store.hpp"
 #include "engine_int.hpp"
 #include "fingerprint.hpp"
 #include "gloo_testing.hpp"
@@ -115,6 +120,80 @@ std::unique_ptr<Communicator> GlooCommunicator::do_create_group(std::span<const 
   return make_group(detail::engine_ints(members), name,
                     prefix_ + "/group/" + name + "/" + std::to_string(generation), "create_group",
                     Clock::now() + timeout());
+}
+
+namespace {
+
+// Connects every group's pairs, each group on a thread of its own (the first on this one).
+// A group's connect waits until each peer has reached the same group; one group after
+// another, a rank would wait once per group for its slowest member (on a loaded machine a
+// scheduling delay each), in parallel about once. Each thread keeps this thread's store
+// watch (WaitWatch), so that a failed epoch ends its waits too. The first group's error (in
+// the groups' order) is what is thrown; every thread has ended by then, since all share the
+// batch's deadline.
+void connect_in_parallel(const std::vector<std::unique_ptr<GroupConnection>>& conns) {
+  std::vector<std::exception_ptr> errors(conns.size());
+  const std::string* watched = WaitWatch::current();
+  const std::optional<std::string> key =
+      watched ? std::optional<std::string>(*watched) : std::nullopt;
+  auto run = [&](std::size_t i) {
+    try {
+      std::optional<WaitWatch> watch;
+      if (key) watch.emplace(*key);
+      conns[i]->connect();
+    } catch (...) { errors[i] = std::current_exception(); }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(conns.size());
+  for (std::size_t i = 1; i < conns.size(); ++i) {
+    try {
+      threads.emplace_back(run, i);
+    } catch (const std::system_error&) {
+      run(i);  // no thread to be had: this one connects it
+    }
+  }
+  if (!conns.empty()) run(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> GlooCommunicator::do_create_groups(
+    std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created) {
+  const auto deadline = Clock::now() + timeout();  // the whole batch's
+  std::vector<std::unique_ptr<GroupConnection>> conns;
+  conns.reserve(groups.size());
+  for (const GroupSpec& g : groups) {
+    const std::vector<int> members = detail::engine_ints(g.members);
+    const auto it = std::find(members.begin(), members.end(), rank());
+    std::vector<int> global;
+    global.reserve(members.size());
+    for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
+    // As do_create_group: a per-name count names the creation on every member.
+    const int generation = created_by_name_[g.name]++;
+    conns.push_back(std::make_unique<GroupConnection>(
+        *shared_, prefix_ + "/group/" + g.name + "/" + std::to_string(generation),
+        static_cast<int>(it - members.begin()), std::move(global), "create_groups", g.name,
+        timeout(), deadline));
+  }
+  for (auto& c : conns) c->publish();
+  connect_in_parallel(conns);
+  for (auto& c : conns) c->post_proofs();
+  std::vector<std::unique_ptr<Communicator>> out;
+  out.reserve(groups.size());
+  for (std::size_t i = 0; i < conns.size(); ++i) {
+    conns[i]->wait_proofs();
+    out.push_back(std::make_unique<GlooCommunicator>(groups[i].name, shared_, conns[i]->context(),
+                                                     conns[i]->global_ranks(), conns[i]->prefix(),
+                                                     timeout()));
+    if (created) created(i);
+  }
+  // No member ends before every member has connected every group (see GroupConnection's
+  // barrier): one barrier over this communicator instead of one per group.
+  end_with_barrier(ctx_, "create_groups", name(), timeout(), deadline);
+  return out;
 }
 
 std::unique_ptr<Communicator> GlooCommunicator::do_create_group_collective(

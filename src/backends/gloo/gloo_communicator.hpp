@@ -100,6 +100,11 @@ class GlooCommunicator final : public Communicator {
  protected:
   std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
                                          std::string name) override;
+  /// Every group at once: each step of its connection (connection.hpp) for every group
+  /// before the next step (addresses published before any is awaited, the proofs of every
+  /// group in flight together), then one barrier over this communicator.
+  std::vector<std::unique_ptr<Communicator>> do_create_groups(
+      std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created) override;
   std::unique_ptr<Communicator> do_create_group(std::span<const Rank> members,
                                                 std::string name) override;
   std::unique_ptr<Communicator> do_create_group_collective(std::span<const Rank> members,

@@ -463,7 +463,7 @@ PairGateScope::PairGateScope(const std::string& token, const std::string& prefix
 
 PairGateScope::~PairGateScope() {
   if (!state_) return;
-  t_scope = outer_;
+  if (t_scope == state_.get()) t_scope = outer_;
   std::lock_guard lock(registry().mutex);
   registry().scopes.erase(state_.get());
   // Listeners Gloo closed itself (the connecting side of each pair) leave entries behind.
@@ -471,6 +471,21 @@ PairGateScope::~PairGateScope() {
   g_count.store(registry().listeners.size());
   std::lock_guard slock(state_->m);
   for (int fd : state_->pokes) ::close(fd);
+}
+
+void PairGateScope::leave() {
+  if (state_ && t_scope == state_.get()) t_scope = outer_;
+}
+
+PairGateScope::Entered::Entered(PairGateScope& scope) {
+  if (!scope.state_) return;
+  previous_ = t_scope;
+  t_scope = scope.state_.get();
+  active_ = true;
+}
+
+PairGateScope::Entered::~Entered() {
+  if (active_) t_scope = previous_;
 }
 
 std::vector<int> PairGateScope::late_peers() const {

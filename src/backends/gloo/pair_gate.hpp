@@ -41,6 +41,7 @@ bool pair_gate_available();
 /// Gates the Gloo pairs this thread creates and connects while the scope is alive.
 class PairGateScope {
  public:
+  struct State;
   /// `token` may be empty (the proof is then 64 zeros: it keeps garbage out, it proves
   /// nothing); `prefix` names the group creation; `rank` is this rank's rank in the group
   /// (Gloo creates the pairs, and so the listeners, in peer order, skipping itself); the
@@ -51,6 +52,23 @@ class PairGateScope {
   PairGateScope(const PairGateScope&) = delete;
   PairGateScope& operator=(const PairGateScope&) = delete;
 
+  /// The scope stops being this thread's current one (its listeners stay gated until it
+  /// ends): several groups can be connecting at once, each entered in turn (enter()).
+  void leave();
+  /// While alive, `scope` is this thread's current scope again (the one listen and connect
+  /// answer to); the previous one afterwards.
+  class Entered {
+   public:
+    explicit Entered(PairGateScope& scope);
+    ~Entered();
+    Entered(const Entered&) = delete;
+    Entered& operator=(const Entered&) = delete;
+
+   private:
+    State* previous_ = nullptr;
+    bool active_ = false;
+  };
+
   /// Whether the gate is on for this scope (pair_gate_available()).
   [[nodiscard]] bool active() const { return static_cast<bool>(state_); }
   /// One line per connection the gate refused: "unauthenticated peer at ADDR (on the
@@ -60,8 +78,6 @@ class PairGateScope {
   /// at the deadline. The gate ends those waits then (Gloo bounds each pair's wait on its
   /// own, one after another: peers connecting late one by one would add up).
   [[nodiscard]] std::vector<int> late_peers() const;
-
-  struct State;
 
  private:
   std::shared_ptr<State> state_;

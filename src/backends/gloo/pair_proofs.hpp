@@ -3,9 +3,12 @@
 #pragma once
 
 #include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace commgrid::gloo_backend {
 
@@ -15,9 +18,28 @@ namespace commgrid::gloo_backend {
 /// won a connection cannot produce it and is reported as an unauthenticated peer; the wait is
 /// bounded by the creation's deadline, not per peer. A slot prefix of its own (0x7f) keeps
 /// these messages apart from every collective and point-to-point message.
-/// Throws AuthenticationError "unauthenticated peer at ADDR (expected rank R)".
+///
+/// In two steps, so that several groups' proofs travel at once: the constructor sends this
+/// end's proof on every pair and posts the receives; wait() checks the peers'. Throws
+/// AuthenticationError "unauthenticated peer at ADDR (expected rank R)".
+class PeerProofs {
+ public:
+  PeerProofs(::gloo::Context& ctx, std::string token, std::string prefix, std::string op,
+             std::string group);
+  void wait(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  [[nodiscard]] std::string proof(int from, int to) const;
+  ::gloo::Context& ctx_;
+  std::string token_, prefix_, op_, group_;
+  std::vector<std::string> out_, in_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends_, recvs_;
+  std::vector<int> recv_peer_;
+};
+
+/// PeerProofs of one group, sent and checked.
 void prove_peers(::gloo::Context& ctx, const std::string& token, const std::string& prefix,
-                 int rank, const std::string& op, const std::string& group,
+                 const std::string& op, const std::string& group,
                  std::chrono::steady_clock::time_point deadline);
 
 }  // namespace commgrid::gloo_backend

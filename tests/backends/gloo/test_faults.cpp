@@ -60,6 +60,30 @@ TEST(GlooFaults, AMemberMissingFromAGroupIsNamedWithItsGlobalRank) {
   EXPECT_LT(seconds_since(t0), 1.5 + 30.0) << "the timeout did not bound create_group";
 }
 
+TEST(GlooFaults, AMemberMissingFromABatchOfGroupsIsNamedWithinTheTimeout) {
+  const auto t0 = Clock::now();
+  auto r = run_local_ranks_collect(
+      4,
+      [](Communicator& w) {
+        if (w.rank() == 3) return;  // a member of "all" that never makes its groups
+        const Rank me = w.rank();
+        const std::vector<GroupSpec> specs{
+            {{me - me % 2, me - me % 2 + 1}, "pair#" + std::to_string(me / 2)},
+            {{0, 1, 2, 3}, "all"}};
+        try {
+          (void)w.create_groups(specs);
+          ADD_FAILURE() << "no error on rank " << w.rank();
+        } catch (const TimeoutError& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("gloo create_groups on"), std::string::npos) << m;
+          EXPECT_NE(m.find("(global 3)"), std::string::npos) << m;  // rank 3 of all, 1 of a pair
+        }
+      },
+      test_options(1500ms));
+  EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
+  EXPECT_LT(seconds_since(t0), 1.5 + 30.0) << "the timeout did not bound create_groups";
+}
+
 TEST(GlooFaults, ARankThatThrowsUnblocksTheOthersAndIsReportedFirst) {
   const auto t0 = Clock::now();
   // A long timeout: the others must be released by the failure, not by waiting it out.

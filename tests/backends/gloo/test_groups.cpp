@@ -116,5 +116,66 @@ TEST(GlooGroups, CreateGroupCollectiveWithDifferentArgumentsFailsOnEveryRank) {
   EXPECT_EQ(r.first_failed_rank, -1) << r.first_failure;
 }
 
+// A rank's groups of several partitions, as ProcessGroups' member strategy lists them:
+// pairs, halves, evens or odds, the whole world, the rank alone.
+std::vector<GroupSpec> groups_of(Rank me, Rank n) {
+  std::vector<GroupSpec> out;
+  out.push_back({{me - me % 2, me - me % 2 + 1}, "pair#" + std::to_string(me / 2)});
+  std::vector<Rank> half, parity, world;
+  for (Rank r = 0; r < n; ++r) {
+    if (r / (n / 2) == me / (n / 2)) half.push_back(r);
+    if (r % 2 == me % 2) parity.push_back(r);
+    world.push_back(r);
+  }
+  out.push_back({half, "half#" + std::to_string(me / (n / 2))});
+  out.push_back({parity, "parity#" + std::to_string(me % 2)});
+  out.push_back({world, "world#0"});
+  out.push_back({{me}, "self#" + std::to_string(me)});
+  return out;
+}
+
+TEST(GlooGroups, CreateGroupsMakesEveryGroupOfARankInOneCall) {
+  constexpr Rank n = 8;
+  run_ranks(n, [](Communicator& w) {
+    const Rank me = w.rank();
+    const std::vector<GroupSpec> specs = groups_of(me, n);
+    std::vector<std::size_t> usable;
+    auto groups = w.create_groups(specs, [&](std::size_t i) { usable.push_back(i); });
+    ASSERT_EQ(groups.size(), specs.size());
+    EXPECT_EQ(usable, (std::vector<std::size_t>{0, 1, 2, 3, 4}));
+    EXPECT_EQ(w.creation_calls(), static_cast<std::int64_t>(specs.size()));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const std::vector<Rank>& m = specs[i].members;
+      ASSERT_NE(groups[i], nullptr);
+      EXPECT_EQ(groups[i]->name(), specs[i].name);
+      EXPECT_EQ(groups[i]->size(), static_cast<Rank>(m.size()));
+      EXPECT_EQ(groups[i]->rank(), std::find(m.begin(), m.end(), me) - m.begin());
+      EXPECT_EQ(sum_of_world_ranks(*groups[i], me), std::accumulate(m.begin(), m.end(), Rank{0}))
+          << specs[i].name;
+    }
+    // Again under a name used before (a new generation of it), and the even ranks, in no
+    // group this time, still take part in the call (its barrier).
+    std::vector<GroupSpec> odd;
+    if (me % 2 == 1) odd.push_back(specs[2]);
+    auto again = w.create_groups(odd);
+    ASSERT_EQ(again.size(), odd.size());
+    if (me % 2 == 1) { EXPECT_EQ(sum_of_world_ranks(*again[0], me), 1 + 3 + 5 + 7); }
+  });
+}
+
+TEST(GlooGroups, CreateGroupsRefusesAGroupWithoutTheCallerBeforeAnyWait) {
+  run_ranks(2, [](Communicator& w) {
+    const std::vector<GroupSpec> other{{{1 - w.rank()}, "other"}};
+    try {
+      (void)w.create_groups(other);
+      ADD_FAILURE() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("a rank lists only its own groups"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(w.creation_calls(), 0);
+  });
+}
+
 }  // namespace
 }  // namespace commgrid::test

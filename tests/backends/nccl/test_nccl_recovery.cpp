@@ -389,7 +389,10 @@ TEST(NcclRecoveryHost, TheFactoryIsTheWorldFactoryRecoveryTakes) {
   EXPECT_EQ(parameter_of([] { (void)make_nccl_world(NcclOptions{}); }), "bootstrap");
   // A factory's worlds take their bootstrap from the factory, never from the options.
   NcclOptions lent;
-  lent.bootstrap = make_gloo_world({.store = make_memory_store(), .timeout = 20s});
+  GlooOptions one;
+  one.store = make_memory_store();
+  one.timeout = 20s;
+  lent.bootstrap = make_gloo_world(one);
   EXPECT_EQ(parameter_of([&] {
               (void)make_nccl_world_factory([](const std::string&, Rank, Rank) { return nullptr; },
                                             lent);
