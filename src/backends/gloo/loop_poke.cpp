@@ -42,8 +42,8 @@ long real_epoll_ctl(int epfd, int op, int fd, epoll_event* ev) {
 }  // namespace
 
 struct LoopPoker::Handler final : ::gloo::transport::tcp::Handler {
-  explicit Handler(std::shared_ptr<::gloo::transport::tcp::Device> d) : device(std::move(d)) {
-    fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  explicit Handler(std::shared_ptr<::gloo::transport::tcp::Device> d)
+      : device(std::move(d)), fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
     if (fd < 0) return;
     {
       std::lock_guard lock(poke_registry().mutex);

@@ -20,8 +20,7 @@ namespace commgrid::gloo_backend {
 // once this descriptor is gone, may sleep 10 ms; from the loop thread it does not wait.
 struct LoopTurner::Handler final : ::gloo::transport::tcp::Handler {
   explicit Handler(std::shared_ptr<::gloo::transport::tcp::Device> device)
-      : device(std::move(device)) {
-    fd = ::eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC);
+      : device(std::move(device)), fd(::eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC)) {
     if (fd < 0) return;
     try {
       this->device->registerDescriptor(fd, EPOLLIN, this);
