@@ -24,6 +24,21 @@ constexpr std::string_view kProcessVariables[] = {
     // Etcd's root password for granting the job's user (--store etcd://): launch's alone.
     "COMMGRID_ETCD_ROOT_PASSWORD"};
 
+// Whether the job's rendezvous address is this machine's loopback: every process of the
+// job then runs here.
+bool is_loopback(std::string_view addr) {
+  return addr.starts_with("127.") || addr == "localhost" || addr == "::1";
+}
+
+// A loopback address of its own for process p (127.1.0.1, 127.1.0.2, ...): the kernel's
+// ephemeral ports are per address, and this Gloo opens a listening socket for each pair it
+// connects, so the processes of a few dozen ranks on one address run out of ports.
+std::string own_loopback(int p) {
+  const unsigned q = static_cast<unsigned>(p) + 1;
+  return "127." + std::to_string(1 + (q >> 16)) + "." + std::to_string((q >> 8) & 255U) + "." +
+         std::to_string(q & 255U);
+}
+
 bool is_process_variable(std::string_view kv) {
   const std::string_view name = kv.substr(0, kv.find('='));
   for (std::string_view v : kProcessVariables)
@@ -39,12 +54,13 @@ std::vector<std::string> child_environment(const LaunchSettings& s, int local, i
   const int r = s.process_of(local);
   const std::string world = std::to_string(s.world_size());
   std::vector<std::string> env;
-  bool omp_threads = false;
+  bool omp_threads = false, gloo_hostname = false;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view kv(*e);
     if (is_process_variable(kv) || (s.timeout_text && kv.starts_with("COMMGRID_TIMEOUT=")))
       continue;
     omp_threads = omp_threads || kv.starts_with("OMP_NUM_THREADS=");
+    gloo_hostname = gloo_hostname || kv.starts_with("COMMGRID_GLOO_HOSTNAME=");
     env.emplace_back(kv);
   }
   std::vector<std::pair<std::string_view, std::string>> vars = {
@@ -87,6 +103,10 @@ std::vector<std::string> child_environment(const LaunchSettings& s, int local, i
   // As torchrun does: N ranks on one machine each starting a thread per core would
   // oversubscribe it N times over.
   if (!omp_threads && s.nproc > 1) env.emplace_back("OMP_NUM_THREADS=1");
+  // A job on this machine's loopback: commgrid's Gloo ranks listen on an address each (the
+  // user's own COMMGRID_GLOO_HOSTNAME wins).
+  if (!gloo_hostname && is_loopback(job.master_addr))
+    env.push_back("COMMGRID_GLOO_HOSTNAME=" + own_loopback(r));
   return env;
 }
 

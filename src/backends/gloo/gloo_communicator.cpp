@@ -15,6 +15,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <span>
 #include <system_error>
 #include <thread>
 
@@ -124,6 +125,9 @@ std::unique_ptr<Communicator> GlooCommunicator::do_create_group(std::span<const 
 
 namespace {
 
+// How many pairs a rank connects at once in create_groups (see there).
+constexpr std::size_t kWavePairs = 128;
+
 // Connects every group's pairs, each group on a thread of its own (the first on this one).
 // A group's connect waits until each peer has reached the same group; one group after
 // another, a rank would wait once per group for its slowest member (on a loaded machine a
@@ -131,7 +135,7 @@ namespace {
 // watch (WaitWatch), so that a failed epoch ends its waits too. The first group's error (in
 // the groups' order) is what is thrown; every thread has ended by then, since all share the
 // batch's deadline.
-void connect_in_parallel(const std::vector<std::unique_ptr<GroupConnection>>& conns) {
+void connect_in_parallel(std::span<const std::unique_ptr<GroupConnection>> conns) {
   std::vector<std::exception_ptr> errors(conns.size());
   const std::string* watched = WaitWatch::current();
   const std::optional<std::string> key =
@@ -178,9 +182,23 @@ std::vector<std::unique_ptr<Communicator>> GlooCommunicator::do_create_groups(
         static_cast<int>(it - members.begin()), std::move(global), "create_groups", g.name,
         timeout(), deadline));
   }
-  for (auto& c : conns) c->publish();
-  connect_in_parallel(conns);
-  for (auto& c : conns) c->post_proofs();
+  // In waves of at most kWavePairs pairs (a group larger than that is a wave of its own):
+  // this Gloo opens a listening socket on both ends of every pair it has not connected yet,
+  // and a whole batch's at once would exhaust the ephemeral ports of one address at a few
+  // dozen ranks. Each rank cuts its own waves; the groups' one order keeps them from
+  // waiting on each other in a cycle.
+  for (std::size_t begin = 0; begin < conns.size();) {
+    std::size_t end = begin, pairs = 0;
+    do {
+      pairs += conns[end]->global_ranks().size() - 1;
+      ++end;
+    } while (end < conns.size() && pairs + conns[end]->global_ranks().size() - 1 <= kWavePairs);
+    const std::span<const std::unique_ptr<GroupConnection>> wave(conns.data() + begin, end - begin);
+    for (const auto& c : wave) c->publish();
+    connect_in_parallel(wave);
+    for (const auto& c : wave) c->post_proofs();
+    begin = end;
+  }
   std::vector<std::unique_ptr<Communicator>> out;
   out.reserve(groups.size());
   for (std::size_t i = 0; i < conns.size(); ++i) {

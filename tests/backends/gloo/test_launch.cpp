@@ -175,6 +175,27 @@ TEST(Launch, SetsTorchrunsVariablesWithAMasterPortApartFromTheStore) {
       << "one MASTER_PORT per job: " << one.out;
 }
 
+TEST(Launch, OnTheLoopbackEachProcessListensOnAnAddressOfItsOwn) {
+  // Gloo (Debian's) opens a listening socket per pair while it connects, and the ephemeral
+  // ports are per address: each process gets a loopback address of its own, so that 64
+  // ranks' groups fit. The user's own COMMGRID_GLOO_HOSTNAME wins.
+  Result r = launch({"launch", "-n", "3", "--", "sh", "-c", "echo \"h $COMMGRID_GLOO_HOSTNAME\""});
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const char* line :
+       {"[rank 0] h 127.1.0.1\n", "[rank 1] h 127.1.0.2\n", "[rank 2] h 127.1.0.3\n"})
+    EXPECT_TRUE(has(r.out, line)) << r.out;
+  Result own = run_shell("COMMGRID_GLOO_HOSTNAME=127.0.0.1 timeout 60 " +
+                         commgrid::test::shell_quote(COMMGRID_CLI) +
+                         " launch -n 2 -- sh -c 'echo \"h $COMMGRID_GLOO_HOSTNAME\"'");
+  EXPECT_EQ(own.code, 0) << own.err;
+  EXPECT_TRUE(has(own.out, "[rank 1] h 127.0.0.1\n")) << own.out;
+  // And a world whose every pair listens on those addresses works.
+  Result world =
+      launch({"launch", "-n", "4", "--", COMMGRID_CLI, "verify", "--backend", "gloo", "--tp", "2"});
+  EXPECT_EQ(world.code, 0) << world.err;
+  EXPECT_TRUE(has(world.out, "verified")) << world.out;
+}
+
 TEST(Launch, TorchrunsFlagNamesAndSpellingsAreAccepted) {
   Result r = launch({"launch", "--standalone", "--nproc_per_node", "2", "--rdzv_id", "abc", "--",
                      "sh", "-c", "echo \"id $TORCHELASTIC_RUN_ID of $WORLD_SIZE\""});
