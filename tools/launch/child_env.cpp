@@ -24,10 +24,12 @@ constexpr std::string_view kProcessVariables[] = {
     // Etcd's root password for granting the job's user (--store etcd://): launch's alone.
     "COMMGRID_ETCD_ROOT_PASSWORD"};
 
-// Whether the job's rendezvous address is this machine's loopback: every process of the
-// job then runs here.
-bool is_loopback(std::string_view addr) {
-  return addr.starts_with("127.") || addr == "localhost" || addr == "::1";
+// Whether the job runs on this machine alone: one node whose rendezvous address is the
+// loopback (a job of several nodes may keep the default address and rendezvous through an
+// etcd store on the network).
+bool on_loopback_alone(const JobSetup& job) {
+  const std::string_view addr = job.master_addr;
+  return job.nnodes == 1 && (addr.starts_with("127.") || addr == "localhost" || addr == "::1");
 }
 
 // A loopback address of its own for process p (127.1.0.1, 127.1.0.2, ...): the kernel's
@@ -105,7 +107,7 @@ std::vector<std::string> child_environment(const LaunchSettings& s, int local, i
   if (!omp_threads && s.nproc > 1) env.emplace_back("OMP_NUM_THREADS=1");
   // A job on this machine's loopback: commgrid's Gloo ranks listen on an address each (the
   // user's own COMMGRID_GLOO_HOSTNAME wins).
-  if (!gloo_hostname && is_loopback(job.master_addr))
+  if (!gloo_hostname && on_loopback_alone(job))
     env.push_back("COMMGRID_GLOO_HOSTNAME=" + own_loopback(r));
   return env;
 }

@@ -146,15 +146,25 @@ void GroupConnection::publish() {
   gate_->leave();  // its listeners stay gated; connect() enters it again
 }
 
-void GroupConnection::connect() {
+void GroupConnection::await_addresses() {
+  auto& mesh = static_cast<MeshContext&>(*ctx_);
+  const PairGateScope::Entered entered(*gate_);
+  gated([&] { mesh.wait(*store_); });
+  arrived_ = true;  // every peer's address for this rank is in the store
+}
+
+void GroupConnection::connect_pairs() {
   auto& mesh = static_cast<MeshContext&>(*ctx_);
   {
     const PairGateScope::Entered entered(*gate_);
-    gated([&] { mesh.wait(*store_); });
-    arrived_ = true;  // every peer's address for this rank is in the store
     gated([&] { mesh.connect(*store_); });
   }
   gate_.reset();
+}
+
+void GroupConnection::connect() {
+  await_addresses();
+  connect_pairs();
 }
 
 void GroupConnection::post_proofs() {

@@ -48,6 +48,10 @@ class GroupConnection {
   GroupConnection& operator=(const GroupConnection&) = delete;
 
   void publish();
+  /// connect()'s two parts: the wait for the peers' addresses (a store wait), and the
+  /// pairs' connections (store reads of what has arrived, and Gloo's connects).
+  void await_addresses();
+  void connect_pairs();
   void connect();
   void post_proofs();
   void wait_proofs();

@@ -128,23 +128,17 @@ namespace {
 // How many pairs a rank connects at once in create_groups (see there).
 constexpr std::size_t kWavePairs = 128;
 
-// Connects every group's pairs, each group on a thread of its own (the first on this one).
-// A group's connect waits until each peer has reached the same group; one group after
-// another, a rank would wait once per group for its slowest member (on a loaded machine a
-// scheduling delay each), in parallel about once. Each thread keeps this thread's store
-// watch (WaitWatch), so that a failed epoch ends its waits too. The first group's error (in
-// the groups' order) is what is thrown; every thread has ended by then, since all share the
-// batch's deadline.
+// Connects every group's pairs (their addresses have arrived), each group on a thread of
+// its own (the first on this one). Gloo connects a group's pairs one after another, each
+// waiting for its peer's side; one group after another, a rank would wait once per group for
+// its slowest member (on a loaded machine a scheduling delay each), in parallel about once.
+// The first group's error (in the groups' order) is what is thrown; every thread has ended
+// by then, since all share the batch's deadline.
 void connect_in_parallel(std::span<const std::unique_ptr<GroupConnection>> conns) {
   std::vector<std::exception_ptr> errors(conns.size());
-  const std::string* watched = WaitWatch::current();
-  const std::optional<std::string> key =
-      watched ? std::optional<std::string>(*watched) : std::nullopt;
   auto run = [&](std::size_t i) {
     try {
-      std::optional<WaitWatch> watch;
-      if (key) watch.emplace(*key);
-      conns[i]->connect();
+      conns[i]->connect_pairs();
     } catch (...) { errors[i] = std::current_exception(); }
   };
   std::vector<std::thread> threads;
@@ -195,6 +189,9 @@ std::vector<std::unique_ptr<Communicator>> GlooCommunicator::do_create_groups(
     } while (end < conns.size() && pairs + conns[end]->global_ranks().size() - 1 <= kWavePairs);
     const std::span<const std::unique_ptr<GroupConnection>> wave(conns.data() + begin, end - begin);
     for (const auto& c : wave) c->publish();
+    // The store waits here, one group after another: a wait holds the process's store
+    // connection while it lasts, so threads waiting at once would queue behind each other.
+    for (const auto& c : wave) c->await_addresses();
     connect_in_parallel(wave);
     for (const auto& c : wave) c->post_proofs();
     begin = end;
