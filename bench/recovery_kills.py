@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Recovery time from SIGKILL to the first step completed after it, for a process lost in
+each parallel dimension, side by side with restarting the whole job.
+
+    bench/recovery_kills.py --build build --world 8 --repeats 5
+
+For each layout (`--layouts` to choose; dp fills the world, so at W ranks each layout's
+groups are tp, pp, cp, ep and a dp of W over the rest), each repeat runs train_gpt under
+`commgrid launch -n W+1 --spares 1` with one process, chosen at random, killed at a random
+step (train_gpt's own --fault-kill: it prints the monotonic time of its SIGKILL), and reads
+from every process the monotonic time of its first step completed after the recovery.
+Recovery = the last of those minus the kill. In the same run, the whole-job restart bound
+of the same layout: the start-up of a fresh job (launch, world, groups, model: a 1-step run
+minus one step, as bench/resilience.sh measures it), which leaves out reading a checkpoint
+and the steps lost. Prints one row per layout and the medians, 95th percentiles and maxima
+over every kill (Markdown). Seeds are printed: `--seed` replays.
+"""
+import argparse
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+# Name -> (train_gpt's layout flags, the product of the sizes other than dp).
+LAYOUTS = {
+    "tp2 pp2": (["--tp", "2", "--pp", "2"], 4),
+    "tp2 cp2": (["--tp", "2", "--cp", "2"], 4),
+    "ep2 pp2 (moe)": (["--pp", "2", "--ep", "2", "--moe"], 2),
+    "tp2 ep2 (moe)": (["--tp", "2", "--ep", "2", "--moe", "--sequence-parallel"], 2),
+    "dp": ([], 1),
+}
+MODEL = ["--hidden", "16", "--seq", "16", "--layers", "2", "--snapshot-every", "1"]
+KILLED = re.compile(r"process (\d+) kills itself at monotonic ([\d.]+) s")
+FIRST = re.compile(r"process (\d+) completed step \d+, its first since the recovery, at monotonic ([\d.]+) s")
+
+
+def run(cmd, timeout):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise SystemExit(f"error: {' '.join(cmd)} exited {p.returncode}\n{p.stderr[-3000:]}")
+    return time.monotonic() - t0, p.stderr
+
+
+def percentile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(q * (len(v) - 1)))))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build", help="build folder (commgrid and train_gpt)")
+    ap.add_argument("--world", type=int, default=8, help="ranks W (the job runs W+1 processes)")
+    ap.add_argument("--repeats", type=int, default=5, help="kills per layout")
+    ap.add_argument("--steps", type=int, default=10, help="training steps per run")
+    ap.add_argument("--timeout", type=int, default=60, help="commgrid launch --timeout")
+    ap.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=list(LAYOUTS))
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+    w = args.world
+    for name in args.layouts:
+        if w % LAYOUTS[name][1] != 0:
+            ap.error(f"--world {w}: layout {name!r} needs a multiple of {LAYOUTS[name][1]}")
+    if args.steps < 4:
+        ap.error(f"--steps {args.steps}: at least 4 (the kill falls in steps 2 .. steps-2)")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    cli = os.path.join(args.build, "tools", "commgrid")
+    gpt = os.path.join(args.build, "examples", "train_gpt", "commgrid-train-gpt")
+    print(f"world {w} (+1 spare), {args.steps} steps, {args.repeats} kills per layout, "
+          f"seed {seed}, load {os.getloadavg()[0]:.1f}", flush=True)
+    print("| layout | dp | recovery median | p95 | max | whole-job restart >= | restart / median |")
+    print("|---|---|---|---|---|---|---|")
+    every = []
+    for name in args.layouts:
+        flags, others = LAYOUTS[name]
+        # One sample per data-parallel rank and step, whatever dp the world gives.
+        flags = flags + MODEL + ["--global-batch", str(w // others)]
+        one, _ = run([cli, "launch", "-n", str(w), "--", gpt] + flags + ["--steps", "1"], 600)
+        two, _ = run([cli, "launch", "-n", str(w), "--", gpt] + flags + ["--steps", "2"], 600)
+        restart = 2 * one - two
+        times = []
+        for _ in range(args.repeats):
+            victim, step = rng.randrange(w), rng.randint(2, args.steps - 2)
+            _, err = run([cli, "launch", "-n", str(w + 1), "--spares", "1", "--timeout",
+                          str(args.timeout), "--", gpt] + flags +
+                         ["--steps", str(args.steps), "--spares", "1", "--fault-kill",
+                          f"{victim}:{step}"], 600)
+            killed = KILLED.search(err)
+            firsts = [float(m.group(2)) for m in FIRST.finditer(err)]
+            if killed is None or len(firsts) < w:
+                raise SystemExit(f"error: {name}: process {victim} at step {step}: {len(firsts)} "
+                                 f"first steps after the kill, expected {w}\n{err[-3000:]}")
+            times.append(max(firsts) - float(killed.group(2)))
+            print(f"  {name}: process {victim} killed at step {step}: {times[-1]:.3f} s",
+                  file=sys.stderr, flush=True)
+        every += times
+        med = statistics.median(times)
+        print(f"| {name} | {w // others} | {med:.3f} s | {percentile(times, 0.95):.3f} s | "
+              f"{max(times):.3f} s | {restart:.2f} s | {restart / med:.1f} |", flush=True)
+    print(f"| every kill ({len(every)}) | | {statistics.median(every):.3f} s | "
+          f"{percentile(every, 0.95):.3f} s | {max(every):.3f} s | | |")
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
