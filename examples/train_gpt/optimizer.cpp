@@ -54,7 +54,7 @@ void finalize_model_grads(const std::vector<Param*>& params, const ModelParallel
 Optimizer::Optimizer(std::vector<Param*> params, const commgrid::GradCommProcessGroups& grads,
                      const ModelParallel& mp, OptimizerConfig config, ParamDomain domain,
                      commgrid::Communicator* expert_norm_group)
-    : params_(std::move(params)), mp_(mp), config_(config),
+    : params_(std::move(params)), config_(config),
       reduce_group_(domain == ParamDomain::dense ? &*grads.dp_cp() : &*grads.expt_dp()),
       norm_group_(domain == ParamDomain::dense ? &mp.mp() : expert_norm_group),
       grad_scale_(1.0 / static_cast<double>(grads.dp_cp()->size())) {

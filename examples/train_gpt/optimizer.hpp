@@ -83,7 +83,6 @@ class Optimizer {
             std::span<double> v, double clip) const;
 
   std::vector<Param*> params_;
-  const ModelParallel& mp_;
   OptimizerConfig config_;
   commgrid::Communicator* reduce_group_;  ///< dp_cp, or expt_dp for experts
   commgrid::Communicator* norm_group_;    ///< mp, or tp_ep_pp for experts

@@ -274,7 +274,7 @@ TEST(TcpStoreLimits, TheByteLimitCountsEachKeysBookkeeping) {
   EXPECT_GE(keys, (size_t{4} << 20) / (bootstrap::kTcpStoreKeyOverhead + 16));
   // What is resident stays within the count (with room for the allocator's own rounding;
   // AddressSanitizer's red zones and quarantine triple what each allocation holds).
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(COMMGRID_TEST_UNDER_ASAN)
   constexpr long kBoundKiB = 20 * 1024;
 #else
   constexpr long kBoundKiB = 8 * 1024;

@@ -213,7 +213,7 @@ TEST(PlanScale, TopologyAdviceConverges) {
 // topology check, each under a 300 MB address-space limit (a list per kind alone would
 // need 32 MiB, the old JSON tree about 4 GB).
 TEST(PlanScale, MemoryStaysSmall) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(COMMGRID_TEST_UNDER_ASAN)
   GTEST_SKIP()
       << "AddressSanitizer reserves terabytes of address space, so ulimit -v cannot bound it";
 #else

@@ -431,7 +431,7 @@ Command add_bench_command(CLI::App& root) {
 #else
   const Command store;
 #endif
-  return {app, [app, layout, lo, init, fi, coll, fc, store]() -> int {
+  return {app, [layout, lo, init, fi, coll, fc, store]() -> int {
             if (store.app != nullptr && store.app->parsed()) return store.run();
             if (layout->parsed()) return run_bench_layout(*lo);
             if (init->parsed()) return run_bench_init(*fi);

@@ -35,8 +35,10 @@ std::map<int, std::string> create_worlds(const std::shared_ptr<Store>& store,
   std::mutex mutex;
   {
     std::vector<std::jthread> ranks;
-    for (auto [rank, size] : says)
-      ranks.emplace_back([&, rank, size] {
+    for (const auto& [said_rank, said_size] : says)
+      // Copies, not the bindings: a lambda captures a structured binding from C++20 on, but
+      // clang 14 (the asan preset's compiler) does not yet.
+      ranks.emplace_back([&, rank = said_rank, size = said_size] {
         std::string error;
         try {
           (void)make_gloo_world(placed(store, rank, size, test_options(timeout)));
