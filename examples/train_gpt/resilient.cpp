@@ -185,6 +185,9 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
   // dp' must divide dp x micro-batches: the micro-batch size is kept.
   options.global_batch = layout.dp() * config.micro_batches;
   options.snapshot_memory_limit = resilience.snapshot_memory_limit;
+  // One thread drives every group: kinds with the same members share one communicator, so
+  // each recovery makes fewer connections.
+  options.init.share_identical_groups = true;
   // The driver's Recovery is made below; the factory reads it through this pointer.
   commgrid::Recovery* rec = nullptr;
   const std::string token = launch.token;

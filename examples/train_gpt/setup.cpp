@@ -20,7 +20,11 @@ std::vector<StepResult> run_rank(commgrid::Communicator& world,
                                  GroupFault fault) {
   check_train_config(config, layout);
   commgrid::ProcessGroups groups;
-  groups.initialize(world, layout);
+  // One thread drives every group here, so kinds with the same members share one
+  // communicator (fewer connections to make).
+  commgrid::InitOptions init;
+  init.share_identical_groups = true;
+  groups.initialize(world, layout, init);
   const Collections c = make_collections(groups, fault);
   return train(c.model, c.grads, config);
 }

@@ -167,29 +167,45 @@ std::chrono::milliseconds ProcessGroups::group_timeout(const InitOptions& option
 }
 
 std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
-    Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of) {
+    Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of,
+    bool share_identical) {
   // This rank's group of every (kind, level) that is not an alias, in reference order (the
-  // same relative order on every member: see Communicator::create_groups).
+  // same relative order on every member: see Communicator::create_groups). Sharing: a
+  // group whose members another group of this rank already has is not made again; every
+  // member of it sees the same earlier group, so every member leaves out the same specs.
   std::vector<GroupSpec> specs;
+  std::vector<std::size_t> made_of_spec;  // specs[i] is made[made_of_spec[i]]
   std::vector<Made> made;
   for (GroupKind k : kinds_) {
     if (parent_of[static_cast<int>(k)]) continue;
     for (int level = 0; level < layout_->levels(k); ++level) {
       const std::optional<GroupRef> ref = layout_->group_of(k, world_rank_, level);
       if (!ref) continue;
-      specs.push_back({sorted_members(ref->members), group_name(k, level, ref->index)});
-      made.push_back({k, level, nullptr, {}});
+      std::vector<Rank> members = sorted_members(ref->members);
+      Made m{k, level, nullptr, {}, -1, nullptr};
+      if (share_identical) {
+        const auto same = std::find_if(specs.begin(), specs.end(), [&](const GroupSpec& g) {
+          return g.members == members;
+        });
+        if (same != specs.end())
+          m.shares = static_cast<std::ptrdiff_t>(made_of_spec[same - specs.begin()]);
+      }
+      if (m.shares < 0) {
+        specs.push_back({std::move(members), group_name(k, level, ref->index)});
+        made_of_spec.push_back(made.size());
+      }
+      made.push_back(std::move(m));
     }
   }
   before_world_call(world);
   const auto t0 = Clock::now();
-  std::vector<std::unique_ptr<Communicator>> comms =
-      world.create_groups(specs, [&](std::size_t i) { made[i].time = Clock::now() - t0; });
-  COMMGRID_ENFORCE(comms.size() == made.size(),
+  std::vector<std::unique_ptr<Communicator>> comms = world.create_groups(
+      specs, [&](std::size_t i) { made[made_of_spec[i]].time = Clock::now() - t0; });
+  COMMGRID_ENFORCE(comms.size() == specs.size(),
                    "backend gave " + std::to_string(comms.size()) + " communicators for " +
-                       std::to_string(made.size()) + " groups on rank " +
+                       std::to_string(specs.size()) + " groups on rank " +
                        std::to_string(world_rank_));
-  for (std::size_t i = 0; i < comms.size(); ++i) made[i].comm = std::move(comms[i]);
+  for (std::size_t i = 0; i < comms.size(); ++i) made[made_of_spec[i]].comm = std::move(comms[i]);
   return made;
 }
 
@@ -201,7 +217,12 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
     parent_of[static_cast<int>(a.kind)] = a.parent;
   // Member creation: every group of this rank in one call (a backend makes them at once).
   std::vector<Made> at_once;
-  if (strategy_ == CreationStrategy::member) at_once = create_members_at_once(world, parent_of);
+  if (options.share_identical_groups && strategy_ != CreationStrategy::member)
+    throw InvalidValueError("share_identical_groups",
+                            "share_identical_groups: needs the member strategy (strategy is " +
+                                std::string(strategy_name(strategy_)) + ")");
+  if (strategy_ == CreationStrategy::member)
+    at_once = create_members_at_once(world, parent_of, options.share_identical_groups);
   auto next_made = at_once.begin();
   for (GroupKind k : kinds_) {
     auto& levels = slots_[static_cast<int>(k)];
@@ -222,6 +243,7 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
       } else {
         const std::string name = s.ref ? group_name(k, level, s.ref->index) : std::string();
         std::unique_ptr<Communicator> comm;
+        Made* made_here = nullptr;
         before_world_call(world);
         if (strategy_ == CreationStrategy::split) {
           comm = world.split(s.ref ? std::optional<std::int64_t>(s.ref->index) : std::nullopt,
@@ -230,17 +252,28 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
           COMMGRID_ENFORCE(
               next_made != at_once.end() && next_made->kind == k && next_made->level == level,
               "no communicator made for " + label_of(k, level));
+          made_here = &*next_made;
           comm = std::move(next_made->comm);
           st.time = next_made->time;
           st.creation_calls = 1;
           ++next_made;
         }
-        COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
-                         "backend gave " + std::string(comm ? "a" : "no") + " communicator for " +
-                             label_of(k, level) + " on rank " + std::to_string(world_rank_));
-        if (comm) comm->set_timeout(group_timeout(options));
-        s.comm = std::shared_ptr<Communicator>(std::move(comm));
-        if (s.comm) created_.push_back(s.comm);
+        if (made_here != nullptr && made_here->shares >= 0) {
+          // The same members as an earlier kind's group: its communicator (made above).
+          s.comm = at_once[static_cast<std::size_t>(made_here->shares)].held;
+          st.time = {};
+          st.creation_calls = 0;
+          st.alias = true;
+        } else {
+          COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
+                           "backend gave " + std::string(comm ? "a" : "no") +
+                               " communicator for " + label_of(k, level) + " on rank " +
+                               std::to_string(world_rank_));
+          if (comm) comm->set_timeout(group_timeout(options));
+          s.comm = std::shared_ptr<Communicator>(std::move(comm));
+          if (s.comm) created_.push_back(s.comm);
+          if (made_here != nullptr) made_here->held = s.comm;
+        }
       }
       if (s.ref) {
         COMMGRID_ENFORCE(

@@ -66,6 +66,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint_fields(const Parall
       {"order", "\"" + c.order + "\""},
       {"kinds", kinds.empty() ? "all" : kinds},
       {"strategy", std::string(strategy_name(o.strategy))},
+      {"share_identical_groups", o.share_identical_groups ? "true" : "false"},
       {"embedding policy", policy_fingerprint(c, o.policies, GroupKind::embd)},
       {"position-embedding policy", policy_fingerprint(c, o.policies, GroupKind::pos_embd)},
       // Catches any field added to ParallelConfig later but not listed above.

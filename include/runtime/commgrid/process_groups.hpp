@@ -51,6 +51,14 @@ struct InitOptions {
   CreationStrategy strategy = kDefaultStrategy;
   /// Timeout of every call on the created groups; nullopt keeps the world's.
   std::optional<std::chrono::milliseconds> timeout;
+  /// With the member strategy: a kind whose group on this rank has the same members as an
+  /// earlier kind's (reference order) reuses that kind's communicator instead of making
+  /// its own, as Megatron's aliases do (dp and dp_cp when cp = 1, tp_dp and intra_dist_opt
+  /// over the same ranks, ...): fewer connections to make, at creation and at every
+  /// recovery. Operations of the sharing kinds then run on one communicator in the order
+  /// they are called, so use it where the program does not drive two such kinds from
+  /// different threads at once. Another strategy with this set is an InvalidValueError.
+  bool share_identical_groups = false;
   /// Embedding policies (Layout); empty functions mean Megatron's defaults. A rank-local
   /// function cannot be compared across ranks, so its results over every pipeline group
   /// are hashed into the fingerprint: a custom policy costs O(W) calls of it (streamed, O(pp)
@@ -211,11 +219,16 @@ class ProcessGroups {
     int level;
     std::unique_ptr<Communicator> comm;
     std::chrono::nanoseconds time;
+    /// share_identical_groups: the index of the earlier Made whose communicator this one
+    /// reuses (no communicator of its own), else -1.
+    std::ptrdiff_t shares = -1;
+    std::shared_ptr<Communicator> held;  ///< the communicator once it is a slot's
   };
   /// The member strategy's creation: this rank's group of every kind that is no alias, in
   /// one Communicator::create_groups call, in reference order.
   std::vector<Made> create_members_at_once(
-      Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of);
+      Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of,
+      bool share_identical);
   void create_per_group(Communicator& world, const InitOptions& options);
   /// Before each backend call of initialize on `world`: sets its timeout to what is left
   /// of the initialize's deadline.

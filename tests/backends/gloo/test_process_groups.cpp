@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <tuple>
 
 #include "commgrid/process_groups.hpp"
@@ -178,6 +179,65 @@ INSTANTIATE_TEST_SUITE_P(Strategies, GlooHeadProcessGroups,
                          ::testing::Values(CreationStrategy::split, CreationStrategy::member,
                                            CreationStrategy::per_group),
                          [](const auto& info) { return strategy_label(info.param); });
+
+// ---- share_identical_groups ------------------------------------------------------------
+
+// tp 2 x dp 4 (pp 1, cp 1) on 8 rank threads: dp and dp_cp have the same members, so do tp,
+// mp and tp_cp, and tp_dp, tp_dp_cp and intra_dist_opt span the world. With sharing each
+// such set is one communicator (the first kind's in reference order), every kind still
+// proves its members on the wire, and the kinds that reuse one make no creation call.
+TEST(GlooShareIdenticalGroups, KindsWithTheSameMembersShareOneCommunicator) {
+  ParallelConfig cfg;
+  cfg.world_size = 8;
+  cfg.tp = 2;
+  std::atomic<int> made_without{0}, made_with{0};
+  run_ranks(8, [&](Communicator& w) {
+    ProcessGroups plain;
+    plain.initialize(w, cfg);
+    ProcessGroups shared;
+    InitOptions o;
+    o.share_identical_groups = true;
+    shared.initialize(w, cfg, o);
+    EXPECT_EQ(check_every_level(shared, w.rank()), check_every_level(plain, w.rank()));
+    EXPECT_EQ(&shared.group(GroupKind::dp), &shared.group(GroupKind::dp_cp));
+    EXPECT_EQ(&shared.group(GroupKind::tp), &shared.group(GroupKind::mp));
+    EXPECT_EQ(&shared.group(GroupKind::tp_dp), &shared.group(GroupKind::tp_dp_cp));
+    EXPECT_NE(&shared.group(GroupKind::dp), &shared.group(GroupKind::tp));
+    EXPECT_NE(&plain.group(GroupKind::dp), &plain.group(GroupKind::dp_cp));
+    auto calls = [](const ProcessGroups& pg) {
+      std::int64_t n = 0;
+      for (const KindCreation& k : pg.creation_stats()) n += k.creation_calls;
+      return static_cast<int>(n);
+    };
+    if (w.rank() == 0) {
+      made_without = calls(plain);
+      made_with = calls(shared);
+    }
+  });
+  EXPECT_LT(made_with.load(), made_without.load());
+  EXPECT_GT(made_with.load(), 0);
+}
+
+TEST(GlooShareIdenticalGroups, AnotherStrategyIsRefusedNamingTheOption) {
+  ParallelConfig cfg;
+  cfg.world_size = 2;
+  run_ranks(2, [&](Communicator& w) {
+    ProcessGroups pg;
+    InitOptions o;
+    o.share_identical_groups = true;
+    o.strategy = CreationStrategy::split;
+    try {
+      pg.initialize(w, cfg, o);
+      ADD_FAILURE() << "initialize accepted share_identical_groups with the split strategy";
+    } catch (const InvalidValueError& e) {
+      EXPECT_EQ(e.parameter(), "share_identical_groups");
+      EXPECT_NE(std::string(e.what()).find("needs the member strategy (strategy is split)"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(pg.is_initialized());
+  });
+}
 
 }  // namespace
 }  // namespace commgrid::test
