@@ -184,9 +184,8 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
       std::vector<Rank> members = sorted_members(ref->members);
       Made m{k, level, nullptr, {}, -1, nullptr};
       if (share_identical) {
-        const auto same = std::find_if(specs.begin(), specs.end(), [&](const GroupSpec& g) {
-          return g.members == members;
-        });
+        const auto same = std::find_if(specs.begin(), specs.end(),
+                                       [&](const GroupSpec& g) { return g.members == members; });
         if (same != specs.end())
           m.shares = static_cast<std::ptrdiff_t>(made_of_spec[same - specs.begin()]);
       }
@@ -266,9 +265,8 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
           st.alias = true;
         } else {
           COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
-                           "backend gave " + std::string(comm ? "a" : "no") +
-                               " communicator for " + label_of(k, level) + " on rank " +
-                               std::to_string(world_rank_));
+                           "backend gave " + std::string(comm ? "a" : "no") + " communicator for " +
+                               label_of(k, level) + " on rank " + std::to_string(world_rank_));
           if (comm) comm->set_timeout(group_timeout(options));
           s.comm = std::shared_ptr<Communicator>(std::move(comm));
           if (s.comm) created_.push_back(s.comm);
