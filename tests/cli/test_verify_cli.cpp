@@ -142,5 +142,36 @@ TEST(WorldRunnerCli, TorchrunVariablesStartTheWorld) {
   std::filesystem::remove_all(dir);
 }
 
+// --share-identical-groups: with tp 2 on 8 rank threads, dp has dp_cp's members (cp 1) and
+// tp has mp's (pp 1; mp comes first in reference order): those rows are aliases with no
+// creation call, every kind still proven; with another strategy the flag is bad input.
+TEST(VerifyCli, ShareIdenticalGroupsMakesEachMemberSetOnce) {
+  const CliResult r = run_with("", COMMGRID_EXE,
+                               {"verify", "--local", "8", "--tp", "2", "--share-identical-groups"});
+  if (no_gloo(r)) GTEST_SKIP() << "this build has no Gloo backend";
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The table row of a kind ("" when it has none).
+  auto row = [](const std::string& out, const std::string& kind) {
+    const auto at = out.find("\n" + kind + " ");
+    return at == std::string::npos ? std::string()
+                                   : out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_NE(row(r.out, "dp").find("ok (alias)"), std::string::npos) << r.out;
+  EXPECT_NE(row(r.out, "tp").find("ok (alias)"), std::string::npos) << r.out;
+  EXPECT_NE(row(r.out, "dp_cp").find("ok"), std::string::npos) << r.out;
+  EXPECT_EQ(row(r.out, "dp_cp").find("alias"), std::string::npos) << r.out;
+  EXPECT_EQ(row(r.out, "mp").find("alias"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verified "), std::string::npos) << r.out;
+  // Without the flag each of them is made.
+  const CliResult plain = run_with("", COMMGRID_EXE, {"verify", "--local", "8", "--tp", "2"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_NE(row(plain.out, "dp").find("ok"), std::string::npos) << plain.out;
+  EXPECT_EQ(row(plain.out, "dp").find("alias"), std::string::npos) << plain.out;
+  const CliResult split =
+      run_with("", COMMGRID_EXE,
+               {"verify", "--local", "2", "--strategy", "split", "--share-identical-groups"});
+  expect_one_error_line(split, 2, "--share-identical-groups needs the member strategy");
+}
+
 }  // namespace
 }  // namespace commgrid::test

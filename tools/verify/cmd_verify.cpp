@@ -29,12 +29,19 @@ constexpr std::chrono::seconds kVerifyTimeout{120};
 struct VerifyFlags {
   LayoutFlags layout;
   std::string strategy, kinds, timeout, fault_rank, backend, local, job;
+  bool share_identical_groups = false;
 };
 
 int run_verify_command(const VerifyFlags& f) {
   // Everything that does not need the world size is checked before MPI starts.
   VerifyOptions opts;
   if (!f.strategy.empty()) opts.strategy = parse_strategy(f.strategy);
+  opts.share_identical_groups = f.share_identical_groups;
+  if (opts.share_identical_groups && opts.strategy != CreationStrategy::member)
+    throw InvalidValueError("share_identical_groups",
+                            "share_identical_groups: --share-identical-groups needs the member "
+                            "strategy (--strategy " +
+                                std::string(strategy_name(opts.strategy)) + ")");
   if (!f.kinds.empty()) {
     opts.kinds = parse_kinds(f.kinds);
     std::sort(opts.kinds.begin(), opts.kinds.end());
@@ -98,6 +105,9 @@ Command add_verify_command(CLI::App& root) {
   app->add_option("--strategy", flags->strategy,
                   std::string("how groups are created: split, member or per-group (default ") +
                       std::string(strategy_name(kDefaultStrategy)) + ")");
+  app->add_flag("--share-identical-groups", flags->share_identical_groups,
+               "kinds whose groups have the same members share one communicator (member "
+               "strategy; shown as alias, with no creation call)");
   app->add_option("--kinds", flags->kinds, "only these kinds, e.g. tp,dp,pp (default: all)");
   app->add_option("--timeout", flags->timeout,
                   "seconds any rank waits for the others in one call (default 120)")

@@ -101,6 +101,7 @@ VerifyReport run_verify(Communicator& world, const ParallelConfig& config,
   InitOptions init;
   init.kinds = options.kinds;
   init.strategy = options.strategy;
+  init.share_identical_groups = options.share_identical_groups;
   init.timeout = options.timeout;
   pg.initialize(world, config, init);
 

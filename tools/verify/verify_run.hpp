@@ -20,6 +20,8 @@ namespace commgrid::cli {
 struct VerifyOptions {
   std::vector<GroupKind> kinds;  ///< empty: every kind of the layout
   CreationStrategy strategy = kDefaultStrategy;
+  /// InitOptions::share_identical_groups (member strategy only).
+  bool share_identical_groups = false;
   /// Timeout of the created groups; nullopt keeps the world's.
   std::optional<std::chrono::milliseconds> timeout;
   /// For testing verify itself: this world rank reports a wrong global rank in every
