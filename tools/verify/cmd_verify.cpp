@@ -106,8 +106,8 @@ Command add_verify_command(CLI::App& root) {
                   std::string("how groups are created: split, member or per-group (default ") +
                       std::string(strategy_name(kDefaultStrategy)) + ")");
   app->add_flag("--share-identical-groups", flags->share_identical_groups,
-               "kinds whose groups have the same members share one communicator (member "
-               "strategy; shown as alias, with no creation call)");
+                "kinds whose groups have the same members share one communicator (member "
+                "strategy; shown as alias, with no creation call)");
   app->add_option("--kinds", flags->kinds, "only these kinds, e.g. tp,dp,pp (default: all)");
   app->add_option("--timeout", flags->timeout,
                   "seconds any rank waits for the others in one call (default 120)")
