@@ -3,6 +3,8 @@
 // destroy.
 #include <algorithm>
 #include <array>
+#include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -174,7 +176,7 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
   // group whose members another group of this rank already has is not made again; every
   // member of it sees the same earlier group, so every member leaves out the same specs.
   std::vector<GroupSpec> specs;
-  std::vector<std::size_t> made_of_spec;  // specs[i] is made[made_of_spec[i]]
+  std::vector<std::size_t> spec_of;  // made[i]'s group is specs[spec_of[i]]
   std::vector<Made> made;
   for (GroupKind k : kinds_) {
     if (parent_of[static_cast<int>(k)]) continue;
@@ -182,29 +184,31 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
       const std::optional<GroupRef> ref = layout_->group_of(k, world_rank_, level);
       if (!ref) continue;
       std::vector<Rank> members = sorted_members(ref->members);
-      Made m{k, level, nullptr, {}, -1, nullptr};
-      if (share_identical) {
-        const auto same = std::find_if(specs.begin(), specs.end(),
-                                       [&](const GroupSpec& g) { return g.members == members; });
-        if (same != specs.end())
-          m.shares = static_cast<std::ptrdiff_t>(made_of_spec[same - specs.begin()]);
-      }
-      if (m.shares < 0) {
-        specs.push_back({std::move(members), group_name(k, level, ref->index)});
-        made_of_spec.push_back(made.size());
-      }
-      made.push_back(std::move(m));
+      const auto same = share_identical
+                            ? std::find_if(specs.begin(), specs.end(),
+                                           [&](const GroupSpec& g) { return g.members == members; })
+                            : specs.end();
+      const bool reuses = same != specs.end();
+      spec_of.push_back(reuses ? static_cast<std::size_t>(same - specs.begin()) : specs.size());
+      if (!reuses) specs.push_back({std::move(members), group_name(k, level, ref->index)});
+      made.push_back({k, level, nullptr, {}, reuses});
     }
   }
   before_world_call(world);
   const auto t0 = Clock::now();
-  std::vector<std::unique_ptr<Communicator>> comms = world.create_groups(
-      specs, [&](std::size_t i) { made[made_of_spec[i]].time = Clock::now() - t0; });
+  std::vector<std::chrono::nanoseconds> usable(specs.size());
+  std::vector<std::unique_ptr<Communicator>> comms =
+      world.create_groups(specs, [&](std::size_t i) { usable[i] = Clock::now() - t0; });
   COMMGRID_ENFORCE(comms.size() == specs.size(),
                    "backend gave " + std::to_string(comms.size()) + " communicators for " +
                        std::to_string(specs.size()) + " groups on rank " +
                        std::to_string(world_rank_));
-  for (std::size_t i = 0; i < comms.size(); ++i) made[made_of_spec[i]].comm = std::move(comms[i]);
+  const std::vector<std::shared_ptr<Communicator>> shared(std::make_move_iterator(comms.begin()),
+                                                          std::make_move_iterator(comms.end()));
+  for (std::size_t i = 0; i < made.size(); ++i) {
+    made[i].comm = shared[spec_of[i]];
+    if (!made[i].reuses) made[i].time = usable[spec_of[i]];
+  }
   return made;
 }
 
@@ -241,8 +245,8 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
         st.alias = true;
       } else {
         const std::string name = s.ref ? group_name(k, level, s.ref->index) : std::string();
-        std::unique_ptr<Communicator> comm;
-        Made* made_here = nullptr;
+        std::shared_ptr<Communicator> comm;
+        bool reuses = false;  // share_identical_groups: an earlier kind's communicator
         before_world_call(world);
         if (strategy_ == CreationStrategy::split) {
           comm = world.split(s.ref ? std::optional<std::int64_t>(s.ref->index) : std::nullopt,
@@ -251,27 +255,21 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
           COMMGRID_ENFORCE(
               next_made != at_once.end() && next_made->kind == k && next_made->level == level,
               "no communicator made for " + label_of(k, level));
-          made_here = &*next_made;
-          comm = std::move(next_made->comm);
+          comm = next_made->comm;
+          reuses = next_made->reuses;
           st.time = next_made->time;
-          st.creation_calls = 1;
+          st.creation_calls = reuses ? 0 : 1;
+          st.alias = reuses;
           ++next_made;
         }
-        if (made_here != nullptr && made_here->shares >= 0) {
-          // The same members as an earlier kind's group: its communicator (made above).
-          s.comm = at_once[static_cast<std::size_t>(made_here->shares)].held;
-          st.time = {};
-          st.creation_calls = 0;
-          st.alias = true;
-        } else {
-          COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
-                           "backend gave " + std::string(comm ? "a" : "no") + " communicator for " +
-                               label_of(k, level) + " on rank " + std::to_string(world_rank_));
-          if (comm) comm->set_timeout(group_timeout(options));
-          s.comm = std::shared_ptr<Communicator>(std::move(comm));
-          if (s.comm) created_.push_back(s.comm);
-          if (made_here != nullptr) made_here->held = s.comm;
+        COMMGRID_ENFORCE(static_cast<bool>(comm) == s.ref.has_value(),
+                         "backend gave " + std::string(comm ? "a" : "no") + " communicator for " +
+                             label_of(k, level) + " on rank " + std::to_string(world_rank_));
+        if (comm && !reuses) {
+          comm->set_timeout(group_timeout(options));
+          created_.push_back(comm);
         }
+        s.comm = std::move(comm);
       }
       if (s.ref) {
         COMMGRID_ENFORCE(

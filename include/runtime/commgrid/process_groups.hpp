@@ -217,12 +217,10 @@ class ProcessGroups {
   struct Made {
     GroupKind kind;
     int level;
-    std::unique_ptr<Communicator> comm;
+    std::shared_ptr<Communicator> comm;
     std::chrono::nanoseconds time;
-    /// share_identical_groups: the index of the earlier Made whose communicator this one
-    /// reuses (no communicator of its own), else -1.
-    std::ptrdiff_t shares = -1;
-    std::shared_ptr<Communicator> held;  ///< the communicator once it is a slot's
+    /// share_identical_groups: `comm` is an earlier Made's (the same members).
+    bool reuses = false;
   };
   /// The member strategy's creation: this rank's group of every kind that is no alias, in
   /// one Communicator::create_groups call, in reference order.

@@ -167,6 +167,14 @@ void GroupConnection::connect() {
   connect_pairs();
 }
 
+void GroupConnection::run_alone() {
+  publish();
+  connect();
+  post_proofs();
+  wait_proofs();
+  barrier();
+}
+
 void GroupConnection::post_proofs() {
   proofs_ = std::make_unique<PeerProofs>(*ctx_, shared_.token, prefix_, op_, group_);
 }
@@ -198,11 +206,7 @@ std::shared_ptr<::gloo::Context> connect_group(Shared& shared, const std::string
                                                Ms timeout,
                                                std::chrono::steady_clock::time_point deadline) {
   GroupConnection c(shared, prefix, rank, global_ranks, op, group, timeout, deadline);
-  c.publish();
-  c.connect();
-  c.post_proofs();
-  c.wait_proofs();
-  c.barrier();
+  c.run_alone();
   return c.context();
 }
 

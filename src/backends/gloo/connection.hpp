@@ -56,6 +56,8 @@ class GroupConnection {
   void post_proofs();
   void wait_proofs();
   void barrier();
+  /// Every step above, for this group alone (connect_group).
+  void run_alone();
   [[nodiscard]] const std::shared_ptr<::gloo::Context>& context() const { return ctx_; }
   [[nodiscard]] const std::vector<int>& global_ranks() const { return global_ranks_; }
   [[nodiscard]] const std::string& prefix() const { return prefix_; }

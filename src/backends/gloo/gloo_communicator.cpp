@@ -113,13 +113,14 @@ std::unique_ptr<Communicator> GlooCommunicator::do_split(std::optional<std::int6
                     "split", deadline);
 }
 
+std::string GlooCommunicator::next_group_prefix(const std::string& name) {
+  return prefix_ + "/group/" + name + "/" + std::to_string(created_by_name_[name]++);
+}
+
 std::unique_ptr<Communicator> GlooCommunicator::do_create_group(std::span<const Rank> members,
                                                                 std::string name) {
-  // Only members call this, so a per-name count (not a per-communicator sequence) is what
-  // every member agrees on; it lets a group be destroyed and created again.
-  const int generation = created_by_name_[name]++;
-  return make_group(detail::engine_ints(members), name,
-                    prefix_ + "/group/" + name + "/" + std::to_string(generation), "create_group",
+  const std::string prefix = next_group_prefix(name);
+  return make_group(detail::engine_ints(members), std::move(name), prefix, "create_group",
                     Clock::now() + timeout());
 }
 
@@ -163,19 +164,9 @@ std::vector<std::unique_ptr<Communicator>> GlooCommunicator::do_create_groups(
   const auto deadline = Clock::now() + timeout();  // the whole batch's
   std::vector<std::unique_ptr<GroupConnection>> conns;
   conns.reserve(groups.size());
-  for (const GroupSpec& g : groups) {
-    const std::vector<int> members = detail::engine_ints(g.members);
-    const auto it = std::find(members.begin(), members.end(), rank());
-    std::vector<int> global;
-    global.reserve(members.size());
-    for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
-    // As do_create_group: a per-name count names the creation on every member.
-    const int generation = created_by_name_[g.name]++;
-    conns.push_back(std::make_unique<GroupConnection>(
-        *shared_, prefix_ + "/group/" + g.name + "/" + std::to_string(generation),
-        static_cast<int>(it - members.begin()), std::move(global), "create_groups", g.name,
-        timeout(), deadline));
-  }
+  for (const GroupSpec& g : groups)
+    conns.push_back(group_connection(detail::engine_ints(g.members), g.name,
+                                     next_group_prefix(g.name), "create_groups", deadline));
   // In waves of at most kWavePairs pairs (a group larger than that is a wave of its own):
   // this Gloo opens a listening socket on both ends of every pair it has not connected yet,
   // and a whole batch's at once would exhaust the ephemeral ports of one address at a few
@@ -458,16 +449,25 @@ std::unique_ptr<Communicator> GlooCommunicator::make_group(const std::vector<int
                                                            const std::string& prefix,
                                                            const std::string& op,
                                                            Clock::time_point deadline) {
-  auto it = std::find(members.begin(), members.end(), rank());
+  const std::unique_ptr<GroupConnection> c = group_connection(members, name, prefix, op, deadline);
+  c->run_alone();
+  // A new group starts with this communicator's timeout.
+  return std::make_unique<GlooCommunicator>(std::move(name), shared_, c->context(),
+                                            c->global_ranks(), prefix, timeout());
+}
+
+std::unique_ptr<GroupConnection> GlooCommunicator::group_connection(const std::vector<int>& members,
+                                                                    const std::string& name,
+                                                                    const std::string& prefix,
+                                                                    const std::string& op,
+                                                                    Clock::time_point deadline) {
+  const auto it = std::find(members.begin(), members.end(), rank());
   COMMGRID_ENFORCE(it != members.end(), "rank not among the members of " + name);
   std::vector<int> global;
   global.reserve(members.size());
   for (int m : members) global.push_back(global_ranks_[static_cast<size_t>(m)]);
-  // A new group starts with this communicator's timeout.
-  auto ctx = connect_group(*shared_, prefix, static_cast<int>(it - members.begin()), global, op,
-                           name, timeout(), deadline);
-  return std::make_unique<GlooCommunicator>(std::move(name), shared_, std::move(ctx),
-                                            std::move(global), prefix, timeout());
+  return std::make_unique<GroupConnection>(*shared_, prefix, static_cast<int>(it - members.begin()),
+                                           std::move(global), op, name, timeout(), deadline);
 }
 
 void GlooCommunicator::allgather_bytes(std::string_view op, const void* send, void* recv,

@@ -187,6 +187,17 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Communicator> make_group(const std::vector<int>& members, std::string name,
                                            const std::string& prefix, const std::string& op,
                                            Clock::time_point deadline);
+  // The connection of a group of `members` (ranks of this communicator, ascending, this
+  // rank among them), not yet started.
+  std::unique_ptr<GroupConnection> group_connection(const std::vector<int>& members,
+                                                    const std::string& name,
+                                                    const std::string& prefix,
+                                                    const std::string& op,
+                                                    Clock::time_point deadline);
+  // create_group's key prefix for the next group called `name`: only members create a
+  // group, so a per-name count (not a per-communicator sequence) is what every member agrees
+  // on; it lets a group be destroyed and created again.
+  std::string next_group_prefix(const std::string& name);
 
   // One Gloo allreduce of count elements of T in place (a native type or float32).
   template <typename T>

@@ -53,7 +53,7 @@ class PairGateScope {
   PairGateScope& operator=(const PairGateScope&) = delete;
 
   /// The scope stops being this thread's current one (its listeners stay gated until it
-  /// ends): several groups can be connecting at once, each entered in turn (enter()).
+  /// ends): several groups can be connecting at once, each entered in turn (Entered).
   void leave();
   /// While alive, `scope` is this thread's current scope again (the one listen and connect
   /// answer to); the previous one afterwards.

@@ -74,10 +74,4 @@ void PeerProofs::wait(std::chrono::steady_clock::time_point deadline) {
   for (auto& b : sends_) guard(op_, group_, [&] { b->waitSend(left()); });
 }
 
-void prove_peers(::gloo::Context& ctx, const std::string& token, const std::string& prefix,
-                 const std::string& op, const std::string& group,
-                 std::chrono::steady_clock::time_point deadline) {
-  PeerProofs(ctx, token, prefix, op, group).wait(deadline);
-}
-
 }  // namespace commgrid::gloo_backend

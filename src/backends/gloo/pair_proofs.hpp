@@ -37,9 +37,4 @@ class PeerProofs {
   std::vector<int> recv_peer_;
 };
 
-/// PeerProofs of one group, sent and checked.
-void prove_peers(::gloo::Context& ctx, const std::string& token, const std::string& prefix,
-                 const std::string& op, const std::string& group,
-                 std::chrono::steady_clock::time_point deadline);
-
 }  // namespace commgrid::gloo_backend
