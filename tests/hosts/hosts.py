@@ -1124,6 +1124,15 @@ def main():
             raise Failed(f"the scenario ran past its deadline of {args.deadline} s")
         signal.signal(signal.SIGALRM, past_deadline)
         signal.alarm(args.deadline)
+    def stopped(signum, _frame):
+        # Stopped from outside (ctest's TIMEOUT, ^C): fail the scenario the same way, so that
+        # with_network kills every namespace's processes and removes the namespaces. The
+        # signal is ignored from then on: nothing may interrupt the clean-up.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise Failed(f"stopped by {signal.Signals(signum).name}")
+    signal.signal(signal.SIGTERM, stopped)
+    signal.signal(signal.SIGINT, stopped)
     fn, fabric = SCENARIOS[args.scenario]
     status, why = 0, ""
     t0 = time.time()

@@ -13,9 +13,10 @@
 // - accept(): on a recorded listener (Gloo's loop thread), every connection is accepted and
 //   sent the listener's proof, then read until one sends the connector's whole proof; the
 //   others are closed and reported as unauthenticated peers. Only the proven socket is
-//   handed to Gloo. A connection silent for 2 s is refused; after a refusal the gate waits
-//   at most 1 s more for the genuine peer, then fails the accept (the pair fails and
-//   commgrid names the refused peer). Within the scope's deadline in every case.
+//   handed to Gloo. Neither silence nor a refusal ends the wait for the genuine peer before
+//   the scope's deadline (on a slow, lossy link its proof can take seconds); a listener
+//   holds at most 16 connections without a proof, refusing the oldest past that. At the
+//   deadline the accept fails, and commgrid names the refused peers.
 // - connect(): inside a scope, Gloo's connecting side completes the TCP connection, checks
 //   the listener's proof and sends its own before Gloo sees the socket; a wrong proof is
 //   refused and named the same way.
@@ -87,6 +88,10 @@ class PairGateScope {
 /// For tests: `hook(port)` runs on the creating thread each time a Gloo pair listener is
 /// recorded (before any peer can know its address); nullptr removes it.
 void set_pair_gate_listen_hook(void (*hook)(int port));
+
+/// For tests: a connecting side waits this long after checking the listener's proof and
+/// before sending its own (a slow link); zero (the default) for none.
+void set_pair_gate_connect_delay_for_testing(std::chrono::milliseconds delay);
 
 /// Suspends this thread's scope: the store's own connections made during a rendezvous are
 /// not Gloo pairs.

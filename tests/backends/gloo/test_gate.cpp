@@ -149,6 +149,19 @@ std::pair<std::string, std::chrono::steady_clock::duration> rank_zero_times_out(
   return {error, std::chrono::steady_clock::now() - t0};
 }
 
+TEST(GlooGate, AGenuinePeerWhoseProofTakesSecondsIsAcceptedWithinTheDeadline) {
+  // A slow, lossy link (200 ms each way, a retransmission or two) can hold a connector's
+  // proof for seconds after the listener accepted it: every connector here waits 2.5 s
+  // before sending it, and the world still forms (silence is not a refusal).
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  GlooOptions o = test_options(30s);
+  o.token = "the-job-token";
+  gloo_backend::set_pair_gate_connect_delay_for_testing(2500ms);
+  const std::vector<Outcome> out = make_worlds(3, o);
+  gloo_backend::set_pair_gate_connect_delay_for_testing(0ms);
+  for (const Outcome& r : out) EXPECT_TRUE(r.ok) << r.error;
+}
+
 TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   // Gloo bounds each pair's wait for its connector on its own, one pair after another; the
   // gate ends every wait still open at the creation's deadline. Rank 1 here is played by
