@@ -710,11 +710,10 @@ def _clean(ctx):
 # The delay-and-loss scenario: every frame between hosts DELAY_MS each way (a round trip
 # 2 x DELAY_MS more), LOSS_PERCENT of them lost, and a rate limit. Its operations' timeout
 # covers creating the world and every group over links that slow (measured: docs/benchmarks.md,
-# "Across hosts"). The test runs 50 ms and 2 %: at 200 ms and 5 % a Gloo connection of a
-# group's creation was once closed by its peer and the job recovered instead of going on
-# (the bench and --delay-ms 200 --loss-percent 5 run the far end). --delay-ms,
-# --loss-percent, --timeout and --steps run it with others.
-DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT, DELAY_STEPS = 50, 2, 90, 6
+# "Across hosts"). The test runs 50 ms and 5 % (about 25 s); 200 ms and 5 % passes too (by
+# hand: --delay-ms 200 --loss-percent 5 --steps 3, about 90 s, too long for CI's budget).
+# --delay-ms, --loss-percent, --timeout and --steps run it with others.
+DELAY_MS, LOSS_PERCENT, DELAY_TIMEOUT, DELAY_STEPS = 50, 5, 90, 6
 
 
 class Served:
