@@ -151,7 +151,7 @@ def main(argv=None):
 
     def begin_step(step):
         if driver.incarnation == 0 and (driver.process, step) in args.fault_kill:
-            print(f"TRACE {__import__('time').monotonic():.3f} pid {os.getpid()} KILL", file=sys.stderr, flush=True); os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def step(n):
         epoch, model, optim = live["epoch"], live["model"], live["optim"]
@@ -185,8 +185,9 @@ def main(argv=None):
             print(f"recovered into epoch {record['epoch']} at step {record['resumed_at']} "
                   f"(dead: {record['dead']}, shrink: {record['shrink']}; agreement "
                   f"{record['agreement_s']:.3f} s, groups {record['groups_s']:.3f} s, model "
-                  f"{record['model_s']:.3f} s, state {record['state_s']:.3f} s)", file=sys.stderr,
-                  flush=True)
+                  f"{record['model_s']:.3f} s, state {record['state_s']:.3f} s; collectives "
+                  f"ended by launch's signal on this process: {record['ended_by_launch']})",
+                  file=sys.stderr, flush=True)
 
     try:
         driver.run(args.steps, start_epoch=start_epoch, stop_epoch=stop_epoch, step=step,

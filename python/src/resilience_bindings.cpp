@@ -30,6 +30,7 @@
 #include "commgrid/resilience_keys.hpp"
 #include "commgrid/resilient_driver.hpp"
 #include "commgrid/store.hpp"
+#include "epoch_sockets.hpp"
 
 namespace py = pybind11;
 
@@ -200,6 +201,7 @@ class PyDriver {
   [[nodiscard]] std::string store_address() const {
     return driver_->recovery().store()->local_address();
   }
+  [[nodiscard]] std::string store_uri() const { return driver_->recovery().store()->uri(); }
   [[nodiscard]] double timeout_s() const {
     return std::chrono::duration<double>(driver_->recovery().options().timeout).count();
   }
@@ -289,6 +291,7 @@ PYBIND11_MODULE(_resilience, m) {
       .def("store_set", &PyDriver::store_set, py::arg("key"), py::arg("value"))
       .def("store_wait", &PyDriver::store_wait, py::arg("key"), py::arg("timeout_s"))
       .def("store_address", &PyDriver::store_address)
+      .def_property_readonly("store_uri", &PyDriver::store_uri)
       .def_property_readonly("timeout_s", &PyDriver::timeout_s)
       .def_property_readonly("process", [](const PyDriver& d) { return d.launch().process; })
       .def_property_readonly("incarnation",
@@ -305,4 +308,9 @@ PYBIND11_MODULE(_resilience, m) {
       .def_property_readonly("state_source", [](PyDriver& d) {
         return std::string(commgrid::state_source_name(d.driver().source()));
       });
+  // epoch_sockets.hpp: launch's SIGURG for a failed epoch ends its torch collectives.
+  m.def("arm_epoch_sockets", &arm_epoch_sockets, py::arg("epoch"), py::arg("fds"));
+  m.def("disarm_epoch_sockets", &disarm_epoch_sockets);
+  m.def("epoch_sockets_ended", &epoch_sockets_ended);
+  m.attr("EPOCH_FAILURE_SIGNAL") = epoch_failure_signal();
 }

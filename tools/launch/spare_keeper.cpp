@@ -45,6 +45,7 @@ SpareKeeper::Verdict SpareKeeper::on_death(std::int64_t process, int incarnation
                   ? "; posted it to the job's store (epoch " + std::to_string(p.epoch) + ")"
                   : "; it had been declared dead already (epoch " + std::to_string(p.epoch) + ")";
     failed_after_done_ = failed_after_done_ || (was_done && p.first);
+    if (p.first) v.failed_epoch = p.epoch;
   } catch (const Error& e) {
     v.note += std::string("; could not post it: ") + e.what();
     failed_after_done_ = failed_after_done_ || was_done;

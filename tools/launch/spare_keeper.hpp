@@ -40,6 +40,9 @@ class SpareKeeper {
     std::string note;      ///< launch's line about it ("launch: note: ..."), no newline;
                            ///< empty once the job ended (its reason is said once, at the end)
     bool restart = false;  ///< start the process again, as a spare (its incarnation + 1)
+    /// The epoch this death failed, when this call posted the failure (not when a decision
+    /// had declared the process dead already, nor when the store could not be written).
+    std::optional<std::int64_t> failed_epoch;
   };
   /// `process` (in `incarnation`), described as `who`, ended with wait status `status`;
   /// `stopping`: launch is stopping the job (no restart).

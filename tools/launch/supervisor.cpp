@@ -399,6 +399,7 @@ void Supervisor::on_process_death(Child& c) {
   const SpareKeeper::Verdict v =
       spares_->on_death(c.process, c.incarnation, who(c), c.status, stopping_);
   if (!v.note.empty()) write_all(STDERR_FILENO, v.note + "\n");
+  if (v.failed_epoch) tell_epoch_failed(*v.failed_epoch);
   if (!v.restart) return;
   // What the dead process wrote last, before its streams are replaced by its restart's.
   c.out.read_rest();
@@ -412,6 +413,17 @@ void Supervisor::on_process_death(Child& c) {
   if (failure)
     write_all(STDERR_FILENO, "launch: note: restarting process " + std::to_string(c.process) +
                                  " failed: " + *failure + "\n");
+}
+
+// Every other running process of this launch gets SIGURG with the failed epoch as its
+// value: a program that armed that epoch's connections ends the collectives blocked in them
+// at once (commgrid.torch's driver; python/src/epoch_sockets.hpp). SIGURG is ignored by
+// default, so programs that arm nothing are unaffected.
+void Supervisor::tell_epoch_failed(std::int64_t epoch) {
+  sigval value{};
+  value.sival_int = static_cast<int>(epoch);
+  for (const auto& c : children_)
+    if (c.running && !c.stopped) (void)::sigqueue(c.pid, SIGURG, value);
 }
 
 void Supervisor::stop_all(int sig) {

@@ -66,6 +66,7 @@ class Supervisor {
   void on_failures(std::vector<Child*>& failed);
   void on_process_death(Child& c);
   void begin_stop();
+  void tell_epoch_failed(std::int64_t epoch);
   void stop_all(int sig);
   [[nodiscard]] int finish();
   [[nodiscard]] int finish_resilient();

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from .. import Layout
 from .._commgrid import DEFAULT_ORDER
+from . import _sockets
 from ._version import _release
 from .resilient_errors import (BackendError, FencedError, NoSpareError, PeerFailure,  # noqa: F401
                                RecoveryError, StateLostError, StateProviderError,
@@ -166,6 +167,8 @@ class ResilientDriver:
             raise ValueError(f"backend: only \"gloo\" is supported, got {backend!r}")
         from .. import _resilience  # the compiled driver (built with the Gloo backend)
 
+        self._resilience = _resilience
+
         self._kinds = tuple(kinds)
         self._backend = backend
         self._driver = _resilience.Driver(
@@ -226,7 +229,9 @@ class ResilientDriver:
         - ``stop_epoch()``: drop every reference to the epoch's groups.
         - ``begin_step(n)``: at the start of each step, before its snapshot.
         - ``recovered(record)``: after each recovery (a dict: epoch, resumed_at, dead,
-          shrink, layout, and the seconds of agreement_s, groups_s, model_s, state_s).
+          shrink, layout, the seconds of agreement_s, groups_s, model_s, state_s, and
+          ended_by_launch: how many failed epochs' collectives launch's signal has ended on
+          this process so far).
         - ``warm_up()``: on a spare (or a restarted process), before it starts waiting:
           program code that runs once what start_epoch and a step will run (e.g. one step
           of a throwaway model), so that taking a rank does not first page it in. The
@@ -252,9 +257,17 @@ class ResilientDriver:
                 steps, save=save, load=load, start_epoch=_guarded(self._start),
                 stop_epoch=self._stop, step=_guarded(step),
                 begin_step=None if begin_step is None else _guarded(begin_step),
-                recovered=recovered)
+                recovered=None if recovered is None else self._with_signal_count(recovered))
         finally:
             self._stop()
+
+    def _with_signal_count(self, recovered):
+        """recovered(record) with ``ended_by_launch``: how many times launch's signal for a
+        failed epoch has ended this process's torch collectives so far."""
+        def call(record):
+            record["ended_by_launch"] = self._resilience.epoch_sockets_ended()
+            recovered(record)
+        return call
 
     def _warm_up(self, program):
         """What a spare runs before it waits: its first torch.save and torch.load (the state
@@ -296,6 +309,7 @@ class ResilientDriver:
             host, port = address.decode().rsplit(":", 1)
             store = dist.TCPStore(host, int(port), None, False, timeout=timeout)
         self._store = store
+        before = _sockets.socket_inodes()
         dist.init_process_group(self._backend, store=store, rank=rank, world_size=world,
                                 timeout=timeout)
         layout = _layout(config)
@@ -307,6 +321,9 @@ class ResilientDriver:
                 group = dist.new_group(members, timeout=timeout)
                 if rank in members:
                     groups[kind] = (group, members)
+        # launch's SIGURG for this epoch's failure ends its blocked collectives at once.
+        ports = _sockets.ports_of(self._driver.store_uri) | {store.port}
+        self._resilience.arm_epoch_sockets(epoch, _sockets.new_connections(before, ports))
         self._epoch = Epoch(config, groups, timeout)
         self._user["start"](self._epoch)
 
@@ -316,6 +333,7 @@ class ResilientDriver:
         once) only when its last reference is gone: when one outlives the references dropped
         here (a reference cycle in the program's model), a full garbage collection, which
         costs 0.1-0.2 s with torch loaded, finds it; otherwise none is run."""
+        self._resilience.disarm_epoch_sockets()  # before torch closes (and reuses) them
         stop = self._user.get("stop")
         epoch, self._epoch = self._epoch, None
         if epoch is None and not dist.is_initialized():
