@@ -32,6 +32,10 @@ void arm_epoch_sockets(std::int64_t epoch, const std::vector<int>& fds);
 /// Nothing armed from now on; waits out a handler that is acting.
 void disarm_epoch_sockets();
 
+/// Shuts the armed sockets down now (this process leaves the epoch: its peers' collectives
+/// with it fail at once, without waiting for torch's abort to close them), then disarms.
+void end_epoch_sockets();
+
 /// How many times the handler shut the armed sockets down (for tests).
 [[nodiscard]] std::int64_t epoch_sockets_ended();
 

@@ -311,6 +311,7 @@ PYBIND11_MODULE(_resilience, m) {
   // epoch_sockets.hpp: launch's SIGURG for a failed epoch ends its torch collectives.
   m.def("arm_epoch_sockets", &arm_epoch_sockets, py::arg("epoch"), py::arg("fds"));
   m.def("disarm_epoch_sockets", &disarm_epoch_sockets);
+  m.def("end_epoch_sockets", &end_epoch_sockets);
   m.def("epoch_sockets_ended", &epoch_sockets_ended);
   m.attr("EPOCH_FAILURE_SIGNAL") = epoch_failure_signal();
 }

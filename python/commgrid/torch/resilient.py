@@ -27,6 +27,7 @@ docs/resilience.md, "torch programs".
 import datetime
 import gc
 import io
+import threading
 import weakref
 
 import torch
@@ -148,6 +149,19 @@ def _layout(config):
                   ep=config["ep"], order=config["order"], **extra)
 
 
+def _abort_groups(alive):
+    """Aborts and destroys every torch group (the default one too); a full collection when
+    one of ``alive`` (weak references) is still referenced."""
+    if dist.is_initialized():
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 - a backend without abort: destroy instead
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    if any(ref() is not None for ref in alive):
+        gc.collect()
+
+
 class ResilientDriver:
     """One process of a resilient torch job (run under ``commgrid launch --spares S``).
 
@@ -177,6 +191,7 @@ class ResilientDriver:
             snapshot_memory_limit=snapshot_memory_limit, failure_types=PeerFailure)
         self._epoch = None
         self._store = None
+        self._aborting = None  # the thread aborting the last epoch's torch groups
         self._user = {}
 
     # ---- what the launch said -------------------------------------------------------
@@ -255,7 +270,7 @@ class ResilientDriver:
         try:
             return self._driver.run(
                 steps, save=save, load=load, start_epoch=_guarded(self._start),
-                stop_epoch=self._stop, step=_guarded(step),
+                stop_epoch=lambda: self._stop(background=True), step=_guarded(step),
                 begin_step=None if begin_step is None else _guarded(begin_step),
                 recovered=None if recovered is None else self._with_signal_count(recovered))
         finally:
@@ -327,13 +342,19 @@ class ResilientDriver:
         self._epoch = Epoch(config, groups, timeout)
         self._user["start"](self._epoch)
 
-    def _stop(self):
-        """Aborts and destroys the epoch's groups and drops every reference to them. A Gloo
-        group closes its connections (so that a peer blocked with this process fails at
-        once) only when its last reference is gone: when one outlives the references dropped
-        here (a reference cycle in the program's model), a full garbage collection, which
-        costs 0.1-0.2 s with torch loaded, finds it; otherwise none is run."""
-        self._resilience.disarm_epoch_sockets()  # before torch closes (and reuses) them
+    def _stop(self, background=False):
+        """Ends the epoch: shuts its torch connections down (a peer blocked in a collective
+        with this process fails at once), runs the program's ``stop_epoch``, drops the
+        driver's references, then aborts and destroys the epoch's groups. With
+        ``background`` (the C++ driver's stop_epoch, at a recovery or the end) that last part
+        runs on a thread, beside the agreement and the next epoch's C++ groups, and is joined
+        before the next epoch's torch groups are made or ``run`` returns. A Gloo group frees
+        its connections only when its last reference is gone: when one outlives the
+        references dropped here (a reference cycle in the program's model), a full garbage
+        collection, which costs 0.1-0.2 s with torch loaded, finds it; otherwise none is
+        run."""
+        self._join_abort()
+        self._resilience.end_epoch_sockets()  # before torch closes (and reuses) them
         stop = self._user.get("stop")
         epoch, self._epoch = self._epoch, None
         if epoch is None and not dist.is_initialized():
@@ -347,12 +368,15 @@ class ResilientDriver:
         finally:
             if epoch is not None:
                 epoch._release()
-            if dist.is_initialized():
-                try:
-                    dist.distributed_c10d._abort_process_group()
-                except Exception:  # noqa: BLE001 - a backend without abort: destroy instead
-                    if dist.is_initialized():
-                        dist.destroy_process_group()
             self._store = None
-            if any(ref() is not None for ref in alive):
-                gc.collect()
+            if background:
+                self._aborting = threading.Thread(target=_abort_groups, args=(alive,),
+                                                  name="commgrid-abort", daemon=True)
+                self._aborting.start()
+            else:
+                _abort_groups(alive)
+
+    def _join_abort(self):
+        aborting, self._aborting = self._aborting, None
+        if aborting is not None:
+            aborting.join()
