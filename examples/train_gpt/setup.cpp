@@ -24,7 +24,10 @@ std::vector<StepResult> run_rank(commgrid::Communicator& world,
   // communicator (fewer connections to make).
   commgrid::InitOptions init;
   init.share_identical_groups = true;
-  groups.initialize(world, layout, init);
+  // The world outlives every group here (the groups and the collections are locals), so a
+  // non-owning pointer lets a kind whose group is the whole world reuse it.
+  groups.initialize(std::shared_ptr<commgrid::Communicator>(std::shared_ptr<void>(), &world),
+                    layout, init);
   const Collections c = make_collections(groups, fault);
   return train(c.model, c.grads, config);
 }

@@ -113,8 +113,10 @@ class PyDriver {
     options.snapshot_memory_limit = snapshot_memory_limit;
     // The driver's own C++ groups: the world moves buddy copies and reshards, the dp groups
     // a spare's state from a replica. The program's groups are torch's (resilient.py), so
-    // no other kind is made here.
+    // no other kind is made here. The driver's thread alone drives them, so a dp group of
+    // every rank is the world itself (share_identical_groups).
     options.init.kinds = {GroupKind::dp};
+    options.init.share_identical_groups = true;
     options.factory = [this](const std::string& prefix, Rank rank, Rank size) {
       Recovery& rec = driver_->recovery();
       GlooOptions o;

@@ -429,7 +429,7 @@ EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& c
     out.world =
         factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
     out.groups = std::make_shared<ProcessGroups>();
-    out.groups->initialize(*out.world, shrunk_ ? *config_ : config, init);
+    out.groups->initialize(out.world, shrunk_ ? *config_ : config, init);
   } catch (const FencedError&) { throw; } catch (const BackendError& e) {
     mark_failed(std::string("creating the world of epoch ") + std::to_string(epoch()) +
                 " failed: " + e.what());

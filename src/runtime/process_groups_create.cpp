@@ -159,6 +159,20 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
   initialized_ = true;
 }
 
+void ProcessGroups::initialize(std::shared_ptr<Communicator> world, const ParallelConfig& config,
+                               InitOptions options) {
+  if (!world) throw InvalidValueError("world", "ProcessGroups::initialize: world is null");
+  if (initialized_)
+    throw StateError(
+        "ProcessGroups::initialize: parallel state is already initialized; destroy it first");
+  shared_world_ = world;
+  struct Forget {
+    std::shared_ptr<Communicator>& world;
+    ~Forget() { world.reset(); }  // the groups that reuse it hold their own reference
+  } forget{shared_world_};
+  initialize(*world, config, std::move(options));
+}
+
 void ProcessGroups::before_world_call(Communicator& world) const {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(init_deadline_ - Clock::now());
   world.set_timeout(std::max(std::chrono::milliseconds(1), left));
@@ -170,13 +184,15 @@ std::chrono::milliseconds ProcessGroups::group_timeout(const InitOptions& option
 
 std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
     Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of,
-    bool share_identical) {
+    bool share_identical, bool reuse_world) {
   // This rank's group of every (kind, level) that is not an alias, in reference order (the
   // same relative order on every member: see Communicator::create_groups). Sharing: a
   // group whose members another group of this rank already has is not made again; every
   // member of it sees the same earlier group, so every member leaves out the same specs.
+  // With reuse_world, a group of every rank is the world itself (every rank decides alike).
+  constexpr std::size_t kWorld = static_cast<std::size_t>(-1);
   std::vector<GroupSpec> specs;
-  std::vector<std::size_t> spec_of;  // made[i]'s group is specs[spec_of[i]]
+  std::vector<std::size_t> spec_of;  // made[i]'s group is specs[spec_of[i]], or the world
   std::vector<Made> made;
   for (GroupKind k : kinds_) {
     if (parent_of[static_cast<int>(k)]) continue;
@@ -184,6 +200,11 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
       const std::optional<GroupRef> ref = layout_->group_of(k, world_rank_, level);
       if (!ref) continue;
       std::vector<Rank> members = sorted_members(ref->members);
+      if (reuse_world && static_cast<Rank>(members.size()) == world_size_) {
+        spec_of.push_back(kWorld);
+        made.push_back({k, level, nullptr, {}, true});
+        continue;
+      }
       const auto same = share_identical
                             ? std::find_if(specs.begin(), specs.end(),
                                            [&](const GroupSpec& g) { return g.members == members; })
@@ -206,6 +227,10 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
   const std::vector<std::shared_ptr<Communicator>> shared(std::make_move_iterator(comms.begin()),
                                                           std::make_move_iterator(comms.end()));
   for (std::size_t i = 0; i < made.size(); ++i) {
+    if (spec_of[i] == kWorld) {
+      made[i].comm = shared_world_;
+      continue;
+    }
     made[i].comm = shared[spec_of[i]];
     if (!made[i].reuses) made[i].time = usable[spec_of[i]];
   }
@@ -225,7 +250,9 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
                             "share_identical_groups: needs the member strategy (strategy is " +
                                 std::string(strategy_name(strategy_)) + ")");
   if (strategy_ == CreationStrategy::member)
-    at_once = create_members_at_once(world, parent_of, options.share_identical_groups);
+    at_once = create_members_at_once(
+        world, parent_of, options.share_identical_groups,
+        options.share_identical_groups && shared_world_ && group_timeout(options) == world_timeout_);
   auto next_made = at_once.begin();
   for (GroupKind k : kinds_) {
     auto& levels = slots_[static_cast<int>(k)];

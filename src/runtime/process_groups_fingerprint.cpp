@@ -47,7 +47,8 @@ std::string policy_fingerprint(const ParallelConfig& config, const EmbeddingPoli
 }
 
 std::vector<std::pair<std::string, std::string>> fingerprint_fields(const ParallelConfig& c,
-                                                                    const InitOptions& o) {
+                                                                    const InitOptions& o,
+                                                                    bool world_shared) {
   std::string hcp;
   for (std::size_t i = 0; i < c.hcp.size(); ++i) hcp += (i ? "," : "") + std::to_string(c.hcp[i]);
   std::string kinds;
@@ -67,6 +68,7 @@ std::vector<std::pair<std::string, std::string>> fingerprint_fields(const Parall
       {"kinds", kinds.empty() ? "all" : kinds},
       {"strategy", std::string(strategy_name(o.strategy))},
       {"share_identical_groups", o.share_identical_groups ? "true" : "false"},
+      {"world ownership (initialize overload)", world_shared ? "shared" : "borrowed"},
       {"embedding policy", policy_fingerprint(c, o.policies, GroupKind::embd)},
       {"position-embedding policy", policy_fingerprint(c, o.policies, GroupKind::pos_embd)},
       // Catches any field added to ParallelConfig later but not listed above.
@@ -97,7 +99,7 @@ std::string rank_ranges(const std::vector<int>& ranks, std::size_t limit = 8) {
 
 void ProcessGroups::exchange_fingerprint(Communicator& world, const ParallelConfig& config,
                                          const InitOptions& options) {
-  const auto fields = fingerprint_fields(config, options);
+  const auto fields = fingerprint_fields(config, options, shared_world_ != nullptr);
   const std::size_t F = fields.size();
   // One max-allreduce gives every field's max and min hash: all ranks agree iff they are
   // equal. That costs O(F) whatever the world size; only a mismatch gathers more.

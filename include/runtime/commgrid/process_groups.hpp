@@ -102,6 +102,16 @@ class ProcessGroups {
   /// (TimeoutError). The created groups get options.timeout, else the world's timeout.
   /// Throws StateError when already initialized, BackendError when the backend fails.
   void initialize(Communicator& world, const ParallelConfig& config, InitOptions options = {});
+  /// initialize() with shared ownership of the world, which lets share_identical_groups
+  /// reuse the world itself too: a kind whose group is the whole world (dp alone, tp_dp when
+  /// pp = cp = 1, ...) uses `world` instead of a communicator of the same members, one full
+  /// mesh of connections fewer at creation and at every recovery. Only when the groups'
+  /// timeout is the world's (InitOptions::timeout unset or equal), and only with
+  /// share_identical_groups; the rules of sharing (operations in call order on one
+  /// communicator) then hold for the world and those kinds too. Every rank must call the
+  /// same overload: the fingerprint says which. A null world is an InvalidValueError.
+  void initialize(std::shared_ptr<Communicator> world, const ParallelConfig& config,
+                  InitOptions options = {});
   /// Whether initialize() succeeded and destroy() has not been called since.
   [[nodiscard]] bool is_initialized() const noexcept { return initialized_; }
   /// Releases every group (in reverse creation order) and forgets the layout; getters then
@@ -226,7 +236,7 @@ class ProcessGroups {
   /// one Communicator::create_groups call, in reference order.
   std::vector<Made> create_members_at_once(
       Communicator& world, const std::array<std::optional<GroupKind>, kNumKinds>& parent_of,
-      bool share_identical);
+      bool share_identical, bool reuse_world);
   void create_per_group(Communicator& world, const InitOptions& options);
   /// Before each backend call of initialize on `world`: sets its timeout to what is left
   /// of the initialize's deadline.
@@ -236,6 +246,9 @@ class ProcessGroups {
   void check_stage(std::optional<Rank> vstage, const char* call) const;
 
   bool initialized_ = false;
+  /// During initialize(shared_ptr): the world, which a kind whose group is the whole world
+  /// may reuse.
+  std::shared_ptr<Communicator> shared_world_;
   std::optional<Layout> layout_;
   CreationStrategy strategy_ = kDefaultStrategy;
   Rank world_rank_ = 0;

@@ -17,7 +17,8 @@ Each epoch's torch groups: the epoch's logical rank 0 serves a fresh ``torch.dis
 TCPStore`` (a free port) and posts its address in the job's store under the epoch's key;
 every rank of the epoch calls ``init_process_group("gloo")`` over it with its logical rank,
 then creates one Gloo group per group of the kinds asked for (``kinds``, default tp, pp, dp)
-from the layout's ranks (``commgrid.Layout``), every rank in the same order. On a failure
+from the layout's ranks (``commgrid.Layout``), every rank in the same order (a group of
+every rank is the default group itself). On a failure
 the epoch's groups are aborted and destroyed (``distributed_c10d._abort_process_group``),
 the references to them dropped and collected, which closes their connections (so a peer
 blocked in a collective fails at once), and the next epoch's groups are made the same way.
@@ -333,7 +334,12 @@ class ResilientDriver:
             if not layout.has_kind(kind):
                 continue
             for members in layout.groups(kind):
-                group = dist.new_group(members, timeout=timeout)
+                # A group of every rank is the default group (one full mesh fewer); every
+                # rank sees the same, so the new_group calls stay the same on every rank.
+                if len(members) == world:
+                    group = dist.group.WORLD
+                else:
+                    group = dist.new_group(members, timeout=timeout)
                 if rank in members:
                     groups[kind] = (group, members)
         # launch's SIGURG for this epoch's failure ends its blocked collectives at once.

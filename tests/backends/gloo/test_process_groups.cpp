@@ -218,6 +218,77 @@ TEST(GlooShareIdenticalGroups, KindsWithTheSameMembersShareOneCommunicator) {
   EXPECT_GT(made_with.load(), 0);
 }
 
+// The same layout given the world with shared ownership: tp_dp, tp_dp_cp and
+// intra_dist_opt (the whole world) reuse the world itself, one creation call fewer; every
+// kind still proves its members, and the world works on after the groups are gone. With a
+// groups' timeout other than the world's, the world is not reused.
+TEST(GlooShareIdenticalGroups, AKindSpanningTheWorldReusesTheWorldGivenShared) {
+  ParallelConfig cfg;
+  cfg.world_size = 8;
+  cfg.tp = 2;
+  std::atomic<int> calls_shared{0}, calls_world{0};
+  run_ranks(8, [&](Communicator& w) {
+    const std::shared_ptr<Communicator> world(std::shared_ptr<void>(), &w);  // w outlives all
+    InitOptions o;
+    o.share_identical_groups = true;
+    auto calls = [](const ProcessGroups& pg) {
+      std::int64_t n = 0;
+      for (const KindCreation& k : pg.creation_stats()) n += k.creation_calls;
+      return static_cast<int>(n);
+    };
+    {
+      ProcessGroups shared;
+      shared.initialize(w, cfg, o);
+      ProcessGroups reusing;
+      reusing.initialize(world, cfg, o);
+      EXPECT_EQ(check_every_level(reusing, w.rank()), check_every_level(shared, w.rank()));
+      EXPECT_EQ(&reusing.group(GroupKind::tp_dp), &w);
+      EXPECT_EQ(&reusing.group(GroupKind::tp_dp_cp), &w);
+      EXPECT_NE(&shared.group(GroupKind::tp_dp), &w);
+      EXPECT_NE(&reusing.group(GroupKind::dp), &w);
+      if (w.rank() == 0) {
+        calls_shared = calls(shared);
+        calls_world = calls(reusing);
+      }
+      InitOptions other = o;
+      other.timeout = w.timeout() + std::chrono::seconds(1);
+      ProcessGroups own_timeout;
+      own_timeout.initialize(world, cfg, other);
+      EXPECT_NE(&own_timeout.group(GroupKind::tp_dp), &w);
+    }
+    std::int64_t one = 1, sum = 0;
+    w.allreduce(&one, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
+    EXPECT_EQ(sum, 8);
+  });
+  EXPECT_EQ(calls_world.load(), calls_shared.load() - 1);
+}
+
+// Ranks that call different overloads would create different sets of groups: the
+// fingerprint names the difference before any group is made.
+TEST(GlooShareIdenticalGroups, RanksGivenTheWorldDifferentlyAreToldBeforeAnyGroup) {
+  ParallelConfig cfg;
+  cfg.world_size = 2;
+  run_ranks(2, [&](Communicator& w) {
+    InitOptions o;
+    o.share_identical_groups = true;
+    ProcessGroups pg;
+    try {
+      if (w.rank() == 0)
+        pg.initialize(std::shared_ptr<Communicator>(std::shared_ptr<void>(), &w), cfg, o);
+      else pg.initialize(w, cfg, o);
+      ADD_FAILURE() << "ranks given the world differently were not told";
+    } catch (const ConfigMismatchError& e) {
+      EXPECT_NE(std::string(e.what()).find("world ownership (initialize overload) = shared on "
+                                           "rank 0; world ownership (initialize overload) = "
+                                           "borrowed on rank 1"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(pg.is_initialized());
+    EXPECT_THROW(pg.initialize(std::shared_ptr<Communicator>(), cfg, o), InvalidValueError);
+  });
+}
+
 TEST(GlooShareIdenticalGroups, AnotherStrategyIsRefusedNamingTheOption) {
   ParallelConfig cfg;
   cfg.world_size = 2;
