@@ -78,12 +78,13 @@ void disarm_epoch_sockets() {
   g_count.store(0);
 }
 
-void end_epoch_sockets() {
+std::size_t end_epoch_sockets() {
   g_armed.store(-1);
   while (g_active.load() != 0) std::this_thread::yield();
   const std::size_t n = g_count.load();
   for (std::size_t i = 0; i < n; ++i) (void)::shutdown(g_fds[i], SHUT_RDWR);
   g_count.store(0);
+  return n;
 }
 
 std::int64_t epoch_sockets_ended() { return g_ended.load(); }

@@ -17,6 +17,7 @@
 // no handler is acting on the armed descriptors, so torch may close them afterwards.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -34,7 +35,8 @@ void disarm_epoch_sockets();
 
 /// Shuts the armed sockets down now (this process leaves the epoch: its peers' collectives
 /// with it fail at once, without waiting for torch's abort to close them), then disarms.
-void end_epoch_sockets();
+/// Returns how many there were.
+std::size_t end_epoch_sockets();
 
 /// How many times the handler shut the armed sockets down (for tests).
 [[nodiscard]] std::int64_t epoch_sockets_ended();

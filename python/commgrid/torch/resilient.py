@@ -28,7 +28,6 @@ docs/resilience.md, "torch programs".
 import datetime
 import gc
 import io
-import threading
 import weakref
 
 import torch
@@ -192,7 +191,7 @@ class ResilientDriver:
             snapshot_memory_limit=snapshot_memory_limit, failure_types=PeerFailure)
         self._epoch = None
         self._store = None
-        self._aborting = None  # the thread aborting the last epoch's torch groups
+        self._deferred = None  # the last epoch's groups, to abort before the next ones
         self._user = {}
 
     # ---- what the launch said -------------------------------------------------------
@@ -271,7 +270,7 @@ class ResilientDriver:
         try:
             return self._driver.run(
                 steps, save=save, load=load, start_epoch=_guarded(self._start),
-                stop_epoch=lambda: self._stop(background=True), step=_guarded(step),
+                stop_epoch=lambda: self._stop(defer=True), step=_guarded(step),
                 begin_step=None if begin_step is None else _guarded(begin_step),
                 recovered=None if recovered is None else self._with_signal_count(recovered))
         finally:
@@ -348,19 +347,20 @@ class ResilientDriver:
         self._epoch = Epoch(config, groups, timeout)
         self._user["start"](self._epoch)
 
-    def _stop(self, background=False):
+    def _stop(self, defer=False):
         """Ends the epoch: shuts its torch connections down (a peer blocked in a collective
         with this process fails at once), runs the program's ``stop_epoch``, drops the
-        driver's references, then aborts and destroys the epoch's groups. With
-        ``background`` (the C++ driver's stop_epoch, at a recovery or the end) that last part
-        runs on a thread, beside the agreement and the next epoch's C++ groups, and is joined
-        before the next epoch's torch groups are made or ``run`` returns. A Gloo group frees
-        its connections only when its last reference is gone: when one outlives the
-        references dropped here (a reference cycle in the program's model), a full garbage
-        collection, which costs 0.1-0.2 s with torch loaded, finds it; otherwise none is
-        run."""
-        self._join_abort()
-        self._resilience.end_epoch_sockets()  # before torch closes (and reuses) them
+        driver's references, then aborts and destroys the epoch's groups. With ``defer``
+        (the C++ driver's stop_epoch, at a recovery or the end) that last part waits until
+        the next epoch's torch groups are made, or ``run`` returns, so it is not on the
+        agreement's path (a thread would not help: torch's abort holds the GIL). A group
+        that outlives the references dropped here (a reference cycle in the program's
+        model, the failure's traceback) has its connections shut down already; only where
+        none were found to shut down (no /proc) is a full garbage collection run to close
+        them (0.1-0.5 s with torch loaded)."""
+        self._abort_deferred()
+        # Before torch closes (and reuses) the descriptors.
+        ended = self._resilience.end_epoch_sockets() > 0
         stop = self._user.get("stop")
         epoch, self._epoch = self._epoch, None
         if epoch is None and not dist.is_initialized():
@@ -375,14 +375,14 @@ class ResilientDriver:
             if epoch is not None:
                 epoch._release()
             self._store = None
-            if background:
-                self._aborting = threading.Thread(target=_abort_groups, args=(alive,),
-                                                  name="commgrid-abort", daemon=True)
-                self._aborting.start()
+            if ended:
+                alive = []
+            if defer:
+                self._deferred = alive
             else:
                 _abort_groups(alive)
 
-    def _join_abort(self):
-        aborting, self._aborting = self._aborting, None
-        if aborting is not None:
-            aborting.join()
+    def _abort_deferred(self):
+        alive, self._deferred = self._deferred, None
+        if alive is not None:
+            _abort_groups(alive)
