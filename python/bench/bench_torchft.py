@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -175,9 +176,17 @@ def set_grads(model, flat):
         at += p.numel()
 
 
+def emit(line):
+    """One line the bench parses, in one write(2) of the line and its newline: the process
+    shares its stdout pipe with TorchFT's Rust logger, and a line written in parts can have
+    a log record land inside it."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
+
+
 def log(kind, proc, step, config, members):
-    print(f"{TAG} {kind} proc {proc} step {step} t {time.time():.6f} config {config} "
-          f"members {members}", flush=True)
+    emit(f"{TAG} {kind} proc {proc} step {step} t {time.time():.6f} config {config} "
+         f"members {members}")
 
 
 def total_steps(args):
@@ -190,7 +199,7 @@ def kill_step(args):
 
 def await_kill(kind, proc, args):
     """The victim, at its kill point: says so and waits for the bench's SIGKILL."""
-    print(f"{TAG} awaiting-kill {kind} proc {proc} t {time.time():.6f}", flush=True)
+    emit(f"{TAG} awaiting-kill {kind} proc {proc} t {time.time():.6f}")
     time.sleep(args.run_timeout)
     print(f"error: process {proc} was not killed within {args.run_timeout:g} s", file=sys.stderr,
           flush=True)
@@ -224,7 +233,7 @@ def torchft_worker(args):
         min_replica_size=n - 1, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
         rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
         lighthouse_addr=args.lighthouse_addr, replica_id=f"bench_{replica}", hostname="127.0.0.1")
-    print(f"{TAG} ready torchft proc {replica} pid {os.getpid()}", flush=True)
+    emit(f"{TAG} ready torchft proc {replica} pid {os.getpid()}")
     # Start together: every replica heartbeats before the first quorum, so that it has all N.
     Path(args.ready_dir, str(replica)).touch()
     deadline = time.monotonic() + args.run_timeout
@@ -255,8 +264,8 @@ def torchft_worker(args):
             log("torchft", replica, step, manager._quorum_id, manager.num_participants())
         else:
             error = str(manager.errored() or "").splitlines()
-            print(f"{TAG} uncommitted proc {replica} step {step} t {time.time():.6f} "
-                  f"{error[0][:160] if error else ''}", flush=True)
+            emit(f"{TAG} uncommitted proc {replica} step {step} t {time.time():.6f} "
+                 f"{error[0][:160] if error else ''}")
     manager.shutdown(wait=False)
     sys.stdout.flush()
     os._exit(0)
@@ -296,7 +305,7 @@ def commgrid_worker(args):
     driver = cgt.ResilientDriver(snapshot_every=args.snapshot_every, shrink=True, kinds=("dp",))
     proc = driver.process
     victim = proc == args.victim and driver.incarnation == 0
-    print(f"{TAG} ready commgrid proc {proc} pid {os.getpid()}", flush=True)
+    emit(f"{TAG} ready commgrid proc {proc} pid {os.getpid()}")
     live = {}
 
     def start_epoch(epoch):
@@ -325,9 +334,9 @@ def commgrid_worker(args):
             await_kill("commgrid", proc, args)
 
     def recovered(record):
-        print(f"{TAG} recovered proc {proc} " + json.dumps(
+        emit(f"{TAG} recovered proc {proc} " + json.dumps(
             {k: record[k] for k in ("epoch", "resumed_at", "agreement_s", "groups_s", "model_s",
-                                    "state_s") if k in record}), flush=True)
+                                    "state_s") if k in record}))
 
     driver.run(total_steps(args), start_epoch=start_epoch, stop_epoch=live.clear, step=step,
                begin_step=begin_step, recovered=recovered,
@@ -393,6 +402,9 @@ def cleanup_all():
         run.kill_all()
 
 
+READY = re.compile(re.escape(TAG) + r" ready \S+ proc (\d+) pid (\d+)")
+
+
 def parse_step(line):
     # cgbench KIND proc P step S t T config C members M
     f = line.split()
@@ -413,8 +425,10 @@ def watch(run, expected_exits, victim_pid_of):
             closed += 1
             continue
         if line.startswith(f"{TAG} ready"):
-            f = line.split()
-            pids[int(f[4])] = int(f[6])
+            m = READY.fullmatch(line)
+            if m is None:  # never guess a pid to SIGKILL
+                raise RuntimeError(f"unreadable ready line from {name}: {line!r}")
+            pids[int(m.group(1))] = int(m.group(2))
         elif line.startswith(f"{TAG} awaiting-kill") and t_kill is None:
             pid = victim_pid_of(pids)
             t_kill = time.time()
