@@ -250,9 +250,9 @@ void ProcessGroups::create_split_or_member(Communicator& world, const InitOption
                             "share_identical_groups: needs the member strategy (strategy is " +
                                 std::string(strategy_name(strategy_)) + ")");
   if (strategy_ == CreationStrategy::member)
-    at_once = create_members_at_once(
-        world, parent_of, options.share_identical_groups,
-        options.share_identical_groups && shared_world_ && group_timeout(options) == world_timeout_);
+    at_once = create_members_at_once(world, parent_of, options.share_identical_groups,
+                                     options.share_identical_groups && shared_world_ &&
+                                         group_timeout(options) == world_timeout_);
   auto next_made = at_once.begin();
   for (GroupKind k : kinds_) {
     auto& levels = slots_[static_cast<int>(k)];

@@ -182,6 +182,13 @@ INSTANTIATE_TEST_SUITE_P(Strategies, GlooHeadProcessGroups,
 
 // ---- share_identical_groups ------------------------------------------------------------
 
+// The backend creation calls a rank made for every kind.
+int creation_calls(const ProcessGroups& pg) {
+  std::int64_t n = 0;
+  for (const KindCreation& k : pg.creation_stats()) n += k.creation_calls;
+  return static_cast<int>(n);
+}
+
 // tp 2 x dp 4 (pp 1, cp 1) on 8 rank threads: dp and dp_cp have the same members, so do tp,
 // mp and tp_cp, and tp_dp, tp_dp_cp and intra_dist_opt span the world. With sharing each
 // such set is one communicator (the first kind's in reference order), every kind still
@@ -204,14 +211,9 @@ TEST(GlooShareIdenticalGroups, KindsWithTheSameMembersShareOneCommunicator) {
     EXPECT_EQ(&shared.group(GroupKind::tp_dp), &shared.group(GroupKind::tp_dp_cp));
     EXPECT_NE(&shared.group(GroupKind::dp), &shared.group(GroupKind::tp));
     EXPECT_NE(&plain.group(GroupKind::dp), &plain.group(GroupKind::dp_cp));
-    auto calls = [](const ProcessGroups& pg) {
-      std::int64_t n = 0;
-      for (const KindCreation& k : pg.creation_stats()) n += k.creation_calls;
-      return static_cast<int>(n);
-    };
     if (w.rank() == 0) {
-      made_without = calls(plain);
-      made_with = calls(shared);
+      made_without = creation_calls(plain);
+      made_with = creation_calls(shared);
     }
   });
   EXPECT_LT(made_with.load(), made_without.load());
@@ -231,11 +233,6 @@ TEST(GlooShareIdenticalGroups, AKindSpanningTheWorldReusesTheWorldGivenShared) {
     const std::shared_ptr<Communicator> world(std::shared_ptr<void>(), &w);  // w outlives all
     InitOptions o;
     o.share_identical_groups = true;
-    auto calls = [](const ProcessGroups& pg) {
-      std::int64_t n = 0;
-      for (const KindCreation& k : pg.creation_stats()) n += k.creation_calls;
-      return static_cast<int>(n);
-    };
     {
       ProcessGroups shared;
       shared.initialize(w, cfg, o);
@@ -247,8 +244,8 @@ TEST(GlooShareIdenticalGroups, AKindSpanningTheWorldReusesTheWorldGivenShared) {
       EXPECT_NE(&shared.group(GroupKind::tp_dp), &w);
       EXPECT_NE(&reusing.group(GroupKind::dp), &w);
       if (w.rank() == 0) {
-        calls_shared = calls(shared);
-        calls_world = calls(reusing);
+        calls_shared = creation_calls(shared);
+        calls_world = creation_calls(reusing);
       }
       InitOptions other = o;
       other.timeout = w.timeout() + std::chrono::seconds(1);
