@@ -165,12 +165,12 @@ void ProcessGroups::initialize(std::shared_ptr<Communicator> world, const Parall
   if (initialized_)
     throw StateError(
         "ProcessGroups::initialize: parallel state is already initialized; destroy it first");
-  shared_world_ = world;
+  shared_world_ = std::move(world);
   struct Forget {
     std::shared_ptr<Communicator>& world;
     ~Forget() { world.reset(); }  // the groups that reuse it hold their own reference
   } forget{shared_world_};
-  initialize(*world, config, std::move(options));
+  initialize(*shared_world_, config, std::move(options));
 }
 
 void ProcessGroups::before_world_call(Communicator& world) const {
