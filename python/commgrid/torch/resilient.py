@@ -18,10 +18,11 @@ TCPStore`` (a free port) and posts its address in the job's store under the epoc
 every rank of the epoch calls ``init_process_group("gloo")`` over it with its logical rank,
 then creates one Gloo group per group of the kinds asked for (``kinds``, default tp, pp, dp)
 from the layout's ranks (``commgrid.Layout``), every rank in the same order (a group of
-every rank is the default group itself). On a failure
-the epoch's groups are aborted and destroyed (``distributed_c10d._abort_process_group``),
-the references to them dropped and collected, which closes their connections (so a peer
-blocked in a collective fails at once), and the next epoch's groups are made the same way.
+every rank is the default group itself). The TCP connections those calls opened are armed
+so that launch's SIGURG for the epoch's failure shuts them down (every collective blocked in
+the epoch fails at once); on a failure the driver shuts them down itself, drops the
+references to the groups, and aborts and destroys them (``distributed_c10d.
+_abort_process_group``) before the next epoch's groups are made the same way.
 docs/resilience.md, "torch programs".
 """
 
