@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "commgrid/resilience_keys.hpp"
+
 namespace commgrid::python {
 namespace {
 
@@ -28,14 +30,27 @@ std::array<int, kMaxFds> g_fds{};
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 static_assert(std::atomic<int>::is_always_lock_free);
 
+// Shuts every armed socket down (async-signal-safe).
+void shut_down_armed() {
+  const std::size_t n = g_count.load();
+  for (std::size_t i = 0; i < n; ++i) (void)::shutdown(g_fds[i], SHUT_RDWR);
+}
+
+// Nothing armed from now on, and no handler acting on what was: a handler that loaded the
+// old epoch before the store is still shutting sockets down; one that starts now sees -1.
+// Handlers run for microseconds.
+void quiesce() {
+  g_armed.store(-1);
+  while (g_active.load() != 0) std::this_thread::yield();
+}
+
 void on_signal(int /*sig*/, siginfo_t* info, void* /*context*/) {
   const int saved = errno;
   g_active.fetch_add(1);
   const std::int64_t armed = g_armed.load();
   if (armed >= 0 && info != nullptr && info->si_code == SI_QUEUE &&
       static_cast<std::int64_t>(info->si_value.sival_int) == armed) {
-    const std::size_t n = g_count.load();
-    for (std::size_t i = 0; i < n; ++i) (void)::shutdown(g_fds[i], SHUT_RDWR);  // async-signal-safe
+    shut_down_armed();
     g_ended.fetch_add(1);
   }
   g_active.fetch_sub(1);
@@ -49,14 +64,12 @@ void install_once() {
     sa.sa_sigaction = &on_signal;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    if (::sigaction(epoch_failure_signal(), &sa, nullptr) != 0)
+    if (::sigaction(kEpochFailureSignal, &sa, nullptr) != 0)
       throw std::runtime_error(std::string("sigaction(SIGURG) failed: ") + std::strerror(errno));
   });
 }
 
 }  // namespace
-
-int epoch_failure_signal() { return SIGURG; }
 
 void arm_epoch_sockets(std::int64_t epoch, const std::vector<int>& fds) {
   if (epoch < 0) throw std::invalid_argument("epoch: must be >= 0, got " + std::to_string(epoch));
@@ -71,20 +84,14 @@ void arm_epoch_sockets(std::int64_t epoch, const std::vector<int>& fds) {
 }
 
 void disarm_epoch_sockets() {
-  g_armed.store(-1);
-  // A handler that loaded the old epoch before the store above is still shutting sockets
-  // down; one that starts now sees -1. Handlers run for microseconds.
-  while (g_active.load() != 0) std::this_thread::yield();
+  quiesce();
   g_count.store(0);
 }
 
 std::size_t end_epoch_sockets() {
-  g_armed.store(-1);
-  while (g_active.load() != 0) std::this_thread::yield();
-  const std::size_t n = g_count.load();
-  for (std::size_t i = 0; i < n; ++i) (void)::shutdown(g_fds[i], SHUT_RDWR);
-  g_count.store(0);
-  return n;
+  quiesce();
+  shut_down_armed();
+  return g_count.exchange(0);
 }
 
 std::int64_t epoch_sockets_ended() { return g_ended.load(); }

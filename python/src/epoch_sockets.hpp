@@ -23,9 +23,6 @@
 
 namespace commgrid::python {
 
-/// The signal launch sends (SIGURG).
-[[nodiscard]] int epoch_failure_signal();
-
 /// Installs the handler (once per process) and arms `fds`, the sockets of `epoch`'s torch
 /// groups, replacing what was armed. At most 4096 descriptors; more is std::invalid_argument.
 void arm_epoch_sockets(std::int64_t epoch, const std::vector<int>& fds);

@@ -315,5 +315,5 @@ PYBIND11_MODULE(_resilience, m) {
   m.def("disarm_epoch_sockets", &disarm_epoch_sockets);
   m.def("end_epoch_sockets", &end_epoch_sockets);
   m.def("epoch_sockets_ended", &epoch_sockets_ended);
-  m.attr("EPOCH_FAILURE_SIGNAL") = epoch_failure_signal();
+  m.attr("EPOCH_FAILURE_SIGNAL") = commgrid::kEpochFailureSignal;
 }

@@ -162,9 +162,6 @@ void ProcessGroups::initialize(Communicator& world, const ParallelConfig& config
 void ProcessGroups::initialize(std::shared_ptr<Communicator> world, const ParallelConfig& config,
                                InitOptions options) {
   if (!world) throw InvalidValueError("world", "ProcessGroups::initialize: world is null");
-  if (initialized_)
-    throw StateError(
-        "ProcessGroups::initialize: parallel state is already initialized; destroy it first");
   shared_world_ = std::move(world);
   struct Forget {
     std::shared_ptr<Communicator>& world;

@@ -423,7 +423,7 @@ void Supervisor::tell_epoch_failed(std::int64_t epoch) {
   sigval value{};
   value.sival_int = static_cast<int>(epoch);
   for (const auto& c : children_)
-    if (c.running && !c.stopped) (void)::sigqueue(c.pid, SIGURG, value);
+    if (c.running && !c.stopped) (void)::sigqueue(c.pid, kEpochFailureSignal, value);
 }
 
 void Supervisor::stop_all(int sig) {

@@ -1,9 +1,11 @@
-// The store keys of resilience, spelled once: every key a recovering job reads or writes
-// (the processes' Recovery, commgrid launch posting deaths and following the epochs, the
-// tests) comes from these functions, and each epoch's decision is written and read by
-// format_decision / parse_decision. docs/resilience.md, "The store's keys".
+// The store keys of resilience, and the signal launch sends, spelled once: every key a
+// recovering job reads or writes (the processes' Recovery, commgrid launch posting deaths
+// and following the epochs, the tests) comes from these functions, and each epoch's
+// decision is written and read by format_decision / parse_decision. docs/resilience.md,
+// "The store's keys".
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,6 +20,11 @@ namespace commgrid {
 /// The prefix every key of resilience lives under unless RecoveryOptions::prefix says
 /// otherwise.
 inline constexpr std::string_view kResiliencePrefix = "resilience";
+
+/// The signal commgrid launch --spares sends its other processes, with the failed epoch as
+/// the value (sigqueue), once it has posted a death. Ignored by default; commgrid.torch's
+/// driver ends that epoch's connections on it (python/src/epoch_sockets.hpp).
+inline constexpr int kEpochFailureSignal = SIGURG;
 
 /// "<prefix>/process/<p>/<incarnation>/dead": the death of one incarnation of a process
 /// (posted by commgrid launch when it exits, or by the decider that declares it dead).

@@ -366,8 +366,8 @@ class ResilientDriver:
         epoch, self._epoch = self._epoch, None
         if epoch is None and not dist.is_initialized():
             return  # nothing of an epoch is left (the start of every epoch calls this)
-        alive = []
-        if dist.is_initialized():
+        alive = []  # weak references to the groups, for the fallback collection
+        if dist.is_initialized() and not ended:
             alive = [weakref.ref(g) for g in list(dist.distributed_c10d._world.pg_map)]
         try:
             if epoch is not None and stop is not None:
@@ -376,8 +376,6 @@ class ResilientDriver:
             if epoch is not None:
                 epoch._release()
             self._store = None
-            if ended:
-                alive = []
             if defer:
                 self._deferred = alive
             else:
