@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <future>
 
 #include "secrets.hpp"
 #include "tcp_auth.hpp"
@@ -33,7 +34,16 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, const StoreOpt
   watch(listener_.get(), kListenerId, EPOLLIN);
   watch(wake_.get(), kWakeId, EPOLLIN);
   reserve_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  loop_ = std::thread([this] { loop(); });
+  // Returns once the loop thread runs: a server that exists serves, whatever happens to
+  // the process next (a thread that had not yet started when the process ran out of
+  // descriptors failed UBSan's type check at its start, under a loaded asan run).
+  std::promise<void> running;
+  std::future<void> started = running.get_future();
+  loop_ = std::thread([this, running = std::move(running)]() mutable {
+    running.set_value();
+    loop();
+  });
+  started.wait();
 }
 
 TcpStoreServer::~TcpStoreServer() {
