@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=60, help="commgrid launch --timeout")
     ap.add_argument("--layouts", nargs="*", default=list(LAYOUTS), choices=list(LAYOUTS))
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--keep-connections", action="store_true",
+                    help="train_gpt --keep-connections in the killed runs; the restart bound is "
+                         "then also measured for a job that keeps its connections")
     args = ap.parse_args()
     w = args.world
     for name in args.layouts:
@@ -72,8 +75,15 @@ def main():
     gpt = os.path.join(args.build, "examples", "train_gpt", "commgrid-train-gpt")
     print(f"world {w} (+1 spare), {args.steps} steps, {args.repeats} kills per layout, "
           f"seed {seed}, load {os.getloadavg()[0]:.1f}", flush=True)
-    print("| layout | dp | recovery median | p95 | max | whole-job restart >= | restart / median |")
-    print("|---|---|---|---|---|---|---|")
+    kept = ["--keep-connections"] if args.keep_connections else []
+    if kept:
+        print("| layout | dp | recovery median | p95 | max | whole-job restart >= | restart / median "
+              "| kept-connections job's start-up >= | start-up / median |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    else:
+        print("| layout | dp | recovery median | p95 | max | whole-job restart >= "
+              "| restart / median |")
+        print("|---|---|---|---|---|---|---|")
     every = []
     for name in args.layouts:
         flags, others = LAYOUTS[name]
@@ -82,13 +92,19 @@ def main():
         one, _ = run([cli, "launch", "-n", str(w), "--", gpt] + flags + ["--steps", "1"], 600)
         two, _ = run([cli, "launch", "-n", str(w), "--", gpt] + flags + ["--steps", "2"], 600)
         restart = 2 * one - two
+        if kept:
+            start = [cli, "launch", "-n", str(w), "--spares", "0", "--", gpt] + flags + \
+                ["--spares", "0"] + kept
+            k_one, _ = run(start + ["--steps", "1"], 600)
+            k_two, _ = run(start + ["--steps", "2"], 600)
+            kept_restart = 2 * k_one - k_two
         times = []
         for _ in range(args.repeats):
             victim, step = rng.randrange(w), rng.randint(2, args.steps - 2)
             _, err = run([cli, "launch", "-n", str(w + 1), "--spares", "1", "--timeout",
                           str(args.timeout), "--", gpt] + flags +
                          ["--steps", str(args.steps), "--spares", "1", "--fault-kill",
-                          f"{victim}:{step}"], 600)
+                          f"{victim}:{step}"] + kept, 600)
             killed = KILLED.search(err)
             firsts = [float(m.group(2)) for m in FIRST.finditer(err)]
             if killed is None or len(firsts) < w:
@@ -99,10 +115,13 @@ def main():
                   file=sys.stderr, flush=True)
         every += times
         med = statistics.median(times)
-        print(f"| {name} | {w // others} | {med:.3f} s | {percentile(times, 0.95):.3f} s | "
-              f"{max(times):.3f} s | {restart:.2f} s | {restart / med:.1f} |", flush=True)
+        row = (f"| {name} | {w // others} | {med:.3f} s | {percentile(times, 0.95):.3f} s | "
+               f"{max(times):.3f} s | {restart:.2f} s | {restart / med:.1f} |")
+        if kept:
+            row += f" {kept_restart:.2f} s | {kept_restart / med:.1f} |"
+        print(row, flush=True)
     print(f"| every kill ({len(every)}) | | {statistics.median(every):.3f} s | "
-          f"{percentile(every, 0.95):.3f} s | {max(every):.3f} s | | |")
+          f"{percentile(every, 0.95):.3f} s | {max(every):.3f} s | | |" + (" | |" if kept else ""))
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -36,6 +36,13 @@ for r in $(seq "$reps"); do
   cp "$tmp/err" "$tmp/err.buddy"
   shrunk=$(run -n "$w" --spares 0 -- "$gpt" --tp 2 --steps "$steps" --spares 0 --snapshot-every 1 --fault-kill 1:4)
   cp "$tmp/err" "$tmp/err.shrink"
+  # Kept connections (--keep-connections): the same failure; and the start-up of a job that
+  # keeps its connections (every two processes connected once, the groups views over them).
+  kept_failed=$(run -n $((w + 1)) --spares 1 -- "$gpt" --tp 2 --steps "$steps" --spares 1 --snapshot-every 1 --keep-connections --fault-kill 1:4)
+  cp "$tmp/err" "$tmp/err.kept"
+  kept_one=$(run -n "$w" --spares 0 -- "$gpt" --tp 2 --steps 1 --spares 0 --keep-connections)
+  kept_two=$(run -n "$w" --spares 0 -- "$gpt" --tp 2 --steps 2 --spares 0 --keep-connections)
+  kept_restart=$(echo "2 * $kept_one - $kept_two" | bc -l)
   # A restart of the whole job costs at least its start-up (launch, world, groups, model):
   # a 1-step run minus one step. (Reading a checkpoint of this model from disk is not
   # counted, nor the steps lost since the last checkpoint.)
@@ -47,4 +54,5 @@ for r in $(seq "$reps"); do
   echo "       recovery by part (slowest process): $(parts "$tmp/err.failed")"
   echo "       buddy copies: recovery $(slowest "$tmp/err.buddy") s ($(parts "$tmp/err.buddy")); run $(printf %.2f "$buddy_failed") s"
   echo "       shrink (no spare): recovery $(slowest "$tmp/err.shrink") s ($(parts "$tmp/err.shrink")); run $(printf %.2f "$shrunk") s"
+  echo "       kept connections: recovery $(slowest "$tmp/err.kept") s ($(parts "$tmp/err.kept")); run $(printf %.2f "$kept_failed") s; vs whole-job restart >= $(printf %.2f "$restart") s (x$(printf %.1f "$(echo "$restart / $(slowest "$tmp/err.kept")" | bc -l)")), a kept-connections job's start-up >= $(printf %.2f "$kept_restart") s (x$(printf %.1f "$(echo "$kept_restart / $(slowest "$tmp/err.kept")" | bc -l)"))"
 done

@@ -40,7 +40,7 @@ struct Flags {
   std::string vocab = "64", hidden = "32", heads = "4", seq = "32", layers = "4";
   std::string format = "table", fault;
   bool sequence_parallel = false, dist_opt = false;
-  bool moe = false, no_shrink = false;
+  bool moe = false, no_shrink = false, keep_connections = false;
   std::string dispatcher = "alltoall";
   std::string experts = "4", topk = "2", moe_every = "1", aux_loss_coeff = "0.01";
   std::string spares, snapshot_every = "1", state_from = "auto", fault_kill;  // docs/resilience.md
@@ -270,6 +270,7 @@ int run_with_spares(const Flags& f, const Checked& checked) {
   resilience.shrink = !f.no_shrink;
   resilience.kills = parse_kills(f.fault_kill);
   resilience.state_faults = parse_state_faults(f.fault_state);
+  resilience.keep_connections = f.keep_connections;
   resilience.pace_ms = to_int("fault_pace_ms", f.fault_pace_ms, 0);
   resilience.snapshot_memory_limit = static_cast<std::size_t>(
       parse_integer("snapshot_memory_limit", f.snapshot_memory_limit, 0, std::int64_t{1} << 50));
@@ -312,6 +313,10 @@ int run(const Flags& f) {
     return std::pair{layout, c};
   };
   if (!f.spares.empty()) return run_with_spares(f, checked);
+  if (f.keep_connections)
+    throw commgrid::IncompatibleError("keep_connections",
+                                      "--keep-connections keeps connections across recoveries: "
+                                      "it needs --spares");
   commgrid::ParallelConfig layout;
   TrainConfig config;
   commgrid::cli::WorldJob job;
@@ -382,6 +387,10 @@ int main(int argc, char** argv) {
                  "with --spares: where a replaced rank's state comes from: replica (its "
                  "data-parallel group), buddy (a copy shipped to another rank at every "
                  "snapshot), or auto: replica where every rank has a full one (auto)");
+  app.add_flag("--keep-connections", f.keep_connections,
+               "with --spares: connect every two processes once and keep those connections "
+               "across recoveries; a recovery makes anew only the ones that held an "
+               "unfinished operation (docs/resilience.md)");
   app.add_flag("--no-shrink", f.no_shrink,
                "with --spares: when a failure finds no spare, end the job instead of going on "
                "with fewer data-parallel replicas");

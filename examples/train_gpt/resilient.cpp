@@ -203,6 +203,29 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
   };
   auto driver = commgrid::make_resilient_driver(launch, options);
   rec = &driver->recovery();
+  if (resilience.keep_connections) {
+    // Every process of the job, spares included, connects to every other once.
+    if (launch.incarnation > 0)
+      throw commgrid::IncompatibleError(
+          "keep_connections", "--keep-connections: process " + std::to_string(launch.process) +
+                                  " is a restart (incarnation " +
+                                  std::to_string(launch.incarnation) +
+                                  "); kept connections are made once, at the job's start");
+    commgrid::GlooOptions o;
+    o.timeout = rec->options().timeout;
+    o.prefix = rec->options().prefix + "/kept";
+    o.token = commgrid::effective_token(*rec->store(), token);
+    o.store = rec->store();
+    o.rank = launch.process;
+    o.size = launch.num_processes;
+    std::shared_ptr<commgrid::GlooConnections> kept = commgrid::make_gloo_connections(o);
+    rec->keep_connections({[kept] { return kept->end_epoch(); },
+                           [kept](const std::string& prefix, std::int64_t epoch,
+                                  const std::vector<std::int64_t>& process_of,
+                                  const std::vector<std::int64_t>& renew) {
+                             return kept->world(prefix, epoch, process_of, renew);
+                           }});
+  }
 
   TrainerState state(config, launch.process, resilience.state_faults);
   std::unique_ptr<Collections> collections;

@@ -24,6 +24,9 @@ struct ResilienceConfig {
   /// Buddy copies: logical rank r ships its state to logical rank (r + buddy_shift) mod W
   /// at every snapshot. commgrid::buddy_shift_for() puts the buddy on the next node.
   std::int64_t buddy_shift = 1;
+  /// Keep the connections across epochs (commgrid::make_gloo_connections): a recovery makes
+  /// anew only the pairs that held an unfinished operation.
+  bool keep_connections = false;
   /// When a failure finds no spare: go on with fewer data-parallel replicas (the global
   /// batch and the micro-batch size kept, each replica taking more micro-batches), the
   /// state resharded to the smaller layout; false: the job ends (NoSpareError).

@@ -36,6 +36,29 @@ std::int64_t parse_number(std::string_view s, const std::string& where) {
   return v;
 }
 
+// A registration's value: the incarnation, and with kept connections ";" and the
+// processes whose pairs with the registered one must be made anew.
+struct Registration {
+  std::int64_t incarnation = 0;
+  std::vector<std::int64_t> renew;
+};
+
+Registration parse_registration(const std::string& value) {
+  Registration r;
+  const auto semi = value.find(';');
+  r.incarnation = parse_number(value.substr(0, semi), "incarnation");
+  if (semi == std::string::npos) return r;
+  std::string_view rest(value);
+  rest.remove_prefix(semi + 1);
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    r.renew.push_back(parse_number(rest.substr(0, comma), "renewed process"));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return r;
+}
+
 }  // namespace
 
 // Notices when this process did not run for longer than the job's timeout: a thread that
@@ -131,6 +154,12 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   }
 }
 
+void Recovery::keep_connections(KeptConnections kept) {
+  if (!kept.end_epoch || !kept.world)
+    throw ConfigError("kept", "recovery: kept connections need end_epoch and world");
+  kept_ = std::move(kept);
+}
+
 std::string Recovery::world_prefix() const { return epoch_world_prefix(options_.prefix, epoch()); }
 
 void Recovery::mark_failed(const std::string& reason) {
@@ -209,15 +238,26 @@ std::vector<std::int64_t> processes_of(const RankMap& map) {
 }  // namespace
 
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
-                             const std::vector<std::int64_t>& revived) {
+                             const std::vector<std::int64_t>& revived,
+                             const std::vector<std::int64_t>& registered) {
   DecisionRecord d;
   d.epoch = epoch() + 1;
   d.decider = process_;
   d.dead = dead;
+  // The pairs either end asked to make anew (kept connections), once each.
+  std::set<std::pair<std::int64_t, std::int64_t>> renew;
+  for (std::int64_t p : registered) {
+    const std::string k = epoch_alive_key(options_.prefix, d.epoch, p);
+    if (!store_->has(k)) continue;
+    for (std::int64_t q : parse_registration(text(store_->get(k))).renew)
+      if (q != p) renew.emplace(std::min(p, q), std::max(p, q));
+  }
+  d.renew.assign(renew.begin(), renew.end());
   RankMap revived_map = map_;
   for (std::int64_t p : revived) {
     const std::string k = epoch_alive_key(options_.prefix, d.epoch, p);
-    d.revived.emplace_back(p, static_cast<int>(parse_number(text(store_->get(k)), "incarnation")));
+    d.revived.emplace_back(p,
+                           static_cast<int>(parse_registration(text(store_->get(k))).incarnation));
     revived_map = revived_map.revive(p);
   }
   // The world size a shrink leads to, which every process checks against its own plan, and
@@ -244,6 +284,7 @@ void Recovery::adopt(const std::string& decision) {
   d.decider = record.decider;
   d.dead = record.dead;
   d.text = decision;
+  d.renew = record.renew;
   RankMap next = map_;
   for (auto [p, inc] : record.revived) {
     next = next.revive(p);
@@ -324,8 +365,15 @@ const EpochDecision& Recovery::agree() {
     throw FencedError(why);
   }
   mark_failed("joined the agreement on epoch " + std::to_string(next));
+  std::string registration = std::to_string(options_.incarnation);
+  if (kept_) {
+    // This epoch ends here first (its blocked peers fail now); the pairs it could not keep
+    // travel with the registration.
+    const std::vector<std::int64_t> renew = kept_->end_epoch();
+    if (!renew.empty()) registration += ";" + join(renew);
+  }
   (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
-                              bytes(std::to_string(options_.incarnation)));
+                              bytes(registration));
   const Ms window(
       std::max<long long>(1, static_cast<long long>(static_cast<double>(options_.timeout.count()) *
                                                     options_.decision_window)));
@@ -367,7 +415,7 @@ const EpochDecision& Recovery::agree() {
       // this incarnation's: the one the map knows is dead.
       const bool here =
           missing_set.count(keys[i]) == 0 &&
-          (waiting[i] == process_ || parse_number(text(store_->get(keys[i])), "incarnation") ==
+          (waiting[i] == process_ || parse_registration(text(store_->get(keys[i]))).incarnation ==
                                          incarnation_[static_cast<std::size_t>(waiting[i])]);
       (here ? candidates : dead).push_back(waiting[i]);
     }
@@ -387,11 +435,11 @@ const EpochDecision& Recovery::agree() {
       for (std::int64_t p = 0; p < map_.num_processes(); ++p) {
         if (map_.role(p) != ProcessRole::dead) continue;
         const std::string k = epoch_alive_key(options_.prefix, next, p);
-        if (store_->has(k) && parse_number(text(store_->get(k)), "incarnation") >
+        if (store_->has(k) && parse_registration(text(store_->get(k))).incarnation >
                                   incarnation_[static_cast<std::size_t>(p)])
           revived.push_back(p);
       }
-      if (store_->set_if_absent(decision_key, bytes(decide(dead, revived))))
+      if (store_->set_if_absent(decision_key, bytes(decide(dead, revived, candidates))))
         for (std::int64_t p : dead) {
           const int incarnation = incarnation_[static_cast<std::size_t>(p)];
           // Its death is posted too (unless launch did first): when the declared-dead
@@ -426,8 +474,18 @@ EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& c
     // A process that dies before the world exists (launch posts the epoch failed, or a peer
     // marks it) ends every wait for it at once instead of at the timeout.
     const WaitWatch watch(epoch_failed_key(options_.prefix, epoch()));
-    out.world =
-        factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
+    if (kept_) {
+      std::vector<std::int64_t> renew;
+      if (!history_.empty())
+        for (const auto& [a, b] : history_.back().renew) {
+          if (a == process_) renew.push_back(b);
+          if (b == process_) renew.push_back(a);
+        }
+      out.world = kept_->world(world_prefix(), epoch(), processes_of(map_), renew);
+    } else {
+      out.world =
+          factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
+    }
     out.groups = std::make_shared<ProcessGroups>();
     out.groups->initialize(out.world, shrunk_ ? *config_ : config, init);
   } catch (const FencedError&) { throw; } catch (const BackendError& e) {

@@ -83,6 +83,13 @@ std::string format_decision(const DecisionRecord& d) {
   out += "\n";
   if (d.shrink_world) out += "shrink=" + std::to_string(*d.shrink_world) + "\n";
   if (!d.process_of.empty()) out += "ranks=" + join(d.process_of) + "\n";
+  if (!d.renew.empty()) {
+    out += "renew=";
+    for (std::size_t i = 0; i < d.renew.size(); ++i)
+      out += (i ? "," : "") + std::to_string(d.renew[i].first) + "-" +
+             std::to_string(d.renew[i].second);
+    out += "\n";
+  }
   return out;
 }
 
@@ -113,6 +120,14 @@ DecisionRecord parse_decision(std::string_view decision) {
       d.shrink_world = number(value, "shrink");
     } else if (name == "ranks") {
       d.process_of = numbers(value, "rank's process");
+    } else if (name == "renew") {
+      for (std::string_view item : split(value, ',')) {
+        const auto dash = item.find('-');
+        if (dash == std::string_view::npos)
+          throw BackendError("recovery: malformed renew '" + std::string(item) + "' in a decision");
+        d.renew.emplace_back(number(item.substr(0, dash), "renewed process"),
+                             number(item.substr(dash + 1), "renewed process"));
+      }
     }
   }
   return d;

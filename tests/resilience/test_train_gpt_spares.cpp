@@ -230,6 +230,37 @@ TEST(TrainGptSpares, LosingARankAndItsBuddyEndsTheJobNamingTheRank) {
                      "the state of logical rank 1 is lost: it and its buddy, logical rank 2, died");
 }
 
+// Kept connections (--keep-connections): the same recoveries over one set of pairs made at
+// the start, each epoch's world and groups views over them; only the pairs that held an
+// unfinished operation are made anew. The losses are those of the uninterrupted run.
+TEST(TrainGptSpares, KeptConnectionsTpDpARandomRankAtARandomStep) {
+  const std::vector<std::string> layout{"--tp", "2"};
+  const auto kill = random_kill(4);
+  SCOPED_TRACE("--fault-kill " + kill_text(kill));
+  expect_same(with_failure(5, 1, layout, kill_text(kill), nullptr, nullptr, {"--keep-connections"}),
+              reference(4, layout));
+}
+
+TEST(TrainGptSpares, KeptConnectionsTpPpBuddyCopiesTwoFailuresInARow) {
+  const std::vector<std::string> layout{"--tp", "2", "--pp", "2", "--micro-batches", "2"};  // dp 1
+  expect_same(with_failure(6, 2, layout, "0:1,3:4", nullptr, nullptr, {"--keep-connections"}),
+              reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, KeptConnectionsShrinkWithoutSpares) {
+  const std::vector<std::string> layout{"--tp", "2"};  // dp 2 -> 1
+  expect_same(with_failure(4, 0, layout, "1:3", nullptr, nullptr, {"--keep-connections"}),
+              reference_local(4, layout));
+}
+
+TEST(TrainGptSpares, KeepConnectionsWithoutSparesIsABadFlag) {
+  const CliResult r =
+      run_shell("timeout 60 " + shell_quote(COMMGRID_TRAIN_GPT) + " --keep-connections --steps 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--keep-connections"), std::string::npos) << r.err;
+}
+
 // Shrink: a failure that finds no spare goes on with fewer data-parallel replicas (the
 // global batch kept: each replica takes more micro-batches), the state resharded.
 TEST(TrainGptSpares, ShrinkWithoutSparesARandomRankAtARandomStep) {

@@ -60,6 +60,8 @@ struct EpochDecision {
   std::int64_t decider = -1;             ///< the process whose write won
   std::vector<std::int64_t> process_of;  ///< the process of each logical rank of the epoch
   std::string text;                      ///< as stored (format_decision)
+  /// With kept connections: the pairs of processes made anew for this epoch.
+  std::vector<std::pair<std::int64_t, std::int64_t>> renew;
   /// Set when the epoch shrank the world: its layout (shrink->config, world_size W'), each
   /// old logical rank's new rank (shrink->new_rank) and each new rank's old one
   /// (shrink->old_ranks()), the old ranks being the previous epoch's.
@@ -79,6 +81,21 @@ struct EpochGroups {
 /// .rank = rank, .size = size, .timeout = t, .prefix = prefix, .token = token}).
 using WorldFactory =
     std::function<std::unique_ptr<Communicator>(const std::string& prefix, Rank rank, Rank size)>;
+
+/// Connections kept across epochs (make_gloo_connections): each epoch's world is made over
+/// them, and only the pairs that held an unfinished operation when an epoch ended are made
+/// anew. docs/resilience.md, "Kept connections".
+struct KeptConnections {
+  /// Ends the current epoch on this process; returns the processes whose pairs with it must
+  /// be made anew (GlooConnections::end_epoch).
+  std::function<std::vector<std::int64_t>()> end_epoch;
+  /// The world of `epoch`: rank r is process process_of[r]; the pairs with `renew` first
+  /// made anew (GlooConnections::world).
+  std::function<std::unique_ptr<Communicator>(const std::string& prefix, std::int64_t epoch,
+                                              const std::vector<std::int64_t>& process_of,
+                                              const std::vector<std::int64_t>& renew)>
+      world;
+};
 
 /// One process's view of the job's epochs. Not thread-safe: one thread per process uses it.
 class Recovery {
@@ -105,6 +122,10 @@ class Recovery {
   [[nodiscard]] const std::optional<ParallelConfig>& config() const noexcept { return config_; }
   /// This process's logical rank in the current epoch; nullopt on a spare.
   [[nodiscard]] std::optional<Rank> logical_rank() const { return map_.logical_rank(process_); }
+  /// From now on, each epoch's world is made over `kept` (build's factory is not used for
+  /// it), and agree() ends the epoch on them first. Every process of the job (spares
+  /// included) must do the same before epoch 0's build.
+  void keep_connections(KeptConnections kept);
   /// The decisions adopted so far, oldest first.
   [[nodiscard]] const std::vector<EpochDecision>& history() const noexcept { return history_; }
   /// The identity this process gives the store (StoreOptions::process), e.g. "process/3/0"
@@ -172,7 +193,8 @@ class Recovery {
   /// Throws RecoveryError when the job ended.
   void check_ended();
   std::string decide(const std::vector<std::int64_t>& dead,
-                     const std::vector<std::int64_t>& revived);
+                     const std::vector<std::int64_t>& revived,
+                     const std::vector<std::int64_t>& registered);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
   [[nodiscard]] bool dead_known(std::int64_t process);
 
@@ -184,7 +206,8 @@ class Recovery {
   std::vector<EpochDecision> history_;
   std::optional<ParallelConfig> config_;  ///< with options_.shrink: the current epoch's
   bool shrunk_ = false;                   ///< whether some epoch shrank the world
-  struct StallWatch;                      ///< the thread that notices this process stopped
+  std::optional<KeptConnections> kept_;
+  struct StallWatch;  ///< the thread that notices this process stopped
   std::unique_ptr<StallWatch> stall_;
 };
 

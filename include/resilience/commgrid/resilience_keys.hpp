@@ -35,7 +35,8 @@ inline constexpr int kEpochFailureSignal = SIGURG;
 /// "<prefix>/epoch/<e>/decision": the decision that starts epoch e (format_decision).
 [[nodiscard]] std::string epoch_decision_key(std::string_view prefix, std::int64_t epoch);
 /// "<prefix>/epoch/<e>/alive/<p>": process p registered for epoch e; its value is the
-/// process's incarnation.
+/// process's incarnation, with kept connections followed by ";" and the processes whose
+/// pairs with p must be made anew ("0;3,5").
 [[nodiscard]] std::string epoch_alive_key(std::string_view prefix, std::int64_t epoch,
                                           std::int64_t process);
 /// "<prefix>/epoch/<e>/world": the store prefix of epoch e's world and groups.
@@ -74,6 +75,9 @@ struct DecisionRecord {
   std::vector<std::pair<std::int64_t, int>> revived;  ///< (process, incarnation) back as spares
   std::optional<std::int64_t> shrink_world;           ///< the new world size of a shrink
   std::vector<std::int64_t> process_of;               ///< per logical rank; empty: no epoch
+  /// With kept connections: the pairs of processes to make anew (an end of either held an
+  /// unfinished operation), each (lower, higher).
+  std::vector<std::pair<std::int64_t, std::int64_t>> renew;
 };
 /// The stored text of a decision (the format above; empty lists are written empty).
 [[nodiscard]] std::string format_decision(const DecisionRecord& decision);

@@ -8,6 +8,7 @@
 
 #include "commgrid/communicator.hpp"
 #include "loop_turner.hpp"
+#include "mesh_view.hpp"
 #include "time_text.hpp"
 
 namespace commgrid::gloo_backend {
@@ -46,7 +47,14 @@ DeadlineGuard::DeadlineGuard(std::shared_ptr<::gloo::Context> context, std::stri
                              const std::string& group, std::chrono::milliseconds timeout,
                              Clock::time_point deadline)
     : op_(op), group_(group), timeout_(timeout),
-      watch_(deadline, [ctx = std::move(context)] { return close_connections(ctx); }) {}
+      watch_(deadline, [ctx = std::move(context), op = std::string(op)] {
+        // A view over kept connections ends its own operations; the pairs stay open.
+        if (ViewTransport* view = view_of(*ctx)) {
+          view->abort("the deadline of its " + op + " passed");
+          return std::shared_ptr<void>();
+        }
+        return close_connections(ctx);
+      }) {}
 
 DeadlineGuard::~DeadlineGuard() = default;
 

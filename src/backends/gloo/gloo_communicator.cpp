@@ -23,6 +23,7 @@
 #include "engine_int.hpp"
 #include "fingerprint.hpp"
 #include "gloo_testing.hpp"
+#include "mesh_view.hpp"
 #include "reduce_util.hpp"
 #include "store_adapter.hpp"
 #include "time_text.hpp"
@@ -159,9 +160,70 @@ void connect_in_parallel(std::span<const std::unique_ptr<GroupConnection>> conns
 
 }  // namespace
 
+std::vector<std::unique_ptr<Communicator>> GlooCommunicator::view_groups(
+    std::span<const GroupSpec> groups, const std::vector<std::string>& prefixes,
+    const std::string& op, Clock::time_point deadline,
+    const std::function<void(std::size_t)>& created) {
+  ViewTransport& parent = *view_of(*ctx_);
+  Store& store = *shared_->store;
+  std::vector<std::uint32_t> ns(groups.size(), 0);
+  std::vector<std::string> keys;
+  std::vector<std::size_t> waiting;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const std::string key = prefixes[i] + "/namespace";
+    if (detail::engine_int(groups[i].members.front()) == rank()) {
+      ns[i] = parent.mesh().next_namespace();
+      const std::string v = std::to_string(ns[i]);
+      guard(op, name(), [&] { store.set(key, std::span<const char>(v.data(), v.size())); });
+    } else {
+      keys.push_back(key);
+      waiting.push_back(i);
+    }
+  }
+  if (!keys.empty()) {
+    const auto left = std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
+    const std::vector<std::string> missing = store.wait_for(keys, left);
+    if (!missing.empty())
+      throw TimeoutError("gloo " + op + " on " + name() + ": timed out after " +
+                         seconds_text(timeout()) + " waiting for the first member of " +
+                         std::to_string(missing.size()) + " group(s) to name it (key " +
+                         missing.front() + ")");
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      const std::vector<char> v = store.get(keys[k]);
+      ns[waiting[k]] = static_cast<std::uint32_t>(std::stoul(std::string(v.begin(), v.end())));
+    }
+  }
+  std::vector<std::unique_ptr<Communicator>> out;
+  out.reserve(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    std::vector<int> processes, global;
+    int me = -1;
+    for (const Rank m : groups[i].members) {
+      const int r = detail::engine_int(m);
+      if (r == rank()) me = static_cast<int>(processes.size());
+      processes.push_back(parent.process_of(r));
+      global.push_back(global_ranks_[static_cast<size_t>(r)]);
+    }
+    auto ctx = std::make_shared<MeshViewContext>(parent.mesh().shared_from_this(),
+                                                 std::move(processes), me, ns[i]);
+    out.push_back(std::make_unique<GlooCommunicator>(groups[i].name, shared_, std::move(ctx),
+                                                     std::move(global), prefixes[i], timeout()));
+    if (created) created(i);
+  }
+  return out;
+}
+
 std::vector<std::unique_ptr<Communicator>> GlooCommunicator::do_create_groups(
     std::span<const GroupSpec> groups, const std::function<void(std::size_t)>& created) {
   const auto deadline = Clock::now() + timeout();  // the whole batch's
+  if (view_of(*ctx_) != nullptr) {
+    std::vector<std::string> prefixes;
+    prefixes.reserve(groups.size());
+    for (const GroupSpec& g : groups) prefixes.push_back(next_group_prefix(g.name));
+    auto out = view_groups(groups, prefixes, "create_groups", deadline, created);
+    end_with_barrier(ctx_, "create_groups", name(), timeout(), deadline);
+    return out;
+  }
   std::vector<std::unique_ptr<GroupConnection>> conns;
   conns.reserve(groups.size());
   for (const GroupSpec& g : groups)
@@ -449,6 +511,13 @@ std::unique_ptr<Communicator> GlooCommunicator::make_group(const std::vector<int
                                                            const std::string& prefix,
                                                            const std::string& op,
                                                            Clock::time_point deadline) {
+  if (view_of(*ctx_) != nullptr) {
+    const GroupSpec spec{{members.begin(), members.end()}, name};
+    auto out = view_groups(std::span<const GroupSpec>(&spec, 1), {prefix}, op, deadline, {});
+    auto& group = static_cast<GlooCommunicator&>(*out.front());
+    end_with_barrier(group.ctx_, op, group.name(), timeout(), deadline);
+    return std::move(out.front());
+  }
   const std::unique_ptr<GroupConnection> c = group_connection(members, name, prefix, op, deadline);
   c->run_alone();
   // A new group starts with this communicator's timeout.

@@ -149,9 +149,11 @@ class GlooCommunicator final : public Communicator {
 
   // Gloo's collectives use slot prefixes 0x01-0x08 in the top byte; point-to-point uses its
   // own prefix so that a user's tag can never match a collective's message.
+  // Bits 32-55 of every slot stay zero: a group that is a view over kept connections puts
+  // its namespace there (mesh_view.hpp).
   static std::uint64_t p2p_slot(int tag) {
     return (std::uint64_t{0x40} << 56) |
-           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag)) << 24);
+           static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
   }
 
   // Collectives run in the same order on every rank of a group, so a counter gives every
@@ -165,7 +167,7 @@ class GlooCommunicator final : public Communicator {
   // collectives under 0x41 with the collective counter, so neither can match the other or
   // Gloo's collectives (prefixes 0x01-0x08).
   static std::uint64_t rooted_slot(std::uint32_t tag) {
-    return (std::uint64_t{0x41} << 56) | (static_cast<std::uint64_t>(tag) << 24);
+    return (std::uint64_t{0x41} << 56) | static_cast<std::uint64_t>(tag);
   }
   PendingP2P post_one(P2POp::Kind kind, void* buf, size_t nbytes, int peer, int tag,
                       std::uint64_t slot, std::string_view op);
@@ -194,6 +196,13 @@ class GlooCommunicator final : public Communicator {
                                                     const std::string& prefix,
                                                     const std::string& op,
                                                     Clock::time_point deadline);
+  // Groups of a view over kept connections (mesh_view.hpp): views themselves, named by a
+  // namespace their first member picks and publishes under the group's prefix; no
+  // connection is made. The caller ends with a barrier, as for connected groups.
+  std::vector<std::unique_ptr<Communicator>> view_groups(
+      std::span<const GroupSpec> groups, const std::vector<std::string>& prefixes,
+      const std::string& op, Clock::time_point deadline,
+      const std::function<void(std::size_t)>& created);
   // create_group's key prefix for the next group called `name`: only members create a
   // group, so a per-name count (not a per-communicator sequence) is what every member agrees
   // on; it lets a group be destroyed and created again.

@@ -43,6 +43,8 @@ void rethrow_gloo(std::string_view op, const std::string& group, const std::stri
   if (contains_nocase(text, "closed by peer") || contains_nocase(text, "reset by peer") ||
       contains_nocase(text, "broken pipe") || contains_nocase(text, "connection refused"))
     throw AbortedError(msg + " (a peer rank of " + group + " failed or exited)");
+  // A view over kept connections whose epoch ended (mesh_view.hpp).
+  if (contains_nocase(text, "ended epoch")) throw AbortedError(msg);
   throw BackendError(msg);
 }
 

@@ -31,6 +31,7 @@ using Clock = std::chrono::steady_clock;
 struct PairGateScope::State {
   std::string token, prefix;
   int rank = 0;
+  std::vector<int> peers;  // when given: the peer of each listener, in creation order
   Clock::time_point deadline;
   mutable std::mutex m;  // guards the members below (the loop thread writes `refused`)
   std::vector<std::string> refused;
@@ -155,7 +156,8 @@ bool record_listener(int fd, State& scope) {
       std::lock_guard slock(scope.m);
       // Gloo makes a pair for every peer but itself, in rank order.
       const int k = static_cast<int>(scope.listeners.size());
-      l.peer = k < scope.rank ? k : k + 1;
+      if (scope.peers.empty()) l.peer = k < scope.rank ? k : k + 1;
+      else l.peer = scope.peers[static_cast<std::size_t>(k) % scope.peers.size()];
       scope.listeners.push_back(fd);
     }
     registry().listeners[fd] = std::move(l);
@@ -447,12 +449,17 @@ bool pair_gate_available() {
 }
 
 PairGateScope::PairGateScope(const std::string& token, const std::string& prefix, int rank,
-                             Clock::time_point deadline) {
+                             Clock::time_point deadline)
+    : PairGateScope(token, prefix, rank, {}, deadline) {}
+
+PairGateScope::PairGateScope(const std::string& token, const std::string& prefix, int rank,
+                             std::vector<int> peers, Clock::time_point deadline) {
   if (!pair_gate_available()) return;
   state_ = std::make_shared<State>();
   state_->token = token;
   state_->prefix = prefix;
   state_->rank = rank;
+  state_->peers = std::move(peers);
   state_->deadline = deadline;
   {
     std::lock_guard lock(registry().mutex);

@@ -49,6 +49,10 @@ class PairGateScope {
   /// gate gives up at `deadline`.
   PairGateScope(const std::string& token, const std::string& prefix, int rank,
                 std::chrono::steady_clock::time_point deadline);
+  /// For pairs made with some peers only (kept connections made anew): the listeners are
+  /// created for `peers`, in that order.
+  PairGateScope(const std::string& token, const std::string& prefix, int rank,
+                std::vector<int> peers, std::chrono::steady_clock::time_point deadline);
   ~PairGateScope();
   PairGateScope(const PairGateScope&) = delete;
   PairGateScope& operator=(const PairGateScope&) = delete;

@@ -25,23 +25,36 @@ std::string PeerProofs::proof(int from, int to) const {
   return p;
 }
 
+namespace {
+std::vector<int> everyone_but(int rank, int size) {
+  std::vector<int> peers;
+  for (int peer = 0; peer < size; ++peer)
+    if (peer != rank) peers.push_back(peer);
+  return peers;
+}
+}  // namespace
+
 PeerProofs::PeerProofs(::gloo::Context& ctx, std::string token, std::string prefix, std::string op,
                        std::string group)
+    : PeerProofs(ctx, std::move(token), std::move(prefix), std::move(op), std::move(group),
+                 everyone_but(ctx.rank, ctx.size), 0) {}
+
+PeerProofs::PeerProofs(::gloo::Context& ctx, std::string token, std::string prefix, std::string op,
+                       std::string group, const std::vector<int>& peers, std::uint32_t generation)
     : ctx_(ctx), token_(std::move(token)), prefix_(std::move(prefix)), op_(std::move(op)),
       group_(std::move(group)) {
-  const int size = ctx_.size, rank = ctx_.rank;
-  if (size == 1) return;
-  out_.resize(static_cast<size_t>(size));
-  in_.resize(static_cast<size_t>(size));
+  if (peers.empty()) return;
+  const std::uint64_t slot = kSlot | (std::uint64_t{generation & 0xffffffu} << 32);
+  out_.resize(static_cast<size_t>(ctx_.size));
+  in_.resize(static_cast<size_t>(ctx_.size));
   guard(op_, group_, [&] {
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      out_[static_cast<size_t>(peer)] = proof(rank, peer);
+    for (int peer : peers) {
+      out_[static_cast<size_t>(peer)] = proof(ctx_.rank, peer);
       in_[static_cast<size_t>(peer)].assign(kProof, '\0');
       sends_.push_back(ctx_.createUnboundBuffer(out_[static_cast<size_t>(peer)].data(), kProof));
-      sends_.back()->send(peer, kSlot);
+      sends_.back()->send(peer, slot);
       recvs_.push_back(ctx_.createUnboundBuffer(in_[static_cast<size_t>(peer)].data(), kProof));
-      recvs_.back()->recv(peer, kSlot);
+      recvs_.back()->recv(peer, slot);
       recv_peer_.push_back(peer);
     }
   });

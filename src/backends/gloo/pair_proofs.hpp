@@ -6,6 +6,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ class PeerProofs {
  public:
   PeerProofs(::gloo::Context& ctx, std::string token, std::string prefix, std::string op,
              std::string group);
+  /// Over the pairs with `peers` only, on slot prefix 0x7f with `generation` in bits 32-55
+  /// (kept connections: a pair made anew proves itself on a slot its predecessor never used).
+  PeerProofs(::gloo::Context& ctx, std::string token, std::string prefix, std::string op,
+             std::string group, const std::vector<int>& peers, std::uint32_t generation);
   void wait(std::chrono::steady_clock::time_point deadline);
 
  private:

@@ -4,10 +4,12 @@
 
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <numeric>
+#include <span>
 #include <thread>
 
 #include "commgrid/gloo.hpp"
@@ -16,6 +18,7 @@
 #include "gloo_communicator.hpp"
 #include "gloo_errors.hpp"
 #include "gloo_options.hpp"
+#include "mesh_view.hpp"
 #include "time_text.hpp"
 
 namespace commgrid {
@@ -127,23 +130,25 @@ void check_world_size(commgrid::Store& store, const std::string& prefix, int ran
 }  // namespace
 }  // namespace gloo_backend
 
-std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
-  using namespace gloo_backend;
-  if (!options.store) throw ConfigError("store", "gloo world: no store given");
+namespace gloo_backend {
+namespace {
+
+// What make_gloo_world and make_gloo_connections check and set up alike: the options, the
+// TCP device (with its loop poker) and SIGPIPE.
+std::shared_ptr<Shared> start_device(const GlooOptions& options, const char* what) {
+  const std::string w = what;
+  if (!options.store) throw ConfigError("store", w + ": no store given");
   if (options.size < 1 || options.size > INT_MAX)
-    throw InvalidValueError("world_size", "gloo world: world size must be in [1, " +
+    throw InvalidValueError("world_size", w + ": world size must be in [1, " +
                                               std::to_string(INT_MAX) + "], got " +
                                               std::to_string(options.size));
   if (options.rank < 0 || options.rank >= options.size)
-    throw RankOutOfRangeError("rank", "gloo world: rank " + std::to_string(options.rank) +
+    throw RankOutOfRangeError("rank", w + ": rank " + std::to_string(options.rank) +
                                           " is not in [0, " + std::to_string(options.size) + ")");
-  // Gloo numbers ranks with int; both were just checked to fit.
-  const int rank = static_cast<int>(options.rank);
-  const int size = static_cast<int>(options.size);
   if (options.timeout.count() <= 0)
-    throw InvalidValueError("timeout", "gloo world: timeout must be > 0 ms, got " +
-                                           std::to_string(options.timeout.count()));
-  if (options.prefix.empty()) throw ConfigError("prefix", "gloo world: empty key prefix");
+    throw InvalidValueError(
+        "timeout", w + ": timeout must be > 0 ms, got " + std::to_string(options.timeout.count()));
+  if (options.prefix.empty()) throw ConfigError("prefix", w + ": empty key prefix");
   auto shared = std::make_shared<Shared>();
   shared->store = options.store;
   shared->token =
@@ -157,14 +162,93 @@ std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
   // Connecting and closing a pair each wait for a turn of the device's loop: at once, not
   // in up to 10 ms (loop_poke.hpp).
   shared->poker = std::make_unique<LoopPoker>(shared->device);
-  std::vector<int> global(static_cast<size_t>(size));
-  std::iota(global.begin(), global.end(), 0);
   // Gloo writes to peers' sockets without MSG_NOSIGNAL: a peer that died would kill this
   // rank with SIGPIPE. Ignored (unless the program chose a handler), the write fails with
   // EPIPE and the survivor reports the lost peer as an error.
   struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
     ::signal(SIGPIPE, SIG_IGN);
+  return shared;
+}
+
+class KeptConnections final : public GlooConnections {
+ public:
+  KeptConnections(std::shared_ptr<ProcessMesh> mesh) : mesh_(std::move(mesh)) {}
+
+  std::unique_ptr<Communicator> world(const std::string& prefix, std::int64_t epoch,
+                                      const std::vector<std::int64_t>& process_of,
+                                      const std::vector<std::int64_t>& renew) override {
+    const auto deadline = Clock::now() + mesh_->timeout();
+    const int me = mesh_->process();
+    std::vector<int> processes;
+    int rank = -1;
+    for (const std::int64_t p : process_of) {
+      if (p < 0 || p >= mesh_->processes())
+        throw RankOutOfRangeError("process_of", "gloo kept connections: process " +
+                                                    std::to_string(p) + " is not in [0, " +
+                                                    std::to_string(mesh_->processes()) + ")");
+      if (p == me) rank = static_cast<int>(processes.size());
+      processes.push_back(static_cast<int>(p));
+    }
+    if (rank < 0)
+      throw ConfigError("process_of", "gloo kept connections: process " + std::to_string(me) +
+                                          " is not in the world of epoch " + std::to_string(epoch));
+    mesh_->begin_epoch(epoch);
+    std::vector<int> peers;
+    // Only pairs within this epoch's world: a dead process's are never used again, a
+    // spare's wait until it joins a world (the pair stays listed until then).
+    for (const std::int64_t p : renew)
+      if (p != me && std::find(process_of.begin(), process_of.end(), p) != process_of.end())
+        peers.push_back(static_cast<int>(p));
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    mesh_->connect(prefix + "/renew", peers, static_cast<std::uint32_t>(epoch), deadline);
+    // Rank 0 names the world's view; the others read it.
+    Store& store = *mesh_->shared()->store;
+    const std::string key = prefix + "/namespace";
+    std::uint32_t ns = 0;
+    if (rank == 0) {
+      ns = mesh_->next_namespace();
+      const std::string v = std::to_string(ns);
+      guard("create world", "world",
+            [&] { store.set(key, std::span<const char>(v.data(), v.size())); });
+    } else {
+      const auto left = std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
+      if (!store.wait_for(std::span<const std::string>(&key, 1), left).empty())
+        throw TimeoutError("gloo create world on world: timed out after " +
+                           seconds_text(mesh_->timeout()) +
+                           " waiting for rank 0 to name the world (key " + key + ")");
+      const std::vector<char> v = store.get(key);
+      ns = static_cast<std::uint32_t>(std::stoul(std::string(v.begin(), v.end())));
+    }
+    std::vector<int> global(processes.size());
+    std::iota(global.begin(), global.end(), 0);
+    auto ctx = std::make_shared<MeshViewContext>(mesh_, std::move(processes), rank, ns);
+    end_with_barrier(ctx, "create world", "world", mesh_->timeout(), deadline);
+    return std::make_unique<GlooCommunicator>("world", mesh_->shared(), std::move(ctx),
+                                              std::move(global), prefix, mesh_->timeout());
+  }
+
+  std::vector<std::int64_t> end_epoch() override {
+    const std::vector<int> peers = mesh_->end_epoch();
+    return {peers.begin(), peers.end()};
+  }
+
+ private:
+  std::shared_ptr<ProcessMesh> mesh_;
+};
+
+}  // namespace
+}  // namespace gloo_backend
+
+std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
+  using namespace gloo_backend;
+  auto shared = start_device(options, "gloo world");
+  // Gloo numbers ranks with int; both were checked to fit.
+  const int rank = static_cast<int>(options.rank);
+  const int size = static_cast<int>(options.size);
+  std::vector<int> global(static_cast<size_t>(size));
+  std::iota(global.begin(), global.end(), 0);
   // One deadline for the whole creation: the size check, the connections and the barrier.
   const auto deadline = Clock::now() + options.timeout;
   check_world_size(*shared->store, options.prefix, rank, size, options.timeout, deadline);
@@ -172,6 +256,21 @@ std::unique_ptr<Communicator> make_gloo_world(const GlooOptions& options) {
                            options.timeout, deadline);
   return std::make_unique<GlooCommunicator>("world", shared, std::move(ctx), std::move(global),
                                             options.prefix, options.timeout);
+}
+
+std::shared_ptr<GlooConnections> make_gloo_connections(const GlooOptions& options) {
+  using namespace gloo_backend;
+  auto shared = start_device(options, "gloo kept connections");
+  const int process = static_cast<int>(options.rank);
+  const int processes = static_cast<int>(options.size);
+  const auto deadline = Clock::now() + options.timeout;
+  check_world_size(*shared->store, options.prefix, process, processes, options.timeout, deadline);
+  auto mesh = std::make_shared<ProcessMesh>(shared, process, processes, options.timeout);
+  std::vector<int> peers;
+  for (int p = 0; p < processes; ++p)
+    if (p != process) peers.push_back(p);
+  mesh->connect(options.prefix, peers, 0, deadline);
+  return std::make_shared<KeptConnections>(std::move(mesh));
 }
 
 std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options) {

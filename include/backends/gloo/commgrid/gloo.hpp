@@ -3,9 +3,11 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "commgrid/communicator.hpp"
 #include "commgrid/launch_info.hpp"
@@ -58,5 +60,38 @@ struct GlooOptions {
 /// listens on the interface that reaches the store. Collective over the world; the errors of
 /// read_launch_info, open_store and make_gloo_world.
 [[nodiscard]] std::unique_ptr<Communicator> make_gloo_world_from_env(GlooOptions options = {});
+
+/// Connections kept across a job's epochs (docs/resilience.md, "Kept connections"): one Gloo
+/// pair between every two processes of the job, spares included, made once. Each epoch's
+/// world, and every group made from it, is a view over those pairs: making it connects
+/// nothing (its first member names it through the store, and a barrier ends it). When an
+/// epoch ends on a process, every operation of its communicators fails at once, every peer
+/// is told (so one blocked on this process fails at once too), and the pairs that held an
+/// unfinished operation are closed: those, and only those, are made anew for the next
+/// epoch. Meant for Recovery (RecoveryOptions::kept); one thread per process uses it.
+/// Within an epoch, a group's operation that passes its deadline ends that group only (its
+/// pairs stay open); Work::is_completed says false until the work is waited for.
+class GlooConnections {
+ public:
+  virtual ~GlooConnections() = default;
+  /// The world of `epoch` (>= the last one given): rank r is process process_of[r], this
+  /// process among them. The pairs with the processes in `renew` are made anew first (both
+  /// ends of each such pair list each other). Collective over the epoch's world; keys under
+  /// `prefix` (the epoch's). Throws TimeoutError, AbortedError (a member failed: the epoch's
+  /// failure key, WaitWatch), BackendError.
+  [[nodiscard]] virtual std::unique_ptr<Communicator> world(
+      const std::string& prefix, std::int64_t epoch, const std::vector<std::int64_t>& process_of,
+      const std::vector<std::int64_t>& renew) = 0;
+  /// Ends the current epoch on this process (idempotent) and returns the processes whose
+  /// pairs with this one must be made anew (they held an unfinished operation, or are
+  /// closed). Never blocks on a peer.
+  [[nodiscard]] virtual std::vector<std::int64_t> end_epoch() = 0;
+};
+
+/// Connects every two processes of a job: options.rank is this process, options.size the
+/// job's processes (spares included), options.prefix the keys' prefix; the other options
+/// as for make_gloo_world. Collective over every process of the job. Errors as
+/// make_gloo_world's.
+[[nodiscard]] std::shared_ptr<GlooConnections> make_gloo_connections(const GlooOptions& options);
 
 }  // namespace commgrid

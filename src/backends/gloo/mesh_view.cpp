@@ -1,0 +1,391 @@
+#include "mesh_view.hpp"
+
+#include <gloo/common/error.h>
+#include <gloo/transport/device.h>
+#include <gloo/transport/pair.h>
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "commgrid/store.hpp"
+#include "gloo_errors.hpp"
+#include "pair_gate.hpp"
+#include "pair_proofs.hpp"
+#include "store_adapter.hpp"
+
+namespace commgrid::gloo_backend {
+
+using Ms = std::chrono::milliseconds;
+
+namespace {
+
+// Waits on the mesh's buffers never time out in Gloo: a Gloo timeout closes every pair of
+// the context, that is every kept connection. What bounds them is the operation's deadline
+// (with_deadline, GlooP2PWork), which aborts the view.
+constexpr auto kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 * 365));
+
+// Slot prefixes of the mesh's own messages (a view's carry its namespace in bits 32-55 of
+// commgrid's and Gloo's own prefixes): an epoch's end notices, 0x7e with the epoch.
+constexpr std::uint64_t kNoticeSlot = std::uint64_t{0x7e} << 56;
+constexpr std::uint64_t kBits32To55 = std::uint64_t{0xffffff} << 32;
+
+std::uint64_t notice_slot(std::int64_t epoch) {
+  return kNoticeSlot | ((static_cast<std::uint64_t>(epoch) & 0xffffffu) << 32);
+}
+
+// A Gloo context over the mesh's transport (pair proofs and buffers use it).
+class KeptMeshContext final : public ::gloo::Context {
+ public:
+  KeptMeshContext(int rank, int size, std::shared_ptr<::gloo::transport::Device> device, Ms timeout)
+      : ::gloo::Context(rank, size) {
+    device_ = std::move(device);
+    transportContext_ = device_->createContext(rank, size);
+    setTimeout(timeout);
+    transportContext_->setTimeout(timeout);
+  }
+  ::gloo::transport::Context& transport() { return *transportContext_; }
+};
+
+KeptMeshContext& mesh_of(::gloo::Context& ctx) { return static_cast<KeptMeshContext&>(ctx); }
+
+[[noreturn]] void throw_aborted(const ViewTransport& view) {
+  throw ::gloo::IoException("aborted: " + view.why());
+}
+
+}  // namespace
+
+// ---- the mesh ----------------------------------------------------------------------------
+
+ProcessMesh::ProcessMesh(std::shared_ptr<Shared> shared, int process, int processes, Ms timeout)
+    : shared_(std::move(shared)), process_(process), processes_(processes), timeout_(timeout),
+      ctx_(std::make_shared<KeptMeshContext>(process, processes, shared_->device, timeout)),
+      generation_(static_cast<std::size_t>(processes), 0) {
+  watcher_ = std::thread([this] { watch_notices(); });
+}
+
+ProcessMesh::~ProcessMesh() {
+  {
+    const std::lock_guard lock(m_);
+    stopping_ = true;
+    for (auto& b : watch_) b->abortWaitRecv();
+  }
+  watch_cv_.notify_all();
+  watcher_.join();
+}
+
+std::unique_ptr<::gloo::transport::Pair>& ProcessMesh::pair(int process) {
+  return ctx_->getPair(process);
+}
+
+std::unique_ptr<::gloo::transport::UnboundBuffer> ProcessMesh::buffer(void* ptr, std::size_t size) {
+  return ctx_->createUnboundBuffer(ptr, size);
+}
+
+void ProcessMesh::connect(const std::string& prefix, const std::vector<int>& peers,
+                          std::uint32_t generation, Clock::time_point deadline) {
+  if (peers.empty()) return;
+  const std::string op = "connect", group = "kept connections";
+  std::vector<int> everyone(static_cast<std::size_t>(processes_));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  RendezvousStore store(*shared_->store, prefix, op, group, everyone, timeout_, deadline);
+  auto& transport = mesh_of(*ctx_).transport();
+  try {
+    guard(op, group,
+          [&] { shared_->store->set(arrival_key(prefix, process_), std::vector<char>{'1'}); });
+    PairGateScope gate(shared_->token, prefix, process_, peers, deadline);
+    {
+      const std::lock_guard lock(m_);  // the watcher posts on these pairs
+      guard(op, group, [&] {
+        for (int p : peers) transport.createPair(p);  // the old pair closes
+        for (int p : peers)
+          store.set(pair_key(process_, p), transport.getPair(p)->address().bytes());
+      });
+    }
+    gate.leave();
+    {
+      const PairGateScope::Entered entered(gate);
+      std::vector<std::string> theirs;
+      for (int p : peers) theirs.push_back(pair_key(p, process_));
+      guard(op, group, [&] {
+        store.wait(theirs);
+        for (int p : peers) transport.getPair(p)->connect(store.take(pair_key(p, process_)));
+      });
+    }
+    PeerProofs proofs(*ctx_, shared_->token, prefix, op, group, peers, generation);
+    proofs.wait(deadline);
+  } catch (...) {
+    // Whatever state these pairs are in, they are made anew next time.
+    const std::lock_guard lock(m_);
+    for (int p : peers) broken_.insert(p);
+    throw;
+  }
+  const std::lock_guard lock(m_);
+  for (int p : peers) {
+    broken_.erase(p);
+    unfinished_.erase(p);
+    generation_[static_cast<std::size_t>(p)] = generation;
+  }
+}
+
+std::uint32_t ProcessMesh::next_namespace() {
+  const std::lock_guard lock(m_);
+  const std::uint64_t ns =
+      1 + static_cast<std::uint64_t>(process_) + static_cast<std::uint64_t>(processes_) * next_ns_;
+  if (ns > 0xffffffu)
+    throw BackendError("gloo kept connections: process " + std::to_string(process_) + " has made " +
+                       std::to_string(next_ns_) +
+                       " groups; their namespaces (24 bits) are used up");
+  ++next_ns_;
+  return static_cast<std::uint32_t>(ns);
+}
+
+void ProcessMesh::begin_epoch(std::int64_t epoch) {
+  const std::lock_guard lock(m_);
+  epoch_ = epoch;
+  // A buffer per epoch, kept while the mesh lives: a notice may still be on its way into
+  // an earlier one (Gloo must find a buffer where it was promised one).
+  notice_in_.push_back(std::make_unique<std::int64_t>(-1));
+  std::vector<int> peers;
+  for (int p = 0; p < processes_; ++p)
+    if (p != process_) peers.push_back(p);
+  auto b = ctx_->createUnboundBuffer(notice_in_.back().get(), sizeof(std::int64_t));
+  try {
+    b->recv(peers, notice_slot(epoch));
+  } catch (const std::exception&) {
+    // A broken pair that had sent its notice already: the views of this epoch end.
+    peer_ended_ = epoch;
+  }
+  if (!watch_.empty()) watch_.back()->abortWaitRecv();  // the watcher moves to this one
+  watch_.push_back(std::move(b));
+  watch_cv_.notify_all();
+}
+
+void ProcessMesh::watch_notices() {
+  std::unique_lock lock(m_);
+  for (;;) {
+    watch_cv_.wait(lock, [&] { return stopping_ || !watch_.empty(); });
+    if (stopping_) return;
+    ::gloo::transport::UnboundBuffer* b = watch_.back().get();
+    const std::int64_t epoch = epoch_;
+    lock.unlock();
+    int from = -1;
+    bool got = false;
+    try {
+      got = b->waitRecv(&from, kForever);
+    } catch (const std::exception&) {
+      got = false;  // a peer's pair failed under the notice: its own operations fail
+    }
+    lock.lock();
+    if (got && epoch == epoch_ && !stopping_) {
+      peer_ended_ = std::max(peer_ended_, epoch);
+      for (ViewTransport* v : views_)
+        v->abort("process " + std::to_string(from) + " ended epoch " + std::to_string(epoch));
+    }
+    // One notice per epoch is all it takes (and a failed buffer takes no more): the next
+    // wait is on the next epoch's buffer.
+    watch_cv_.wait(lock, [&] { return stopping_ || b != watch_.back().get(); });
+  }
+}
+
+std::vector<int> ProcessMesh::end_epoch() {
+  const std::lock_guard lock(m_);
+  if (ended_ != epoch_) {
+    ended_ = epoch_;
+    for (ViewTransport* v : views_)
+      v->abort("process " + std::to_string(process_) + " ended epoch " + std::to_string(epoch_));
+    // A notice to every peer with a connected pair: one blocked on this process learns of
+    // the end whatever pair it waits on. The buffers stay while the mesh lives (a peer may
+    // ask for the bytes of an old notice late: Gloo must find them).
+    notice_out_.push_back(std::make_unique<std::int64_t>(epoch_));
+    for (int p = 0; p < processes_; ++p) {
+      if (p == process_ || !ctx_->getPair(p) || broken_.count(p) != 0) continue;
+      try {
+        auto b = ctx_->createUnboundBuffer(notice_out_.back().get(), sizeof(std::int64_t));
+        b->send(p, notice_slot(epoch_));
+        notice_sends_.push_back(std::move(b));
+      } catch (const std::exception&) {
+        broken_.insert(p);  // closed: its peer died, or closed it
+      }
+    }
+    // The pairs that held an unfinished operation: closed now (the peer's operations on
+    // them fail at once), made anew before the next epoch.
+    for (int p : unfinished_) {
+      if (auto& pair = ctx_->getPair(p)) {
+        try {
+          pair->close();
+        } catch (const std::exception&) {}
+      }
+      broken_.insert(p);
+    }
+    unfinished_.clear();
+  }
+  return {broken_.begin(), broken_.end()};
+}
+
+void ProcessMesh::add_view(ViewTransport* view) {
+  const std::lock_guard lock(m_);
+  views_.insert(view);
+  if (peer_ended_ >= epoch_ || ended_ == epoch_)
+    view->abort("epoch " + std::to_string(epoch_) + " ended before this group was made");
+}
+
+void ProcessMesh::remove_view(ViewTransport* view) {
+  const std::lock_guard lock(m_);
+  views_.erase(view);
+}
+
+void ProcessMesh::note_unfinished(int process) {
+  const std::lock_guard lock(m_);
+  unfinished_.insert(process);
+}
+
+// ---- a view ------------------------------------------------------------------------------
+
+class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
+ public:
+  ViewBuffer(ViewTransport& view, std::unique_ptr<::gloo::transport::UnboundBuffer> inner)
+      : UnboundBuffer(inner->ptr, inner->size), view_(view), inner_(std::move(inner)) {}
+  ~ViewBuffer() override {
+    // An operation posted and never completed: its pair may still carry its bytes. (Gloo
+    // counts a buffer's completions, and says the rank of the last one only: every peer of
+    // the buffer is suspect.)
+    if (completed_ != posted_)
+      for (const int process : peers_) view_.mesh().note_unfinished(process);
+    const std::lock_guard lock(view_.m_);
+    view_.buffers_.erase(this);
+  }
+  ViewBuffer(const ViewBuffer&) = delete;
+  ViewBuffer& operator=(const ViewBuffer&) = delete;
+
+  bool waitRecv(int* rank, Ms timeout) override { return wait(true, rank, timeout); }
+  bool waitSend(int* rank, Ms timeout) override { return wait(false, rank, timeout); }
+  void abortWaitRecv() override { inner_->abortWaitRecv(); }
+  void abortWaitSend() override { inner_->abortWaitSend(); }
+
+  void send(int dst, uint64_t slot, size_t offset, size_t nbytes) override {
+    post(dst, [&](int process) { inner_->send(process, view_.slot(slot), offset, nbytes); });
+  }
+  void recv(int src, uint64_t slot, size_t offset, size_t nbytes) override {
+    post(src, [&](int process) { inner_->recv(process, view_.slot(slot), offset, nbytes); });
+  }
+  void recv(std::vector<int> /*srcs*/, uint64_t /*slot*/, size_t /*offset*/,
+            size_t /*nbytes*/) override {
+    throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "recv from any",
+                                "a receive from any rank is not offered on kept connections");
+  }
+
+ private:
+  template <class F>
+  void post(int rank, F&& f) {
+    if (view_.aborted()) throw_aborted(view_);
+    const int process = view_.process_of(rank);
+    peers_.insert(process);
+    ++posted_;
+    std::forward<F>(f)(process);
+  }
+
+  bool wait(bool recv, int* rank, Ms timeout) {
+    // A zero timeout asks whether an operation has completed; Gloo cannot say without
+    // waiting (and its timeout would close the mesh): not yet, until waited for.
+    if (timeout == Ms(0)) return false;
+    if (view_.aborted()) throw_aborted(view_);
+    int process = -1;
+    const bool ok =
+        recv ? inner_->waitRecv(&process, kForever) : inner_->waitSend(&process, kForever);
+    if (!ok) throw_aborted(view_);  // only the view's abort ends a wait
+    ++completed_;
+    if (rank != nullptr) *rank = view_.rank_of(process);
+    return true;
+  }
+
+  ViewTransport& view_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> inner_;
+  std::set<int> peers_;  // the processes of the operations posted
+  std::size_t posted_ = 0, completed_ = 0;
+};
+
+ViewTransport::ViewTransport(std::shared_ptr<ProcessMesh> mesh, std::vector<int> processes,
+                             int rank, std::uint32_t ns)
+    : ::gloo::transport::Context(rank, static_cast<int>(processes.size())), mesh_(std::move(mesh)),
+      processes_(std::move(processes)), ns_(ns) {
+  for (std::size_t i = 0; i < processes_.size(); ++i) rank_of_[processes_[i]] = static_cast<int>(i);
+  setTimeout(mesh_->timeout());
+  mesh_->add_view(this);
+}
+
+ViewTransport::~ViewTransport() { mesh_->remove_view(this); }
+
+std::unique_ptr<::gloo::transport::Pair>& ViewTransport::getPair(int rank) {
+  return mesh_->pair(process_of(rank));
+}
+
+std::unique_ptr<::gloo::transport::Pair>& ViewTransport::createPair(int /*rank*/) {
+  throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "createPair",
+                              "a view over kept connections makes no pairs");
+}
+
+std::unique_ptr<::gloo::transport::UnboundBuffer> ViewTransport::createUnboundBuffer(void* ptr,
+                                                                                     size_t size) {
+  auto b = std::make_unique<ViewBuffer>(*this, mesh_->buffer(ptr, size));
+  const std::lock_guard lock(m_);
+  buffers_.insert(b.get());
+  if (aborted_.load()) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+  return b;
+}
+
+void ViewTransport::abort(const std::string& why) {
+  const std::lock_guard lock(m_);
+  if (!aborted_.load()) why_ = why;
+  aborted_.store(true);
+  for (ViewBuffer* b : buffers_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
+std::string ViewTransport::why() const {
+  const std::lock_guard lock(m_);
+  return why_;
+}
+
+int ViewTransport::process_of(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(processes_.size()))
+    throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "rank", "rank out of range of the view");
+  return processes_[static_cast<std::size_t>(rank)];
+}
+
+int ViewTransport::rank_of(int process) const {
+  const auto it = rank_of_.find(process);
+  return it == rank_of_.end() ? -1 : it->second;
+}
+
+std::uint64_t ViewTransport::slot(std::uint64_t slot) const {
+  if ((slot & kBits32To55) != 0)
+    throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "slot",
+                                "slot uses bits 32-55, which a view over kept connections takes");
+  return slot | (static_cast<std::uint64_t>(ns_) << 32);
+}
+
+MeshViewContext::MeshViewContext(std::shared_ptr<ProcessMesh> mesh, std::vector<int> processes,
+                                 int rank, std::uint32_t ns)
+    : ::gloo::Context(rank, static_cast<int>(processes.size())) {
+  device_ = mesh->shared()->device;
+  setTimeout(mesh->timeout());
+  transportContext_ =
+      std::make_shared<ViewTransport>(std::move(mesh), std::move(processes), rank, ns);
+}
+
+ViewTransport& MeshViewContext::view() const {
+  return static_cast<ViewTransport&>(*transportContext_);
+}
+
+ViewTransport* view_of(const ::gloo::Context& ctx) {
+  const auto* v = dynamic_cast<const MeshViewContext*>(&ctx);
+  return v ? &v->view() : nullptr;
+}
+
+}  // namespace commgrid::gloo_backend

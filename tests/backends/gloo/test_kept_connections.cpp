@@ -1,0 +1,173 @@
+// Kept connections (make_gloo_connections): real Gloo pairs between rank-threads, each
+// epoch's world and groups as views over them. Views prove their members on the wire; an
+// epoch's end on one process ends a peer's blocked operation at once; the pairs that held
+// an unfinished operation are made anew and work; a group past its deadline ends alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commgrid/process_groups.hpp"
+#include "gloo_test_util.hpp"
+
+namespace commgrid::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(process, connections) on `n` threads over one memory store, each with the job's
+// connections made (the collective start); failures inside are the test's.
+void run_processes(int n, const std::function<void(int, GlooConnections&)>& fn,
+                   std::chrono::milliseconds timeout = 20s) {
+  auto store = make_memory_store();
+  std::vector<std::thread> threads;
+  for (int p = 0; p < n; ++p)
+    threads.emplace_back([&, p] {
+      try {
+        GlooOptions o = placed(store, p, n, test_options(timeout));
+        o.prefix = "kept";
+        const std::shared_ptr<GlooConnections> c = make_gloo_connections(o);
+        fn(p, *c);
+      } catch (const std::exception& e) { ADD_FAILURE() << "process " << p << ": " << e.what(); }
+    });
+  for (auto& t : threads) t.join();
+}
+
+std::int64_t sum_of_ranks(Communicator& c) {
+  std::int64_t mine = c.rank(), sum = 0;
+  c.allreduce(&mine, &sum, 1, DataType::int64, ReduceOp::sum)->wait();
+  return sum;
+}
+
+std::vector<std::int64_t> iota_processes(int n) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+// Two epochs over the same pairs: every kind of tp 2 x dp 4 proves its members (an
+// allgather of world ranks), and epoch 1 gives the logical ranks to the processes in
+// reverse: the views follow, nothing is connected again.
+TEST(GlooKeptConnections, EpochsAreViewsOverTheSamePairsAndEveryGroupProvesItsMembers) {
+  constexpr int n = 8;
+  ParallelConfig cfg;
+  cfg.world_size = n;
+  cfg.tp = 2;
+  std::barrier all_done(n);
+  run_processes(n, [&](int process, GlooConnections& kept) {
+    for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+      std::vector<std::int64_t> process_of = iota_processes(n);
+      if (epoch == 1) std::reverse(process_of.begin(), process_of.end());
+      const std::int64_t rank = epoch == 0 ? process : n - 1 - process;
+      std::unique_ptr<Communicator> world =
+          kept.world("kept/e" + std::to_string(epoch), epoch, process_of, {});
+      ASSERT_EQ(world->rank(), rank);
+      ASSERT_EQ(world->size(), n);
+      EXPECT_EQ(sum_of_ranks(*world), n * (n - 1) / 2);
+      ProcessGroups pg;
+      InitOptions o;
+      o.share_identical_groups = true;
+      pg.initialize(*world, cfg, o);
+      for (GroupKind k : pg.kinds()) {
+        if (!pg.has_group(k)) continue;
+        Communicator& c = pg.group(k);
+        const auto& members = pg.global_ranks(k);
+        std::vector<std::int64_t> got(members.size());
+        c.allgather(&rank, got.data(), 1, DataType::int64)->wait();
+        EXPECT_EQ(got, std::vector<std::int64_t>(members.begin(), members.end()))
+            << kind_name(k) << " in epoch " << epoch;
+      }
+      pg.destroy();
+      world.reset();
+      // An epoch's end is a failure: every process ends it once all are done with it.
+      all_done.arrive_and_wait();
+      // Nothing was left unfinished: no pair needs making again.
+      EXPECT_EQ(kept.end_epoch(), std::vector<std::int64_t>{}) << "epoch " << epoch;
+      all_done.arrive_and_wait();  // no process closes its pairs while another ends
+    }
+  });
+}
+
+// Process 2 never joins the allreduce of processes 0 and 1 and ends its epoch instead: its
+// notice ends their blocked wait at once (the timeout is 20 s). The pairs that held the
+// unfinished allreduce are listed by their ends, made anew in epoch 1, and carry it.
+TEST(GlooKeptConnections, AnEpochsEndReachesABlockedPeerAtOnceAndItsUnfinishedPairsAreMadeAnew) {
+  constexpr int n = 3;
+  std::mutex m;
+  std::vector<std::vector<std::int64_t>> listed(n);
+  std::atomic<int> ended{0};
+  std::atomic<double> blocked_for{0};
+  run_processes(n, [&](int process, GlooConnections& kept) {
+    std::unique_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(n), {});
+    EXPECT_EQ(sum_of_ranks(*world), 3);
+    if (process == 2) {
+      std::this_thread::sleep_for(300ms);  // the others are inside their allreduce by now
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::int64_t one = 1, out = 0;
+      EXPECT_THROW(world->allreduce(&one, &out, 1, DataType::int64, ReduceOp::sum)->wait(),
+                   AbortedError);
+      blocked_for = std::max(blocked_for.load(), seconds_since(t0));
+    }
+    world.reset();
+    const std::vector<std::int64_t> mine = kept.end_epoch();
+    {
+      const std::lock_guard lock(m);
+      listed[static_cast<std::size_t>(process)] = mine;
+    }
+    ++ended;
+    while (ended.load() < n) std::this_thread::sleep_for(1ms);  // the "agreement"
+    std::vector<std::int64_t> renew;
+    for (int p = 0; p < n; ++p) {
+      const auto& theirs = listed[static_cast<std::size_t>(p)];
+      const auto& own = listed[static_cast<std::size_t>(process)];
+      if (p != process && (std::count(theirs.begin(), theirs.end(), process) != 0 ||
+                           std::count(own.begin(), own.end(), p) != 0))
+        renew.push_back(p);
+    }
+    world = kept.world("kept/e1", 1, iota_processes(n), renew);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(sum_of_ranks(*world), 3);
+  });
+  // Ended by the notice, long before the 20 s timeout (a loaded machine may take a while).
+  EXPECT_LT(blocked_for.load(), 10.0);
+  // Processes 0 and 1 left an allreduce unfinished with each other, at least.
+  std::set<std::int64_t> zero(listed[0].begin(), listed[0].end());
+  EXPECT_EQ(zero.count(1), 1U);
+  EXPECT_EQ(listed[2], std::vector<std::int64_t>{});  // it posted nothing
+}
+
+// A group whose operation passes its deadline ends alone: its pairs stay open, and the
+// world over the same pairs goes on.
+TEST(GlooKeptConnections, AGroupPastItsDeadlineEndsAloneAndTheWorldGoesOn) {
+  constexpr int n = 2;
+  run_processes(
+      n,
+      [&](int process, GlooConnections& kept) {
+        std::unique_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(n), {});
+        const std::vector<Rank> both{0, 1};
+        std::unique_ptr<Communicator> pair = world->create_group(both, "pair");
+        ASSERT_NE(pair, nullptr);
+        if (process == 0) {
+          std::int64_t one = 1, out = 0;
+          EXPECT_THROW(pair->allreduce(&one, &out, 1, DataType::int64, ReduceOp::sum)->wait(),
+                       TimeoutError);
+        } else {
+          // Never joins that allreduce; comes to the world's once process 0 is there.
+          std::this_thread::sleep_for(6s);
+        }
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(sum_of_ranks(*world), 1);
+      },
+      4s);
+}
+
+}  // namespace
+}  // namespace commgrid::test
