@@ -220,9 +220,9 @@ std::vector<std::unique_ptr<Communicator>> GlooCommunicator::do_create_groups(
     std::vector<std::string> prefixes;
     prefixes.reserve(groups.size());
     for (const GroupSpec& g : groups) prefixes.push_back(next_group_prefix(g.name));
-    auto out = view_groups(groups, prefixes, "create_groups", deadline, created);
-    end_with_barrier(ctx_, "create_groups", name(), timeout(), deadline);
-    return out;
+    // No barrier: a view connects nothing, and ending one closes nothing (a connected
+    // group's barrier keeps a member from destroying pairs a peer is still connecting).
+    return view_groups(groups, prefixes, "create_groups", deadline, created);
   }
   std::vector<std::unique_ptr<GroupConnection>> conns;
   conns.reserve(groups.size());
@@ -514,8 +514,6 @@ std::unique_ptr<Communicator> GlooCommunicator::make_group(const std::vector<int
   if (view_of(*ctx_) != nullptr) {
     const GroupSpec spec{{members.begin(), members.end()}, name};
     auto out = view_groups(std::span<const GroupSpec>(&spec, 1), {prefix}, op, deadline, {});
-    auto& group = static_cast<GlooCommunicator&>(*out.front());
-    end_with_barrier(group.ctx_, op, group.name(), timeout(), deadline);
     return std::move(out.front());
   }
   const std::unique_ptr<GroupConnection> c = group_connection(members, name, prefix, op, deadline);

@@ -5,6 +5,8 @@
 #include <gloo/transport/pair.h>
 
 #include <algorithm>
+#include <cstring>
+#include <deque>
 #include <numeric>
 #include <utility>
 
@@ -126,6 +128,10 @@ void ProcessMesh::connect(const std::string& prefix, const std::vector<int>& pee
     unfinished_.erase(p);
     generation_[static_cast<std::size_t>(p)] = generation;
   }
+  // The old pairs are gone, and with them every promise of bytes into a buried buffer.
+  std::erase_if(buried_, [&](const Buried& b) {
+    return std::binary_search(peers.begin(), peers.end(), b.process);
+  });
 }
 
 std::uint32_t ProcessMesh::next_namespace() {
@@ -143,20 +149,24 @@ std::uint32_t ProcessMesh::next_namespace() {
 void ProcessMesh::begin_epoch(std::int64_t epoch) {
   const std::lock_guard lock(m_);
   epoch_ = epoch;
-  // A buffer per epoch, kept while the mesh lives: a notice may still be on its way into
-  // an earlier one (Gloo must find a buffer where it was promised one).
+  if (!watch_.empty()) watch_.back()->abortWaitRecv();  // the watcher moves to the new one
+  post_watch();
+}
+
+void ProcessMesh::post_watch() {
+  // A buffer per wait, kept while the mesh lives: a notice may still be on its way into an
+  // earlier one (Gloo must find a buffer where it was promised one).
   notice_in_.push_back(std::make_unique<std::int64_t>(-1));
   std::vector<int> peers;
   for (int p = 0; p < processes_; ++p)
     if (p != process_) peers.push_back(p);
   auto b = ctx_->createUnboundBuffer(notice_in_.back().get(), sizeof(std::int64_t));
   try {
-    b->recv(peers, notice_slot(epoch));
+    b->recv(peers, notice_slot(epoch_));
   } catch (const std::exception&) {
-    // A broken pair that had sent its notice already: the views of this epoch end.
-    peer_ended_ = epoch;
+    // A broken pair had sent its notice already: this epoch has ended.
+    peer_ended_ = epoch_;
   }
-  if (!watch_.empty()) watch_.back()->abortWaitRecv();  // the watcher moves to this one
   watch_.push_back(std::move(b));
   watch_cv_.notify_all();
 }
@@ -170,20 +180,24 @@ void ProcessMesh::watch_notices() {
     const std::int64_t epoch = epoch_;
     lock.unlock();
     int from = -1;
-    bool got = false;
+    bool got = false, failed = false;
     try {
       got = b->waitRecv(&from, kForever);
     } catch (const std::exception&) {
-      got = false;  // a peer's pair failed under the notice: its own operations fail
+      failed = true;  // the pair the notice came on failed before its bytes arrived
     }
     lock.lock();
-    if (got && epoch == epoch_ && !stopping_) {
+    if (stopping_) return;
+    if (got && epoch == epoch_) {
       peer_ended_ = std::max(peer_ended_, epoch);
       for (ViewTransport* v : views_)
         v->abort("process " + std::to_string(from) + " ended epoch " + std::to_string(epoch));
     }
-    // One notice per epoch is all it takes (and a failed buffer takes no more): the next
-    // wait is on the next epoch's buffer.
+    if (failed && epoch == epoch_ && b == watch_.back().get()) {
+      post_watch();  // the other peers' notices of this epoch
+      continue;
+    }
+    // One notice per epoch is all it takes: the next wait is on the next epoch's buffer.
     watch_cv_.wait(lock, [&] { return stopping_ || b != watch_.back().get(); });
   }
 }
@@ -208,16 +222,10 @@ std::vector<int> ProcessMesh::end_epoch() {
         broken_.insert(p);  // closed: its peer died, or closed it
       }
     }
-    // The pairs that held an unfinished operation: closed now (the peer's operations on
-    // them fail at once), made anew before the next epoch.
-    for (int p : unfinished_) {
-      if (auto& pair = ctx_->getPair(p)) {
-        try {
-          pair->close();
-        } catch (const std::exception&) {}
-      }
-      broken_.insert(p);
-    }
+    // The pairs that held an unfinished operation are made anew before the next epoch.
+    // (Not closed now: the notice just sent on one must arrive, and it ends the peer's
+    // operations all the same; making the pair anew closes the old one.)
+    broken_.insert(unfinished_.begin(), unfinished_.end());
     unfinished_.clear();
   }
   return {broken_.begin(), broken_.end()};
@@ -235,40 +243,51 @@ void ProcessMesh::remove_view(ViewTransport* view) {
   views_.erase(view);
 }
 
-void ProcessMesh::note_unfinished(int process) {
+void ProcessMesh::bury(int process, std::unique_ptr<::gloo::transport::UnboundBuffer> buffer,
+                       std::unique_ptr<std::vector<char>> bytes) {
   const std::lock_guard lock(m_);
   unfinished_.insert(process);
+  buried_.push_back({process, std::move(buffer), std::move(bytes)});
 }
 
 // ---- a view ------------------------------------------------------------------------------
 
+// A view's buffer. Each operation posted gets a Gloo buffer of the mesh over bytes of its
+// own (a send's copied from the caller's memory when posted, a receive's copied into it
+// when waited for): an operation that never completes (its view aborted, its caller gone)
+// leaves its Gloo buffer and bytes to the mesh (ProcessMesh::bury), so that bytes arriving
+// late land there, never in freed memory, and the pair never stalls on a buffer Gloo can
+// no longer find. Waits take the operations in the order they were posted.
 class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
  public:
-  ViewBuffer(ViewTransport& view, std::unique_ptr<::gloo::transport::UnboundBuffer> inner)
-      : UnboundBuffer(inner->ptr, inner->size), view_(view), inner_(std::move(inner)) {}
+  ViewBuffer(ViewTransport& view, void* ptr, size_t size) : UnboundBuffer(ptr, size), view_(view) {}
   ~ViewBuffer() override {
-    // An operation posted and never completed: its pair may still carry its bytes. (Gloo
-    // counts a buffer's completions, and says the rank of the last one only: every peer of
-    // the buffer is suspect.)
-    if (completed_ != posted_)
-      for (const int process : peers_) view_.mesh().note_unfinished(process);
-    const std::lock_guard lock(view_.m_);
-    view_.buffers_.erase(this);
+    {
+      const std::lock_guard lock(view_.m_);
+      view_.buffers_.erase(this);
+    }
+    for (auto* ops : {&recvs_, &sends_})
+      for (Op& op : *ops) view_.mesh().bury(op.process, std::move(op.inner), std::move(op.bytes));
   }
   ViewBuffer(const ViewBuffer&) = delete;
   ViewBuffer& operator=(const ViewBuffer&) = delete;
 
-  bool waitRecv(int* rank, Ms timeout) override { return wait(true, rank, timeout); }
-  bool waitSend(int* rank, Ms timeout) override { return wait(false, rank, timeout); }
-  void abortWaitRecv() override { inner_->abortWaitRecv(); }
-  void abortWaitSend() override { inner_->abortWaitSend(); }
+  bool waitRecv(int* rank, Ms timeout) override { return wait(recvs_, true, rank, timeout); }
+  bool waitSend(int* rank, Ms timeout) override { return wait(sends_, false, rank, timeout); }
+  void abortWaitRecv() override { abort_all(recvs_, true); }
+  void abortWaitSend() override { abort_all(sends_, false); }
 
   void send(int dst, uint64_t slot, size_t offset, size_t nbytes) override {
-    post(dst, [&](int process) { inner_->send(process, view_.slot(slot), offset, nbytes); });
+    Op& op = post(sends_, dst, offset, nbytes);
+    std::memcpy(op.bytes->data(), static_cast<char*>(ptr) + op.offset, op.nbytes);
+    op.inner->send(op.process, view_.slot(slot), 0, op.nbytes);
   }
   void recv(int src, uint64_t slot, size_t offset, size_t nbytes) override {
-    post(src, [&](int process) { inner_->recv(process, view_.slot(slot), offset, nbytes); });
+    Op& op = post(recvs_, src, offset, nbytes);
+    op.inner->recv(op.process, view_.slot(slot), 0, op.nbytes);
   }
+  // (A posted operation's Op stays where it is until waited for: a deque moves no element
+  // on push_back or pop_front, so references to it outlive the lock.)
   void recv(std::vector<int> /*srcs*/, uint64_t /*slot*/, size_t /*offset*/,
             size_t /*nbytes*/) override {
     throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "recv from any",
@@ -276,33 +295,64 @@ class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
   }
 
  private:
-  template <class F>
-  void post(int rank, F&& f) {
+  struct Op {
+    int process = -1;
+    size_t offset = 0, nbytes = 0;
+    std::unique_ptr<std::vector<char>> bytes;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> inner;
+  };
+
+  Op& post(std::deque<Op>& ops, int rank, size_t offset, size_t nbytes) {
     if (view_.aborted()) throw_aborted(view_);
-    const int process = view_.process_of(rank);
-    peers_.insert(process);
-    ++posted_;
-    std::forward<F>(f)(process);
+    if (nbytes == kUnspecifiedByteCount) nbytes = offset <= size ? size - offset : 0;
+    if (offset > size || nbytes > size - offset)
+      throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "offset + nbytes <= size",
+                                  "an operation beyond the buffer");
+    Op op;
+    op.process = view_.process_of(rank);
+    op.offset = offset;
+    op.nbytes = nbytes;
+    op.bytes = std::make_unique<std::vector<char>>(std::max<size_t>(nbytes, 1));
+    op.inner = view_.mesh().buffer(op.bytes->data(), op.bytes->size());
+    const std::lock_guard lock(m_);  // abort_all reads the lists from another thread
+    if (view_.aborted()) {
+      op.inner->abortWaitRecv();
+      op.inner->abortWaitSend();
+    }
+    ops.push_back(std::move(op));
+    return ops.back();
   }
 
-  bool wait(bool recv, int* rank, Ms timeout) {
+  void abort_all(std::deque<Op>& ops, bool recv) {
+    const std::lock_guard lock(m_);
+    for (Op& op : ops) {
+      if (recv) op.inner->abortWaitRecv();
+      else op.inner->abortWaitSend();
+    }
+  }
+
+  bool wait(std::deque<Op>& ops, bool recv, int* rank, Ms timeout) {
     // A zero timeout asks whether an operation has completed; Gloo cannot say without
     // waiting (and its timeout would close the mesh): not yet, until waited for.
     if (timeout == Ms(0)) return false;
     if (view_.aborted()) throw_aborted(view_);
-    int process = -1;
+    if (ops.empty())
+      throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "posted", "a wait with nothing posted");
+    Op& op = ops.front();
     const bool ok =
-        recv ? inner_->waitRecv(&process, kForever) : inner_->waitSend(&process, kForever);
+        recv ? op.inner->waitRecv(nullptr, kForever) : op.inner->waitSend(nullptr, kForever);
     if (!ok) throw_aborted(view_);  // only the view's abort ends a wait
-    ++completed_;
-    if (rank != nullptr) *rank = view_.rank_of(process);
+    if (recv && op.nbytes > 0)
+      std::memcpy(static_cast<char*>(ptr) + op.offset, op.bytes->data(), op.nbytes);
+    if (rank != nullptr) *rank = view_.rank_of(op.process);
+    const std::lock_guard lock(m_);
+    ops.pop_front();
     return true;
   }
 
   ViewTransport& view_;
-  std::unique_ptr<::gloo::transport::UnboundBuffer> inner_;
-  std::set<int> peers_;  // the processes of the operations posted
-  std::size_t posted_ = 0, completed_ = 0;
+  std::mutex m_;                  // guards the lists' shape (abort_all runs on other threads)
+  std::deque<Op> recvs_, sends_;  // posted, not yet waited for, in posting order
 };
 
 ViewTransport::ViewTransport(std::shared_ptr<ProcessMesh> mesh, std::vector<int> processes,
@@ -327,7 +377,7 @@ std::unique_ptr<::gloo::transport::Pair>& ViewTransport::createPair(int /*rank*/
 
 std::unique_ptr<::gloo::transport::UnboundBuffer> ViewTransport::createUnboundBuffer(void* ptr,
                                                                                      size_t size) {
-  auto b = std::make_unique<ViewBuffer>(*this, mesh_->buffer(ptr, size));
+  auto b = std::make_unique<ViewBuffer>(*this, ptr, size);
   const std::lock_guard lock(m_);
   buffers_.insert(b.get());
   if (aborted_.load()) {

@@ -66,18 +66,22 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
   /// Ends the current epoch on this process: every view's waits end at once (its
   /// operations throw AbortedError), every live peer gets a notice (a peer blocked on this
   /// process learns at once, whatever pair it waits on), and the pairs that held an
-  /// unfinished operation are closed (their peers' operations fail at once). Returns those
-  /// peers: their pairs with this process must be made anew. Idempotent within an epoch.
+  /// unfinished operation are listed. Returns those peers (and any whose pair failed): their
+  /// pairs with this process must be made anew. Idempotent within an epoch.
   std::vector<int> end_epoch();
 
   // For views and their buffers.
   void add_view(ViewTransport* view);
   void remove_view(ViewTransport* view);
-  void note_unfinished(int process);
+  /// Keeps the Gloo buffer (and its bytes) of an operation on the pair with `process` that
+  /// never completed, until that pair is made anew; the pair is listed as unfinished.
+  void bury(int process, std::unique_ptr<::gloo::transport::UnboundBuffer> buffer,
+            std::unique_ptr<std::vector<char>> bytes);
 
  private:
   using Clock = std::chrono::steady_clock;
   void watch_notices();
+  void post_watch();  // with m_ held
   std::shared_ptr<Shared> shared_;
   int process_, processes_;
   std::chrono::milliseconds timeout_;
@@ -85,7 +89,13 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
   std::mutex m_;                          // guards everything below
   std::condition_variable watch_cv_;
   std::set<ViewTransport*> views_;
-  std::set<int> unfinished_;               // peers of operations never completed
+  std::set<int> unfinished_;  // peers of operations never completed
+  struct Buried {
+    int process;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    std::unique_ptr<std::vector<char>> bytes;
+  };
+  std::vector<Buried> buried_;             // their buffers
   std::set<int> broken_;                   // peers whose pair is closed, until made anew
   std::vector<std::uint32_t> generation_;  // per peer: when its pair was made
   std::uint32_t next_ns_ = 0;
