@@ -108,6 +108,7 @@ void ProcessMesh::connect(const std::string& prefix, const std::vector<int>& pee
     {
       const PairGateScope::Entered entered(gate);
       std::vector<std::string> theirs;
+      theirs.reserve(peers.size());
       for (int p : peers) theirs.push_back(pair_key(p, process_));
       guard(op, group, [&] {
         store.wait(theirs);

@@ -64,13 +64,15 @@ struct GlooOptions {
 /// Connections kept across a job's epochs (docs/resilience.md, "Kept connections"): one Gloo
 /// pair between every two processes of the job, spares included, made once. Each epoch's
 /// world, and every group made from it, is a view over those pairs: making it connects
-/// nothing (its first member names it through the store, and a barrier ends it). When an
-/// epoch ends on a process, every operation of its communicators fails at once, every peer
-/// is told (so one blocked on this process fails at once too), and the pairs that held an
-/// unfinished operation are closed: those, and only those, are made anew for the next
-/// epoch. Meant for Recovery (RecoveryOptions::kept); one thread per process uses it.
-/// Within an epoch, a group's operation that passes its deadline ends that group only (its
-/// pairs stay open); Work::is_completed says false until the work is waited for.
+/// nothing (its first member names it through the store). When an epoch ends on a process,
+/// every operation of its communicators fails at once and every peer is told (so one
+/// blocked on this process fails at once too); the pairs that held an unfinished operation,
+/// and only those, are made anew for the next epoch. Meant for Recovery
+/// (Recovery::keep_connections); one thread per process uses it. Within an epoch, a group's
+/// operation that passes its deadline ends that group only (its pairs stay open);
+/// Work::is_completed says false until the work is waited for; every operation's bytes are
+/// copied once more (into a buffer of its own, so that an operation ended early can never
+/// receive into freed memory).
 class GlooConnections {
  public:
   virtual ~GlooConnections() = default;
