@@ -261,7 +261,8 @@ void ProcessMesh::bury(int process, std::unique_ptr<::gloo::transport::UnboundBu
 // no longer find. Waits take the operations in the order they were posted.
 class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
  public:
-  ViewBuffer(ViewTransport& view, void* ptr, size_t size) : UnboundBuffer(ptr, size), view_(view) {}
+  ViewBuffer(std::shared_ptr<ViewTransport> view, void* ptr, size_t size)
+      : UnboundBuffer(ptr, size), owner_(std::move(view)), view_(*owner_) {}
   ~ViewBuffer() override {
     {
       const std::lock_guard lock(view_.m_);
@@ -280,7 +281,8 @@ class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
 
   void send(int dst, uint64_t slot, size_t offset, size_t nbytes) override {
     Op& op = post(sends_, dst, offset, nbytes);
-    std::memcpy(op.bytes->data(), static_cast<char*>(ptr) + op.offset, op.nbytes);
+    if (op.nbytes > 0)  // (a barrier's messages are empty, from no memory at all)
+      std::memcpy(op.bytes->data(), static_cast<char*>(ptr) + op.offset, op.nbytes);
     op.inner->send(op.process, view_.slot(slot), 0, op.nbytes);
   }
   void recv(int src, uint64_t slot, size_t offset, size_t nbytes) override {
@@ -351,6 +353,7 @@ class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
     return true;
   }
 
+  std::shared_ptr<ViewTransport> owner_;  // a Work may hold a buffer beyond its group
   ViewTransport& view_;
   std::mutex m_;                  // guards the lists' shape (abort_all runs on other threads)
   std::deque<Op> recvs_, sends_;  // posted, not yet waited for, in posting order
@@ -378,7 +381,7 @@ std::unique_ptr<::gloo::transport::Pair>& ViewTransport::createPair(int /*rank*/
 
 std::unique_ptr<::gloo::transport::UnboundBuffer> ViewTransport::createUnboundBuffer(void* ptr,
                                                                                      size_t size) {
-  auto b = std::make_unique<ViewBuffer>(*this, ptr, size);
+  auto b = std::make_unique<ViewBuffer>(shared_from_this(), ptr, size);
   const std::lock_guard lock(m_);
   buffers_.insert(b.get());
   if (aborted_.load()) {

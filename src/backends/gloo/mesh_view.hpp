@@ -111,7 +111,8 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
 };
 
 /// One view's transport over the mesh: rank i is process processes[i].
-class ViewTransport final : public ::gloo::transport::Context {
+class ViewTransport final : public ::gloo::transport::Context,
+                            public std::enable_shared_from_this<ViewTransport> {
  public:
   ViewTransport(std::shared_ptr<ProcessMesh> mesh, std::vector<int> processes, int rank,
                 std::uint32_t ns);
