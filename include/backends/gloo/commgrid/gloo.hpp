@@ -70,7 +70,7 @@ struct GlooOptions {
 /// and only those, are made anew for the next epoch. Meant for Recovery
 /// (Recovery::keep_connections); one thread per process uses it. Within an epoch, a group's
 /// operation that passes its deadline ends that group only (its pairs stay open);
-/// Work::is_completed says false until the work is waited for; every operation's bytes are
+/// Work::done() says false until the work is waited for; every operation's bytes are
 /// copied once more (into a buffer of its own, so that an operation ended early can never
 /// receive into freed memory).
 class GlooConnections {
