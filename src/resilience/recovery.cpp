@@ -239,19 +239,11 @@ std::vector<std::int64_t> processes_of(const RankMap& map) {
 
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
                              const std::vector<std::int64_t>& revived,
-                             const std::vector<std::int64_t>& registered) {
+                             const std::set<std::pair<std::int64_t, std::int64_t>>& renew) {
   DecisionRecord d;
   d.epoch = epoch() + 1;
   d.decider = process_;
   d.dead = dead;
-  // The pairs either end asked to make anew (kept connections), once each.
-  std::set<std::pair<std::int64_t, std::int64_t>> renew;
-  for (std::int64_t p : registered) {
-    const std::string k = epoch_alive_key(options_.prefix, d.epoch, p);
-    if (!store_->has(k)) continue;
-    for (std::int64_t q : parse_registration(text(store_->get(k))).renew)
-      if (q != p) renew.emplace(std::min(p, q), std::max(p, q));
-  }
   d.renew.assign(renew.begin(), renew.end());
   RankMap revived_map = map_;
   for (std::int64_t p : revived) {
@@ -342,6 +334,36 @@ void Recovery::adopt(const std::string& decision) {
                                 bytes(std::to_string(options_.incarnation)));
 }
 
+Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiting,
+                                          const std::vector<std::string>& keys,
+                                          const std::set<std::string>& missing,
+                                          const std::vector<std::int64_t>& own_renew,
+                                          std::vector<std::int64_t>& dead) {
+  Registered out;
+  auto asks = [&](std::int64_t p, const std::vector<std::int64_t>& peers) {
+    for (std::int64_t q : peers)
+      if (q != p) out.renew.emplace(std::min(p, q), std::max(p, q));
+  };
+  for (std::size_t i = 0; i < waiting.size(); ++i) {
+    // A registration by another incarnation (a restart of a process that died) is not
+    // this incarnation's: the one the map knows is dead.
+    bool here = missing.count(keys[i]) == 0;
+    if (here && waiting[i] != process_) {
+      const Registration r = parse_registration(text(store_->get(keys[i])));
+      here = r.incarnation == incarnation_[static_cast<std::size_t>(waiting[i])];
+      if (here) asks(waiting[i], r.renew);
+    }
+    (here ? out.candidates : dead).push_back(waiting[i]);
+  }
+  // A restarted process (dead in the map, registered to come back) is a candidate too,
+  // after every process of the epoch: when none of those is left, it decides (and finds
+  // what the job can still do). So the list is never empty.
+  if (map_.role(process_) == ProcessRole::dead) out.candidates.push_back(process_);
+  if (std::find(out.candidates.begin(), out.candidates.end(), process_) != out.candidates.end())
+    asks(process_, own_renew);
+  return out;
+}
+
 const EpochDecision& Recovery::agree() {
   const std::int64_t next = epoch() + 1;
   const std::string decision_key = epoch_decision_key(options_.prefix, next);
@@ -366,11 +388,12 @@ const EpochDecision& Recovery::agree() {
   }
   mark_failed("joined the agreement on epoch " + std::to_string(next));
   std::string registration = std::to_string(options_.incarnation);
+  std::vector<std::int64_t> own_renew;
   if (kept_) {
     // This epoch ends here first (its blocked peers fail now); the pairs it could not keep
     // travel with the registration.
-    const std::vector<std::int64_t> renew = kept_->end_epoch();
-    if (!renew.empty()) registration += ";" + join(renew);
+    own_renew = kept_->end_epoch();
+    if (!own_renew.empty()) registration += ";" + join(own_renew);
   }
   (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
                               bytes(registration));
@@ -409,20 +432,9 @@ const EpochDecision& Recovery::agree() {
       slice = std::min(slice * 2, Ms(200));
     }
     const std::set<std::string> missing_set(missing_keys.begin(), missing_keys.end());
-    std::vector<std::int64_t> candidates, dead = known_dead;
-    for (std::size_t i = 0; i < waiting.size(); ++i) {
-      // A registration by another incarnation (a restart of a process that died) is not
-      // this incarnation's: the one the map knows is dead.
-      const bool here =
-          missing_set.count(keys[i]) == 0 &&
-          (waiting[i] == process_ || parse_registration(text(store_->get(keys[i]))).incarnation ==
-                                         incarnation_[static_cast<std::size_t>(waiting[i])]);
-      (here ? candidates : dead).push_back(waiting[i]);
-    }
-    // A restarted process (dead in the map, registered to come back) is a candidate too,
-    // after every process of the epoch: when none of those is left, it decides (and finds
-    // what the job can still do). So the list is never empty.
-    if (map_.role(process_) == ProcessRole::dead) candidates.push_back(process_);
+    std::vector<std::int64_t> dead = known_dead;
+    const Registered reg = registered(waiting, keys, missing_set, own_renew, dead);
+    const std::vector<std::int64_t>& candidates = reg.candidates;
     // Candidates in registration order's stand-in, the process number: round k's is the
     // k-th registered; the ones before it did not decide within their window: dead.
     const std::size_t idx =
@@ -439,7 +451,7 @@ const EpochDecision& Recovery::agree() {
                                   incarnation_[static_cast<std::size_t>(p)])
           revived.push_back(p);
       }
-      if (store_->set_if_absent(decision_key, bytes(decide(dead, revived, candidates))))
+      if (store_->set_if_absent(decision_key, bytes(decide(dead, revived, reg.renew))))
         for (std::int64_t p : dead) {
           const int incarnation = incarnation_[static_cast<std::size_t>(p)];
           // Its death is posted too (unless launch did first): when the declared-dead

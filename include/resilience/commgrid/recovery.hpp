@@ -11,7 +11,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "commgrid/communicator.hpp"
@@ -192,9 +194,19 @@ class Recovery {
   void saw_healthy(std::chrono::steady_clock::time_point observed);
   /// Throws RecoveryError when the job ended.
   void check_ended();
+  /// What agree() reads of the registrations it waited for: the candidates to decide (the
+  /// others are appended to `dead`) and the pairs they asked to make anew, once each.
+  struct Registered {
+    std::vector<std::int64_t> candidates;
+    std::set<std::pair<std::int64_t, std::int64_t>> renew;
+  };
+  Registered registered(const std::vector<std::int64_t>& waiting,
+                        const std::vector<std::string>& keys, const std::set<std::string>& missing,
+                        const std::vector<std::int64_t>& own_renew,
+                        std::vector<std::int64_t>& dead);
   std::string decide(const std::vector<std::int64_t>& dead,
                      const std::vector<std::int64_t>& revived,
-                     const std::vector<std::int64_t>& registered);
+                     const std::set<std::pair<std::int64_t, std::int64_t>>& renew);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
   [[nodiscard]] bool dead_known(std::int64_t process);
 

@@ -165,34 +165,14 @@ std::vector<std::unique_ptr<Communicator>> GlooCommunicator::view_groups(
     const std::string& op, Clock::time_point deadline,
     const std::function<void(std::size_t)>& created) {
   ViewTransport& parent = *view_of(*ctx_);
-  Store& store = *shared_->store;
-  std::vector<std::uint32_t> ns(groups.size(), 0);
   std::vector<std::string> keys;
-  std::vector<std::size_t> waiting;
+  std::vector<bool> leads;
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    const std::string key = prefixes[i] + "/namespace";
-    if (detail::engine_int(groups[i].members.front()) == rank()) {
-      ns[i] = parent.mesh().next_namespace();
-      const std::string v = std::to_string(ns[i]);
-      guard(op, name(), [&] { store.set(key, std::span<const char>(v.data(), v.size())); });
-    } else {
-      keys.push_back(key);
-      waiting.push_back(i);
-    }
+    keys.push_back(prefixes[i] + "/namespace");
+    leads.push_back(detail::engine_int(groups[i].members.front()) == rank());
   }
-  if (!keys.empty()) {
-    const auto left = std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
-    const std::vector<std::string> missing = store.wait_for(keys, left);
-    if (!missing.empty())
-      throw TimeoutError("gloo " + op + " on " + name() + ": timed out after " +
-                         seconds_text(timeout()) + " waiting for the first member of " +
-                         std::to_string(missing.size()) + " group(s) to name it (key " +
-                         missing.front() + ")");
-    for (std::size_t k = 0; k < keys.size(); ++k) {
-      const std::vector<char> v = store.get(keys[k]);
-      ns[waiting[k]] = static_cast<std::uint32_t>(std::stoul(std::string(v.begin(), v.end())));
-    }
-  }
+  const std::vector<std::uint32_t> ns =
+      agree_namespaces(parent.mesh(), keys, leads, deadline, op, name());
   std::vector<std::unique_ptr<Communicator>> out;
   out.reserve(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <numeric>
+#include <span>
 #include <utility>
 
 #include "commgrid/store.hpp"
@@ -15,10 +16,12 @@
 #include "pair_gate.hpp"
 #include "pair_proofs.hpp"
 #include "store_adapter.hpp"
+#include "time_text.hpp"
 
 namespace commgrid::gloo_backend {
 
 using Ms = std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -61,8 +64,9 @@ KeptMeshContext& mesh_of(::gloo::Context& ctx) { return static_cast<KeptMeshCont
 
 ProcessMesh::ProcessMesh(std::shared_ptr<Shared> shared, int process, int processes, Ms timeout)
     : shared_(std::move(shared)), process_(process), processes_(processes), timeout_(timeout),
-      ctx_(std::make_shared<KeptMeshContext>(process, processes, shared_->device, timeout)),
-      generation_(static_cast<std::size_t>(processes), 0) {
+      ctx_(std::make_shared<KeptMeshContext>(process, processes, shared_->device, timeout)) {
+  for (int p = 0; p < processes_; ++p)
+    if (p != process_) others_.push_back(p);
   watcher_ = std::thread([this] { watch_notices(); });
 }
 
@@ -127,7 +131,6 @@ void ProcessMesh::connect(const std::string& prefix, const std::vector<int>& pee
   for (int p : peers) {
     broken_.erase(p);
     unfinished_.erase(p);
-    generation_[static_cast<std::size_t>(p)] = generation;
   }
   // The old pairs are gone, and with them every promise of bytes into a buried buffer.
   std::erase_if(buried_, [&](const Buried& b) {
@@ -158,12 +161,9 @@ void ProcessMesh::post_watch() {
   // A buffer per wait, kept while the mesh lives: a notice may still be on its way into an
   // earlier one (Gloo must find a buffer where it was promised one).
   notice_in_.push_back(std::make_unique<std::int64_t>(-1));
-  std::vector<int> peers;
-  for (int p = 0; p < processes_; ++p)
-    if (p != process_) peers.push_back(p);
   auto b = ctx_->createUnboundBuffer(notice_in_.back().get(), sizeof(std::int64_t));
   try {
-    b->recv(peers, notice_slot(epoch_));
+    b->recv(others_, notice_slot(epoch_));
   } catch (const std::exception&) {
     // A broken pair had sent its notice already: this epoch has ended.
     peer_ended_ = epoch_;
@@ -251,6 +251,39 @@ void ProcessMesh::bury(int process, std::unique_ptr<::gloo::transport::UnboundBu
   buried_.push_back({process, std::move(buffer), std::move(bytes)});
 }
 
+std::vector<std::uint32_t> agree_namespaces(ProcessMesh& mesh, const std::vector<std::string>& keys,
+                                            const std::vector<bool>& leads,
+                                            Clock::time_point deadline, const std::string& op,
+                                            const std::string& group) {
+  Store& store = *mesh.shared()->store;
+  std::vector<std::uint32_t> ns(keys.size(), 0);
+  std::vector<std::string> theirs;
+  std::vector<std::size_t> waiting;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (leads[i]) {
+      ns[i] = mesh.next_namespace();
+      const std::string v = std::to_string(ns[i]);
+      guard(op, group, [&] { store.set(keys[i], std::span<const char>(v.data(), v.size())); });
+    } else {
+      theirs.push_back(keys[i]);
+      waiting.push_back(i);
+    }
+  }
+  if (theirs.empty()) return ns;
+  const auto left = std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
+  const std::vector<std::string> missing = store.wait_for(theirs, left);
+  if (!missing.empty())
+    throw TimeoutError("gloo " + op + " on " + group + ": timed out after " +
+                       seconds_text(mesh.timeout()) + " waiting for the first member of " +
+                       std::to_string(missing.size()) + " group(s) to name it (key " +
+                       missing.front() + ")");
+  for (std::size_t k = 0; k < theirs.size(); ++k) {
+    const std::vector<char> v = store.get(theirs[k]);
+    ns[waiting[k]] = static_cast<std::uint32_t>(std::stoul(std::string(v.begin(), v.end())));
+  }
+  return ns;
+}
+
 // ---- a view ------------------------------------------------------------------------------
 
 // A view's buffer. Each operation posted gets a Gloo buffer of the mesh over bytes of its
@@ -289,8 +322,6 @@ class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
     Op& op = post(recvs_, src, offset, nbytes);
     op.inner->recv(op.process, view_.slot(slot), 0, op.nbytes);
   }
-  // (A posted operation's Op stays where it is until waited for: a deque moves no element
-  // on push_back or pop_front, so references to it outlive the lock.)
   void recv(std::vector<int> /*srcs*/, uint64_t /*slot*/, size_t /*offset*/,
             size_t /*nbytes*/) override {
     throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "recv from any",
@@ -341,6 +372,8 @@ class ViewBuffer final : public ::gloo::transport::UnboundBuffer {
     if (view_.aborted()) throw_aborted(view_);
     if (ops.empty())
       throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "posted", "a wait with nothing posted");
+    // Read without the lock: a deque moves no element on push_back or pop_front, and only
+    // this thread pops.
     Op& op = ops.front();
     const bool ok =
         recv ? op.inner->waitRecv(nullptr, kForever) : op.inner->waitSend(nullptr, kForever);
@@ -383,11 +416,7 @@ std::unique_ptr<::gloo::transport::UnboundBuffer> ViewTransport::createUnboundBu
                                                                                      size_t size) {
   auto b = std::make_unique<ViewBuffer>(shared_from_this(), ptr, size);
   const std::lock_guard lock(m_);
-  buffers_.insert(b.get());
-  if (aborted_.load()) {
-    b->abortWaitRecv();
-    b->abortWaitSend();
-  }
+  buffers_.insert(b.get());  // (an operation posted on an aborted view fails: ViewBuffer::post)
   return b;
 }
 

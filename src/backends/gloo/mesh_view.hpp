@@ -43,6 +43,8 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
   [[nodiscard]] int processes() const noexcept { return processes_; }
   [[nodiscard]] const std::shared_ptr<Shared>& shared() const noexcept { return shared_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// Every process of the job but this one, ascending.
+  [[nodiscard]] const std::vector<int>& others() const noexcept { return others_; }
 
   /// Makes this process's pairs with `peers` (ascending, without this process) anew, each
   /// one's old pair closed first: both ends of every such pair call it with the same
@@ -84,6 +86,7 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
   void post_watch();  // with m_ held
   std::shared_ptr<Shared> shared_;
   int process_, processes_;
+  std::vector<int> others_;  // every process but this one
   std::chrono::milliseconds timeout_;
   std::shared_ptr<::gloo::Context> ctx_;  // the mesh: a Gloo context over every process
   std::mutex m_;                          // guards everything below
@@ -95,9 +98,8 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
     std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
     std::unique_ptr<std::vector<char>> bytes;
   };
-  std::vector<Buried> buried_;             // their buffers
-  std::set<int> broken_;                   // peers whose pair is closed, until made anew
-  std::vector<std::uint32_t> generation_;  // per peer: when its pair was made
+  std::vector<Buried> buried_;  // their buffers
+  std::set<int> broken_;        // peers whose pair is closed, until made anew
   std::uint32_t next_ns_ = 0;
   std::int64_t epoch_ = 0, ended_ = -1, peer_ended_ = -1;
   // An epoch's end notices: every epoch's receive (from any peer, 8 bytes: the epoch) has a
@@ -158,6 +160,14 @@ class MeshViewContext final : public ::gloo::Context {
                   std::uint32_t ns);
   [[nodiscard]] ViewTransport& view() const;
 };
+
+/// The namespaces of new views, one per key (each under its group's prefix): this process
+/// picks and publishes those it leads (`leads[i]`: it is the view's first member), and reads
+/// the others' with one store wait, by `deadline`. TimeoutError names a missing key.
+std::vector<std::uint32_t> agree_namespaces(ProcessMesh& mesh, const std::vector<std::string>& keys,
+                                            const std::vector<bool>& leads,
+                                            std::chrono::steady_clock::time_point deadline,
+                                            const std::string& op, const std::string& group);
 
 /// The view of `ctx` when it is one; nullptr for a context with pairs of its own.
 ViewTransport* view_of(const ::gloo::Context& ctx);

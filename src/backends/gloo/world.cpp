@@ -204,23 +204,9 @@ class KeptConnections final : public GlooConnections {
     peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
     mesh_->connect(prefix + "/renew", peers, static_cast<std::uint32_t>(epoch), deadline);
     // Rank 0 names the world's view; the others read it.
-    Store& store = *mesh_->shared()->store;
-    const std::string key = prefix + "/namespace";
-    std::uint32_t ns = 0;
-    if (rank == 0) {
-      ns = mesh_->next_namespace();
-      const std::string v = std::to_string(ns);
-      guard("create world", "world",
-            [&] { store.set(key, std::span<const char>(v.data(), v.size())); });
-    } else {
-      const auto left = std::max(Ms(1), std::chrono::duration_cast<Ms>(deadline - Clock::now()));
-      if (!store.wait_for(std::span<const std::string>(&key, 1), left).empty())
-        throw TimeoutError("gloo create world on world: timed out after " +
-                           seconds_text(mesh_->timeout()) +
-                           " waiting for rank 0 to name the world (key " + key + ")");
-      const std::vector<char> v = store.get(key);
-      ns = static_cast<std::uint32_t>(std::stoul(std::string(v.begin(), v.end())));
-    }
+    const std::uint32_t ns = agree_namespaces(*mesh_, {prefix + "/namespace"}, {rank == 0},
+                                              deadline, "create world", "world")
+                                 .front();
     std::vector<int> global(processes.size());
     std::iota(global.begin(), global.end(), 0);
     auto ctx = std::make_shared<MeshViewContext>(mesh_, std::move(processes), rank, ns);
@@ -267,10 +253,7 @@ std::shared_ptr<GlooConnections> make_gloo_connections(const GlooOptions& option
   const auto deadline = Clock::now() + options.timeout;
   check_world_size(*shared->store, options.prefix, process, processes, options.timeout, deadline);
   auto mesh = std::make_shared<ProcessMesh>(shared, process, processes, options.timeout);
-  std::vector<int> peers;
-  for (int p = 0; p < processes; ++p)
-    if (p != process) peers.push_back(p);
-  mesh->connect(options.prefix, peers, 0, deadline);
+  mesh->connect(options.prefix, mesh->others(), 0, deadline);
   return std::make_shared<KeptConnections>(std::move(mesh));
 }
 
