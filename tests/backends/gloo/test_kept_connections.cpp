@@ -106,12 +106,17 @@ TEST(GlooKeptConnections, AnEpochsEndReachesABlockedPeerAtOnceAndItsUnfinishedPa
   std::vector<std::vector<std::int64_t>> listed(n);
   std::atomic<int> ended{0};
   std::atomic<double> blocked_for{0};
+  std::atomic<int> entering{0};
   run_processes(n, [&](int process, GlooConnections& kept) {
     std::unique_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(n), {});
     EXPECT_EQ(sum_of_ranks(*world), 3);
     if (process == 2) {
-      std::this_thread::sleep_for(300ms);  // the others are inside their allreduce by now
+      // Both others are at their allreduce (each posts its first step on entering it);
+      // a moment more, and they are blocked in it.
+      while (entering.load() < 2) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(500ms);
     } else {
+      ++entering;
       const auto t0 = std::chrono::steady_clock::now();
       std::int64_t one = 1, out = 0;
       EXPECT_THROW(world->allreduce(&one, &out, 1, DataType::int64, ReduceOp::sum)->wait(),
