@@ -65,6 +65,11 @@ class MeshContext final : public ::gloo::Context {
     transportContext_ = std::move(transport_);
   }
 
+  void set_wait_timeout(std::chrono::milliseconds timeout) {
+    setTimeout(timeout);
+    if (transportContext_) transportContext_->setTimeout(timeout);
+  }
+
  private:
   // A failure closes every pair (and so its listener) before the exception leaves: the
   // caller's connection gate is still up then. A listener that outlived the gate would let
@@ -85,6 +90,10 @@ class MeshContext final : public ::gloo::Context {
 };
 
 }  // namespace
+
+void set_wait_timeout(::gloo::Context& ctx, std::chrono::milliseconds timeout) {
+  if (auto* mesh = dynamic_cast<MeshContext*>(&ctx)) mesh->set_wait_timeout(timeout);
+}
 
 GroupConnection::GroupConnection(Shared& shared, std::string prefix, int rank,
                                  std::vector<int> global_ranks, std::string op, std::string group,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "commgrid/gloo.hpp"
 #include "commgrid/store.hpp"
 #include "loop_poke.hpp"
 
@@ -23,7 +24,12 @@ struct Shared {
   std::shared_ptr<::gloo::transport::Device> device;
   std::unique_ptr<LoopPoker> poker;  // the device's (declared after it: gone first)
   std::string token;                 // the job's secret, proven to every peer of every new group
+  GlooAlgorithm algorithm = GlooAlgorithm::automatic;  // GlooOptions::algorithm
 };
+
+/// Sets the timeout of the waits Gloo makes without one (its bcube allreduce's) on a
+/// group's context; a view over kept connections has none (its waits end by abort).
+void set_wait_timeout(::gloo::Context& ctx, std::chrono::milliseconds timeout);
 
 class PairGateScope;
 class PeerProofs;

@@ -455,6 +455,22 @@ void GlooCommunicator::gather_bytes(std::string_view op, const void* send, void*
   finish(std::move(ops), op);
 }
 
+namespace {
+
+// GlooAlgorithm::automatic (docs/benchmarks.md, "Gloo's allreduce algorithms"): bcube up to
+// kGlooBcubeMaxBytes, unless the buffer holds fewer elements than log2(W). Then ring's
+// empty segments send nothing: its 2c(W-1) messages for c elements are fewer than bcube's
+// 2 W log2(W), and on a busy host the messages, more than the rounds, set the time.
+bool bcube_allreduce(GlooAlgorithm algorithm, size_t count, size_t element, int size) {
+  if (algorithm != GlooAlgorithm::automatic) return algorithm == GlooAlgorithm::bcube;
+  if (size <= 2 || count * element > kGlooBcubeMaxBytes) return false;
+  size_t log2w = 0;
+  while ((size_t{1} << log2w) < static_cast<size_t>(size)) ++log2w;
+  return count >= log2w;
+}
+
+}  // namespace
+
 template <typename T>
 void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op) {
   ::gloo::AllreduceOptions opts(ctx_);
@@ -466,6 +482,8 @@ void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op) {
   const std::uint32_t tag = next_tag();
   opts.setTag(tag);
   opts.setTimeout(timeout());
+  if (bcube_allreduce(shared_->algorithm, count, sizeof(T), size()))
+    opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
   call_collective("allreduce", tag, [&] { ::gloo::allreduce(opts); });
 }
 
@@ -522,6 +540,29 @@ void GlooCommunicator::allgather_bytes(std::string_view op, const void* send, vo
   if (block == 0) return;
   if (size() == 1) {
     std::memmove(recv, send, block);
+    return;
+  }
+  const size_t total = block * static_cast<size_t>(size());
+  const GlooAlgorithm algorithm = shared_->algorithm;
+  if (algorithm == GlooAlgorithm::bcube ||
+      (algorithm == GlooAlgorithm::automatic && size() > 2 && total <= kGlooBcubeMaxBytes)) {
+    // Each rank's block in its place, zeros elsewhere: a max over the ranks' bytes is every
+    // rank's block (GlooAlgorithm::bcube).
+    // (send and recv never overlap: Communicator::allgather refuses it.)
+    auto* out = static_cast<std::uint8_t*>(recv);
+    std::memset(out, 0, total);
+    std::memcpy(out + static_cast<size_t>(rank()) * block, send, block);
+    ::gloo::AllreduceOptions opts(ctx_);
+    opts.setOutput(out, total);
+    opts.setReduceFunction([](void* c, const void* a, const void* b, size_t n) {
+      detail::reduce_block(static_cast<std::uint8_t*>(c), static_cast<const std::uint8_t*>(a),
+                           static_cast<const std::uint8_t*>(b), n, ReduceOp::max);
+    });
+    opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    const std::uint32_t tag = next_tag();
+    opts.setTag(tag);
+    opts.setTimeout(timeout());
+    call_collective(op, tag, [&] { ::gloo::allreduce(opts); });
     return;
   }
   ::gloo::AllgatherOptions opts(ctx_);

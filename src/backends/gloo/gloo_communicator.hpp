@@ -98,6 +98,7 @@ class GlooCommunicator final : public Communicator {
   std::string peer_text(int peer, int tag) const;
 
  protected:
+  void timeout_changed(Ms timeout) override { set_wait_timeout(*ctx_, timeout); }
   std::unique_ptr<Communicator> do_split(std::optional<std::int64_t> color, std::int64_t key,
                                          std::string name) override;
   /// Every group at once: each step of its connection (connection.hpp) for every group

@@ -149,8 +149,14 @@ std::shared_ptr<Shared> start_device(const GlooOptions& options, const char* wha
     throw InvalidValueError(
         "timeout", w + ": timeout must be > 0 ms, got " + std::to_string(options.timeout.count()));
   if (options.prefix.empty()) throw ConfigError("prefix", w + ": empty key prefix");
+  if (options.algorithm != GlooAlgorithm::automatic && options.algorithm != GlooAlgorithm::ring &&
+      options.algorithm != GlooAlgorithm::bcube)
+    throw InvalidValueError("algorithm", w + ": algorithm " +
+                                             std::to_string(static_cast<int>(options.algorithm)) +
+                                             " is not automatic, ring or bcube");
   auto shared = std::make_shared<Shared>();
   shared->store = options.store;
+  shared->algorithm = options.algorithm;
   shared->token =
       effective_token(*shared->store, options.token);  // no token: the store's job secret
   ::gloo::transport::tcp::attr attr;

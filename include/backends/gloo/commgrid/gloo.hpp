@@ -15,6 +15,22 @@
 
 namespace commgrid {
 
+/// The algorithms of allreduce and allgather. ring: Gloo's ring algorithms, 2(W-1) rounds of
+/// neighbour exchanges (allgather W-1), the allreduce in segments of at most 1 MiB,
+/// pipelined: for large buffers. bcube: Gloo's bcube allreduce, recursive halving then
+/// doubling over the factors of W (2 log2 W rounds when W is a power of two) with a scratch
+/// buffer as large as the input; an allgather is then a bcube max-allreduce of a zeroed
+/// buffer that holds each rank's block: for the latency-bound small ones (a check's few
+/// numbers, a loss, each rank's record), where every round costs a message's latency and,
+/// on a busy host, a scheduling delay. automatic: bcube for an allreduce of at most
+/// kGlooBcubeMaxBytes with at least log2(W) elements and for an allgather of at most
+/// kGlooBcubeMaxBytes in all, ring otherwise (docs/benchmarks.md, "Gloo's allreduce and
+/// allgather algorithms").
+enum class GlooAlgorithm : std::uint8_t { automatic, ring, bcube };
+
+/// The largest buffer (in bytes) that GlooAlgorithm::automatic reduces or gathers with bcube.
+inline constexpr std::size_t kGlooBcubeMaxBytes = std::size_t{1} << 20;
+
 /// How a Gloo world is made (make_gloo_world).
 struct GlooOptions {
   /// Where the ranks meet: every rank passes the same store (or a store at the same place).
@@ -38,6 +54,8 @@ struct GlooOptions {
   /// store's job secret, or the empty token, which keeps out only programs that do not speak
   /// commgrid.
   std::string token;
+  /// The allreduce and allgather algorithms of the world and of every group made from it.
+  GlooAlgorithm algorithm = GlooAlgorithm::automatic;
 };
 
 /// Creates the world communicator of rank options.rank of options.size ranks: collective
