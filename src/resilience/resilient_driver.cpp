@@ -266,74 +266,109 @@ struct ResilientDriver::Impl {
     own_rank = g.world->rank();
   }
 
+  // What a rank tells the others at a resync, one row of kRecord numbers: the step it can
+  // go back to (kNone: it has no state), then the step and size of each snapshot it keeps,
+  // then of each buddy copy (-1: none).
+  static constexpr std::size_t kRecord = 9, kSnapshots = 1, kCopies = 5;
+  [[nodiscard]] std::vector<std::int64_t> record() const {
+    std::vector<std::int64_t> r(kRecord, -1);
+    r[0] = offer_step();
+    if (fresh) return r;
+    for (const auto& [list, at] : {std::pair{&snapshots, kSnapshots}, std::pair{&copies, kCopies}})
+      for (std::size_t i = 0; i < list->size() && i < 2; ++i) {
+        r[at + 2 * i] = (*list)[i].step;
+        r[at + 2 * i + 1] = static_cast<std::int64_t>((*list)[i].bytes.size());
+      }
+    return r;
+  }
+  // The size of the snapshot (at = kSnapshots) or copy (kCopies) of step s in a row; -1 when
+  // the row's rank keeps none.
+  static std::int64_t held(const std::int64_t* row, std::size_t at, std::int64_t s) {
+    for (std::size_t i = 0; i < 2; ++i)
+      if (row[at + 2 * i] == s) return row[at + 2 * i + 1];
+    return -1;
+  }
+
   // After a regroup: back to the latest step whose snapshot every survivor holds (with
   // buddy copies: and whose copies too), and every rank without state (a spare that took a
   // rank) gets that step's state of its logical rank: from its data-parallel group's lowest
   // survivor (replicas) or from its buddy (the rank that received its copies). At step 0 a
-  // rank whose every holder died starts from the initial state (start_epoch's).
+  // rank whose every holder died starts from the initial state (start_epoch's). One
+  // allgather of every rank's row decides it all alike on every rank; then only the states
+  // that move are sent, from their holder to the rank that lacks them (a survivor loads its
+  // own snapshot).
   void resync() {
     Communicator& world = *g.world;
     if (!fresh && snapshots.empty())
       snapshots.push_back({0, provider("save", [&] { return state->save(); })});
-    const std::int64_t s = min_over(world, offer_step());
+    const auto w = static_cast<std::size_t>(world.size());
+    const std::vector<std::int64_t> mine = record();
+    std::vector<std::int64_t> all(kRecord * w);
+    world.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all))->wait();
+    auto row = [&](std::size_t r) { return all.data() + kRecord * r; };
+    auto stateless = [&](std::size_t r) { return row(r)[0] == kNone; };
+    std::int64_t s = kNone;
+    for (std::size_t r = 0; r < w; ++r) s = std::min(s, row(r)[0]);
     if (s == kNone) end(StateLostError("recovery: no survivor holds a snapshot"));
-    const Snapshot* mine = fresh ? nullptr : find(snapshots, s);
-    if (!fresh && mine == nullptr)
+    const Snapshot* own = fresh ? nullptr : find(snapshots, s);
+    if (!fresh && own == nullptr)
       throw InternalError("recovery: this rank kept no snapshot of step " + std::to_string(s));
-    StateBytes bytes = mine != nullptr ? mine->bytes : StateBytes{};
-    bool have = mine != nullptr;
-    if (!buddy) {
-      // Replicas: each data-parallel group broadcasts the state from its lowest surviving
-      // member (the survivors' are equal).
-      Communicator& dp = g.groups->group(GroupKind::dp);
-      const std::int64_t source = min_over(dp, fresh ? kNone : dp.rank());
-      // The verdict over the world, so that every rank ends alike.
-      const std::int64_t lost = min_over(world, source == kNone && s > 0 ? world.rank() : kNone);
-      if (lost != kNone)
-        end(StateLostError("the state of logical rank " + std::to_string(lost) +
-                           " is lost: every replica in its data-parallel group died"));
-      if (source != kNone) {
-        auto size = static_cast<std::int64_t>(bytes.size());
-        dp.broadcast(std::span<std::int64_t>(&size, 1), static_cast<int>(source))->wait();
-        bytes.resize(static_cast<std::size_t>(size));
-        dp.broadcast(data(bytes), bytes.size(), DataType::uint8, static_cast<int>(source))->wait();
+    StateBytes bytes = own != nullptr ? own->bytes : StateBytes{};
+    bool have = own != nullptr;
+    const auto me = static_cast<std::size_t>(world.rank());
+    std::vector<P2POp> ops;
+    // Rank `to` gets step s's state from `from`'s snapshot (`at` = kSnapshots) or copy.
+    auto move = [&](std::size_t from, std::size_t to, std::size_t at) {
+      if (from == me) {
+        const StateBytes& out = at == kSnapshots ? own->bytes : find(copies, s)->bytes;
+        ops.push_back(
+            P2POp::send(data(out), out.size(), DataType::uint8, static_cast<int>(to), kCopyTag));
+      }
+      if (to == me) {
+        bytes.resize(static_cast<std::size_t>(held(row(from), at, s)));
+        ops.push_back(P2POp::recv(data(bytes), bytes.size(), DataType::uint8,
+                                  static_cast<int>(from), kCopyTag));
         have = true;
       }
-    } else {
-      // Buddy copies: who has no state (-1), and who holds its source's copy of step s (1),
-      // with the copy's size.
-      const auto w = static_cast<std::size_t>(world.size());
-      const Snapshot* copy = fresh ? nullptr : find(copies, s);
-      std::int64_t mine_info[2] = {
-          fresh ? -1 : (copy != nullptr ? 1 : 0),
-          copy != nullptr ? static_cast<std::int64_t>(copy->bytes.size()) : 0};
-      std::vector<std::int64_t> all(2 * w);
-      world.allgather(std::span<const std::int64_t>(mine_info, 2), std::span<std::int64_t>(all))
-          ->wait();
-      std::vector<P2POp> ops;
+    };
+    if (!buddy) {
+      // Replicas: each data-parallel group's lowest member with state is the source of its
+      // members without (the survivors' states are equal).
+      std::vector<std::size_t> source(w, w);
+      const GroupList dps = g.groups->layout().groups(GroupKind::dp);
+      for (std::size_t i = 0; i < dps.size(); ++i) {
+        std::size_t first = w;
+        for (const Rank m : dps[i])
+          if (first == w && !stateless(static_cast<std::size_t>(m)))
+            first = static_cast<std::size_t>(m);
+        for (const Rank m : dps[i]) source[static_cast<std::size_t>(m)] = first;
+      }
       for (std::size_t d = 0; d < w; ++d) {
-        if (all[2 * d] != -1 || s == 0) continue;  // step 0's state is the initial one
+        if (!stateless(d)) continue;
+        if (source[d] == w) {
+          if (s == 0) continue;  // step 0's state is the initial one
+          end(StateLostError("the state of logical rank " + std::to_string(d) +
+                             " is lost: every replica in its data-parallel group died"));
+        }
+        move(source[d], d, kSnapshots);
+      }
+    } else {
+      // Buddy copies: rank d's copy of step s is held by its buddy.
+      for (std::size_t d = 0; d < w; ++d) {
+        if (!stateless(d) || s == 0) continue;  // step 0's state is the initial one
         const auto b = static_cast<std::size_t>(buddy_of(static_cast<std::int64_t>(d)));
-        if (all[2 * b] != 1)
+        if (stateless(b) || held(row(b), kCopies, s) < 0)
           end(StateLostError("the state of logical rank " + std::to_string(d) + " is lost: " +
-                             (all[2 * b] == -1
+                             (stateless(b)
                                   ? "it and its buddy, logical rank " + std::to_string(b) + ", died"
                                   : "its buddy, logical rank " + std::to_string(b) +
                                         ", holds no copy of step " + std::to_string(s))));
-        if (static_cast<int>(b) == world.rank())
-          ops.push_back(P2POp::send(data(copy->bytes), copy->bytes.size(), DataType::uint8,
-                                    static_cast<int>(d), kCopyTag));
-        if (static_cast<int>(d) == world.rank()) {
-          bytes.resize(static_cast<std::size_t>(all[2 * b + 1]));
-          ops.push_back(P2POp::recv(data(bytes), bytes.size(), DataType::uint8, static_cast<int>(b),
-                                    kCopyTag));
-          have = true;
-        }
+        move(b, d, kCopies);
       }
-      if (!ops.empty()) world.batch_isend_irecv(ops)->wait();
-      // A rank's copies of a later step than s are of a step not taken again yet.
-      while (!copies.empty() && copies.back().step > s) copies.pop_back();
     }
+    if (!ops.empty()) world.batch_isend_irecv(ops)->wait();
+    // A rank's copies of a later step than s are of a step not taken again yet.
+    while (buddy && !copies.empty() && copies.back().step > s) copies.pop_back();
     if (have) load(bytes);
     else bytes = provider("save", [&] { return state->save(); });  // the initial state
     resume_at(s, std::move(bytes));
