@@ -217,9 +217,21 @@ bool Recovery::wait_for_failure() {
   }
 }
 
-bool Recovery::dead_known(std::int64_t p) {
-  return store_->has(
-      dead_process_key(options_.prefix, p, incarnation_[static_cast<std::size_t>(p)]));
+std::set<std::int64_t> Recovery::deaths_known(const std::vector<std::int64_t>& processes) {
+  std::vector<std::string> keys;
+  std::vector<std::int64_t> asked;
+  for (std::int64_t p : processes) {
+    if (p == process_) continue;
+    keys.push_back(dead_process_key(options_.prefix, p, incarnation_[static_cast<std::size_t>(p)]));
+    asked.push_back(p);
+  }
+  // A wait of no time answers which keys are missing: every death key in one request.
+  const std::vector<std::string> absent = store_->wait_for(keys, Ms(0));
+  const std::set<std::string> alive(absent.begin(), absent.end());
+  std::set<std::int64_t> dead;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (alive.count(keys[i]) == 0) dead.insert(asked[i]);
+  return dead;
 }
 
 EpochChange Recovery::change(const RankMap& map, const std::vector<std::int64_t>& dead) const {
@@ -338,13 +350,17 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
                                           const std::vector<std::string>& keys,
                                           const std::set<std::string>& missing,
                                           const std::vector<std::int64_t>& own_renew,
-                                          std::vector<std::int64_t>& dead) {
+                                          std::vector<std::int64_t>& dead, std::size_t round) {
   Registered out;
   auto asks = [&](std::int64_t p, const std::vector<std::int64_t>& peers) {
     for (std::int64_t q : peers)
       if (q != p) out.renew.emplace(std::min(p, q), std::max(p, q));
   };
   for (std::size_t i = 0; i < waiting.size(); ++i) {
+    if (out.candidates.size() > round && out.candidates[round] != process_) {
+      out.complete = false;  // another process decides this round
+      return out;
+    }
     // A registration by another incarnation (a restart of a process that died) is not
     // this incarnation's: the one the map knows is dead.
     bool here = missing.count(keys[i]) == 0;
@@ -421,8 +437,8 @@ const EpochDecision& Recovery::agree() {
       known_dead.clear();
       waiting.clear();
       keys.clear();
-      for (std::int64_t p : expected)
-        (p != process_ && dead_known(p) ? known_dead : waiting).push_back(p);
+      const std::set<std::int64_t> deaths = deaths_known(expected);
+      for (std::int64_t p : expected) (deaths.count(p) != 0 ? known_dead : waiting).push_back(p);
       for (std::int64_t p : waiting) keys.push_back(epoch_alive_key(options_.prefix, next, p));
       const auto left = std::chrono::duration_cast<Ms>(window_end - Clock::now());
       missing_keys = store_->wait_for(keys, std::clamp(left, Ms(0), slice));
@@ -433,7 +449,8 @@ const EpochDecision& Recovery::agree() {
     }
     const std::set<std::string> missing_set(missing_keys.begin(), missing_keys.end());
     std::vector<std::int64_t> dead = known_dead;
-    const Registered reg = registered(waiting, keys, missing_set, own_renew, dead);
+    const Registered reg =
+        registered(waiting, keys, missing_set, own_renew, dead, static_cast<std::size_t>(round));
     const std::vector<std::int64_t>& candidates = reg.candidates;
     // Candidates in registration order's stand-in, the process number: round k's is the
     // k-th registered; the ones before it did not decide within their window: dead.

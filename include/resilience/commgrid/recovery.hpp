@@ -195,20 +195,26 @@ class Recovery {
   /// Throws RecoveryError when the job ended.
   void check_ended();
   /// What agree() reads of the registrations it waited for: the candidates to decide (the
-  /// others are appended to `dead`) and the pairs they asked to make anew, once each.
+  /// others are appended to `dead`) and the pairs they asked to make anew, once each. The
+  /// registrations are read in order only until candidate `round` is known: a process that
+  /// is not that candidate stops there (`complete` false: the lists hold what was read),
+  /// the one that is reads them all; so a round costs the deciding process W reads and every
+  /// other process about one, not W each.
   struct Registered {
     std::vector<std::int64_t> candidates;
     std::set<std::pair<std::int64_t, std::int64_t>> renew;
+    bool complete = true;
   };
   Registered registered(const std::vector<std::int64_t>& waiting,
                         const std::vector<std::string>& keys, const std::set<std::string>& missing,
-                        const std::vector<std::int64_t>& own_renew,
-                        std::vector<std::int64_t>& dead);
+                        const std::vector<std::int64_t>& own_renew, std::vector<std::int64_t>& dead,
+                        std::size_t round);
   std::string decide(const std::vector<std::int64_t>& dead,
                      const std::vector<std::int64_t>& revived,
                      const std::set<std::pair<std::int64_t, std::int64_t>>& renew);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
-  [[nodiscard]] bool dead_known(std::int64_t process);
+  /// Which of `processes` (but this one) the store knows dead: one store request for all.
+  [[nodiscard]] std::set<std::int64_t> deaths_known(const std::vector<std::int64_t>& processes);
 
   std::shared_ptr<Store> store_;
   RankMap map_;
