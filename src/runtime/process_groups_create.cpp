@@ -191,9 +191,14 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
   std::vector<GroupSpec> specs;
   std::vector<std::size_t> spec_of;  // made[i]'s group is specs[spec_of[i]], or the world
   std::vector<Made> made;
+  // Every group of the layout numbered, kind after kind (GroupSpec::index), alike on
+  // every rank: the kinds and the layout are the same everywhere.
+  std::int64_t first_of_kind = 0;
   for (GroupKind k : kinds_) {
     if (parent_of[static_cast<int>(k)]) continue;
     for (int level = 0; level < layout_->levels(k); ++level) {
+      const std::int64_t first = first_of_kind;
+      first_of_kind += layout_->num_groups(k, level);
       const std::optional<GroupRef> ref = layout_->group_of(k, world_rank_, level);
       if (!ref) continue;
       std::vector<Rank> members = sorted_members(ref->members);
@@ -208,7 +213,8 @@ std::vector<ProcessGroups::Made> ProcessGroups::create_members_at_once(
                             : specs.end();
       const bool reuses = same != specs.end();
       spec_of.push_back(reuses ? static_cast<std::size_t>(same - specs.begin()) : specs.size());
-      if (!reuses) specs.push_back({std::move(members), group_name(k, level, ref->index)});
+      if (!reuses)
+        specs.push_back({std::move(members), group_name(k, level, ref->index), first + ref->index});
       made.push_back({k, level, nullptr, {}, reuses});
     }
   }

@@ -165,6 +165,11 @@ class Work {
 struct GroupSpec {
   std::vector<Rank> members;  ///< ranks in the parent, ascending, including the caller
   std::string name;
+  /// Optional: a number of this group, the same on each of its members and distinct among
+  /// the groups of the batch over all ranks (ProcessGroups numbers a layout's groups);
+  /// -1: none. A backend that must give each group a name its members agree on may derive
+  /// it from this instead of a rendezvous (Gloo over kept connections).
+  std::int64_t index = -1;
 };
 
 /// One point-to-point operation of a batch (torch.distributed's P2POp): a send of `count`

@@ -165,14 +165,29 @@ std::vector<std::unique_ptr<Communicator>> GlooCommunicator::view_groups(
     const std::string& op, Clock::time_point deadline,
     const std::function<void(std::size_t)>& created) {
   ViewTransport& parent = *view_of(*ctx_);
+  // The first batch made from an epoch's world view names each numbered group (GroupSpec::
+  // index) by a namespace derived from the epoch and the number, alike on every member
+  // without a rendezvous; any other group's first member picks one and publishes it.
+  const std::optional<std::uint32_t> base = parent.take_derived();
+  const std::uint32_t span = parent.mesh().derived_span();
+  auto derived = [&](const GroupSpec& g) {
+    return base && g.index >= 0 && g.index + 1 < static_cast<std::int64_t>(span);
+  };
   std::vector<std::string> keys;
   std::vector<bool> leads;
+  std::vector<std::size_t> named;  // the groups the store names
   for (std::size_t i = 0; i < groups.size(); ++i) {
+    if (derived(groups[i])) continue;
     keys.push_back(prefixes[i] + "/namespace");
     leads.push_back(detail::engine_int(groups[i].members.front()) == rank());
+    named.push_back(i);
   }
-  const std::vector<std::uint32_t> ns =
+  const std::vector<std::uint32_t> picked =
       agree_namespaces(parent.mesh(), keys, leads, deadline, op, name());
+  std::vector<std::uint32_t> ns(groups.size());
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    if (derived(groups[i])) ns[i] = *base + 1 + static_cast<std::uint32_t>(groups[i].index);
+  for (std::size_t j = 0; j < named.size(); ++j) ns[named[j]] = picked[j];
   std::vector<std::unique_ptr<Communicator>> out;
   out.reserve(groups.size());
   for (std::size_t i = 0; i < groups.size(); ++i) {

@@ -34,6 +34,8 @@ constexpr auto kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 *
 // commgrid's and Gloo's own prefixes): an epoch's end notices, 0x7e with the epoch.
 constexpr std::uint64_t kNoticeSlot = std::uint64_t{0x7e} << 56;
 constexpr std::uint64_t kBits32To55 = std::uint64_t{0xffffff} << 32;
+// The first derived namespace (ProcessMesh::derived_base); the store's are below it.
+constexpr std::uint64_t kDerived = std::uint64_t{1} << 23;
 
 std::uint64_t notice_slot(std::int64_t epoch) {
   return kNoticeSlot | ((static_cast<std::uint64_t>(epoch) & 0xffffffu) << 32);
@@ -142,12 +144,26 @@ std::uint32_t ProcessMesh::next_namespace() {
   const std::lock_guard lock(m_);
   const std::uint64_t ns =
       1 + static_cast<std::uint64_t>(process_) + static_cast<std::uint64_t>(processes_) * next_ns_;
-  if (ns > 0xffffffu)
+  if (ns >= kDerived)
     throw BackendError("gloo kept connections: process " + std::to_string(process_) + " has made " +
                        std::to_string(next_ns_) +
-                       " groups; their namespaces (24 bits) are used up");
+                       " groups; their namespaces (23 bits) are used up");
   ++next_ns_;
   return static_cast<std::uint32_t>(ns);
+}
+
+std::uint32_t ProcessMesh::derived_span() const noexcept {
+  // Room for every group of a layout: at most one group a process for each of a few dozen
+  // kinds and levels (a layout with more takes the store's namespaces).
+  return 64 * static_cast<std::uint32_t>(processes_);
+}
+
+std::optional<std::uint32_t> ProcessMesh::derived_base(std::int64_t epoch) const {
+  const std::uint64_t span = derived_span();
+  if (epoch < 0 || span > kDerived) return std::nullopt;
+  const std::uint64_t base = kDerived + static_cast<std::uint64_t>(epoch) * span;
+  if (base + span > 0x1000000u) return std::nullopt;
+  return static_cast<std::uint32_t>(base);
 }
 
 void ProcessMesh::begin_epoch(std::int64_t epoch) {
@@ -433,6 +449,16 @@ void ViewTransport::abort(const std::string& why) {
 std::string ViewTransport::why() const {
   const std::lock_guard lock(m_);
   return why_;
+}
+
+void ViewTransport::set_derived(std::uint32_t base) {
+  const std::lock_guard lock(m_);
+  derived_ = base;
+}
+
+std::optional<std::uint32_t> ViewTransport::take_derived() {
+  const std::lock_guard lock(m_);
+  return std::exchange(derived_, std::nullopt);
 }
 
 int ViewTransport::process_of(int rank) const {

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -60,8 +61,16 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
 
   /// A namespace for a new view that this process leads (creates the key for): 1 +
   /// process + processes x n for its n-th view, unique in the job while the job lasts.
-  /// Throws BackendError once 24 bits no longer hold it.
+  /// Throws BackendError once 23 bits no longer hold it (the upper half of the 24 bits is
+  /// the derived namespaces').
   std::uint32_t next_namespace();
+
+  /// Derived namespaces, which every member computes alike without a rendezvous: epoch e's
+  /// world view takes derived_base(e), and the n-th group of the first batch made from it
+  /// derived_base(e) + 1 + n, for n < derived_span() - 1. nullopt once the epoch's span no
+  /// longer fits the 24 bits (then the store names them, next_namespace).
+  [[nodiscard]] std::optional<std::uint32_t> derived_base(std::int64_t epoch) const;
+  [[nodiscard]] std::uint32_t derived_span() const noexcept;
 
   /// The epoch the views made now belong to; a notice of an earlier epoch's end is stale.
   void begin_epoch(std::int64_t epoch);
@@ -139,6 +148,11 @@ class ViewTransport final : public ::gloo::transport::Context,
   [[nodiscard]] std::uint64_t slot(std::uint64_t slot) const;
   [[nodiscard]] ProcessMesh& mesh() const noexcept { return *mesh_; }
   [[nodiscard]] const std::vector<int>& processes() const noexcept { return processes_; }
+  /// An epoch's world view: the base of its groups' derived namespaces
+  /// (ProcessMesh::derived_base). take_derived() gives it to the first batch of groups
+  /// made from the view, once; nullopt after, and for any other view.
+  void set_derived(std::uint32_t base);
+  [[nodiscard]] std::optional<std::uint32_t> take_derived();
 
  private:
   friend class ViewBuffer;
@@ -146,6 +160,7 @@ class ViewTransport final : public ::gloo::transport::Context,
   std::vector<int> processes_;
   std::map<int, int> rank_of_;
   std::uint32_t ns_;
+  std::optional<std::uint32_t> derived_;  // guarded by m_
   mutable std::mutex m_;
   std::set<class ViewBuffer*> buffers_;
   std::string why_;

@@ -209,13 +209,17 @@ class KeptConnections final : public GlooConnections {
     std::sort(peers.begin(), peers.end());
     peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
     mesh_->connect(prefix + "/renew", peers, static_cast<std::uint32_t>(epoch), deadline);
-    // Rank 0 names the world's view; the others read it.
-    const std::uint32_t ns = agree_namespaces(*mesh_, {prefix + "/namespace"}, {rank == 0},
-                                              deadline, "create world", "world")
-                                 .front();
+    // The world's view is named by the epoch (a derived namespace, alike everywhere), or,
+    // past the derived ones, by rank 0 through the store.
+    const std::optional<std::uint32_t> base = mesh_->derived_base(epoch);
+    const std::uint32_t ns = base ? *base
+                                  : agree_namespaces(*mesh_, {prefix + "/namespace"}, {rank == 0},
+                                                     deadline, "create world", "world")
+                                        .front();
     std::vector<int> global(processes.size());
     std::iota(global.begin(), global.end(), 0);
     auto ctx = std::make_shared<MeshViewContext>(mesh_, std::move(processes), rank, ns);
+    if (base) ctx->view().set_derived(*base);
     // No barrier: the pairs made anew were proven by both ends, the others were connected
     // already, and a view connects nothing.
     return std::make_unique<GlooCommunicator>("world", mesh_->shared(), std::move(ctx),

@@ -27,8 +27,8 @@ using namespace std::chrono_literals;
 // Runs fn(process, connections) on `n` threads over one memory store, each with the job's
 // connections made (the collective start); failures inside are the test's.
 void run_processes(int n, const std::function<void(int, GlooConnections&)>& fn,
-                   std::chrono::milliseconds timeout = 20s) {
-  auto store = make_memory_store();
+                   std::chrono::milliseconds timeout = 20s,
+                   std::shared_ptr<Store> store = make_memory_store()) {
   std::vector<std::thread> threads;
   for (int p = 0; p < n; ++p)
     threads.emplace_back([&, p] {
@@ -95,6 +95,50 @@ TEST(GlooKeptConnections, EpochsAreViewsOverTheSamePairsAndEveryGroupProvesItsMe
       all_done.arrive_and_wait();  // no process closes its pairs while another ends
     }
   });
+}
+
+// An epoch's world and the layout's groups made from it (the first batch) are named by
+// namespaces every member derives from the epoch and the group's number: no namespace key
+// in the store. A later batch on the same world (the same names again) is named through the
+// store, and every group of both proves its members.
+TEST(GlooKeptConnections, AnEpochsLayoutGroupsAreNamedWithoutTheStoreALaterBatchThroughIt) {
+  constexpr int n = 4;
+  ParallelConfig cfg;
+  cfg.world_size = n;
+  cfg.tp = 2;
+  auto store = make_memory_store();
+  std::barrier both(n);
+  run_processes(
+      n,
+      [&](int process, GlooConnections& kept) {
+        const std::string prefix = "kept/e3";
+        std::unique_ptr<Communicator> world = kept.world(prefix, 3, iota_processes(n), {});
+        EXPECT_FALSE(store->has(prefix + "/namespace"));
+        for (int batch = 0; batch < 2; ++batch) {
+          ProcessGroups pg;
+          pg.initialize(*world, cfg);
+          for (GroupKind k : {GroupKind::tp, GroupKind::dp, GroupKind::pp}) {
+            Communicator& c = pg.group(k);
+            const auto& members = pg.global_ranks(k);
+            std::vector<std::int64_t> got(members.size());
+            const std::int64_t me = process;
+            c.allgather(&me, got.data(), 1, DataType::int64)->wait();
+            EXPECT_EQ(got, std::vector<std::int64_t>(members.begin(), members.end()))
+                << kind_name(k) << ", batch " << batch;
+            if (members.size() < 2) continue;  // (a group of one is never named)
+            const std::string key =
+                prefix + "/group/" + c.name() + "/" + std::to_string(batch) + "/namespace";
+            both.arrive_and_wait();  // every member has named the group
+            EXPECT_EQ(store->has(key), batch == 1) << key;
+          }
+          pg.destroy();
+        }
+        world.reset();
+        both.arrive_and_wait();
+        EXPECT_EQ(kept.end_epoch(), std::vector<std::int64_t>{});
+        both.arrive_and_wait();
+      },
+      20s, store);
 }
 
 // Process 2 never joins the allreduce of processes 0 and 1 and ends its epoch instead: its
