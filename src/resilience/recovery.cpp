@@ -38,9 +38,13 @@ std::int64_t parse_number(std::string_view s, const std::string& where) {
 
 // A registration's value: the incarnation, and with kept connections ";" and the
 // processes whose pairs with the registered one must be made anew.
+// A registration (epoch_alive_key's value): "incarnation", then optionally ";" and the
+// processes whose pairs to make anew (comma-separated, may be empty), then optionally ";"
+// and the declared fingerprint (hex).
 struct Registration {
   std::int64_t incarnation = 0;
   std::vector<std::int64_t> renew;
+  std::optional<std::uint64_t> fingerprint;
 };
 
 Registration parse_registration(const std::string& value) {
@@ -50,6 +54,13 @@ Registration parse_registration(const std::string& value) {
   if (semi == std::string::npos) return r;
   std::string_view rest(value);
   rest.remove_prefix(semi + 1);
+  const auto semi2 = rest.find(';');
+  if (semi2 != std::string_view::npos) {
+    r.fingerprint = parse_fingerprint(rest.substr(semi2 + 1));
+    if (!r.fingerprint)
+      throw BackendError("recovery: malformed fingerprint in the registration '" + value + "'");
+    rest = rest.substr(0, semi2);
+  }
   while (!rest.empty()) {
     const auto comma = rest.find(',');
     r.renew.push_back(parse_number(rest.substr(0, comma), "renewed process"));
@@ -154,6 +165,10 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
   }
 }
 
+void Recovery::declare(const ParallelConfig& config, const InitOptions& init) {
+  declared_ = ProcessGroups::fingerprint(config, init);
+}
+
 void Recovery::keep_connections(KeptConnections kept) {
   if (!kept.end_epoch || !kept.world)
     throw ConfigError("kept", "recovery: kept connections need end_epoch and world");
@@ -251,7 +266,8 @@ std::vector<std::int64_t> processes_of(const RankMap& map) {
 
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
                              const std::vector<std::int64_t>& revived,
-                             const std::set<std::pair<std::int64_t, std::int64_t>>& renew) {
+                             const std::set<std::pair<std::int64_t, std::int64_t>>& renew,
+                             std::optional<std::uint64_t> fingerprint) {
   DecisionRecord d;
   d.epoch = epoch() + 1;
   d.decider = process_;
@@ -270,6 +286,10 @@ std::string Recovery::decide(const std::vector<std::int64_t>& dead,
     const EpochChange step = change(revived_map, dead);
     if (step.shrink) d.shrink_world = step.shrink->config.world_size;
     d.process_of = processes_of(step.map);
+    // Proven alike on every process of the epoch: each registered with it, none comes
+    // back from a restart (it did not register with the others), and the layout is the
+    // declared one (no shrink, now or before).
+    if (fingerprint && revived.empty() && !step.shrink && !shrunk_) d.fingerprint = fingerprint;
   } catch (const RecoveryError&) {
     // No next epoch: every process throws the same error when it adopts the decision.
   } catch (const ConfigError&) {
@@ -289,6 +309,7 @@ void Recovery::adopt(const std::string& decision) {
   d.dead = record.dead;
   d.text = decision;
   d.renew = record.renew;
+  d.fingerprint = record.fingerprint;
   RankMap next = map_;
   for (auto [p, inc] : record.revived) {
     next = next.revive(p);
@@ -356,6 +377,13 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
     for (std::int64_t q : peers)
       if (q != p) out.renew.emplace(std::min(p, q), std::max(p, q));
   };
+  // The candidates' common fingerprint: this process's own to begin with (a candidate
+  // without one, or with another, clears it for good).
+  bool same = declared_.has_value();
+  out.fingerprint = declared_;
+  auto declared = [&](const std::optional<std::uint64_t>& f) {
+    if (!f || f != out.fingerprint) same = false;
+  };
   for (std::size_t i = 0; i < waiting.size(); ++i) {
     if (out.candidates.size() > round && out.candidates[round] != process_) {
       out.complete = false;  // another process decides this round
@@ -367,7 +395,10 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
     if (here && waiting[i] != process_) {
       const Registration r = parse_registration(text(store_->get(keys[i])));
       here = r.incarnation == incarnation_[static_cast<std::size_t>(waiting[i])];
-      if (here) asks(waiting[i], r.renew);
+      if (here) {
+        asks(waiting[i], r.renew);
+        declared(r.fingerprint);
+      }
     }
     (here ? out.candidates : dead).push_back(waiting[i]);
   }
@@ -377,6 +408,7 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
   if (map_.role(process_) == ProcessRole::dead) out.candidates.push_back(process_);
   if (std::find(out.candidates.begin(), out.candidates.end(), process_) != out.candidates.end())
     asks(process_, own_renew);
+  if (!same) out.fingerprint.reset();
   return out;
 }
 
@@ -411,6 +443,8 @@ const EpochDecision& Recovery::agree() {
     own_renew = kept_->end_epoch();
     if (!own_renew.empty()) registration += ";" + join(own_renew);
   }
+  if (declared_)
+    registration += std::string(own_renew.empty() ? ";" : "") + ";" + fingerprint_text(*declared_);
   (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
                               bytes(registration));
   const Ms window(
@@ -468,7 +502,8 @@ const EpochDecision& Recovery::agree() {
                                   incarnation_[static_cast<std::size_t>(p)])
           revived.push_back(p);
       }
-      if (store_->set_if_absent(decision_key, bytes(decide(dead, revived, reg.renew))))
+      if (store_->set_if_absent(decision_key,
+                                bytes(decide(dead, revived, reg.renew, reg.fingerprint))))
         for (std::int64_t p : dead) {
           const int incarnation = incarnation_[static_cast<std::size_t>(p)];
           // Its death is posted too (unless launch did first): when the declared-dead
@@ -516,7 +551,17 @@ EpochGroups Recovery::build(const WorldFactory& factory, const ParallelConfig& c
           factory(world_prefix(), static_cast<int>(*rank), static_cast<int>(map_.world_size()));
     }
     out.groups = std::make_shared<ProcessGroups>();
-    out.groups->initialize(out.world, shrunk_ ? *config_ : config, init);
+    InitOptions options = init;
+    // Every process of this epoch declared the same layout and options: no exchange.
+    if (!history_.empty() && history_.back().fingerprint) {
+      if (shrunk_ || ProcessGroups::fingerprint(config, init) != *history_.back().fingerprint)
+        throw ConfigMismatchError(
+            "config", "recovery: process " + std::to_string(process_) + " builds epoch " +
+                          std::to_string(epoch()) +
+                          " with another layout or options than it declared (Recovery::declare)");
+      options.proven_fingerprint = history_.back().fingerprint;
+    }
+    out.groups->initialize(out.world, shrunk_ ? *config_ : config, options);
   } catch (const FencedError&) { throw; } catch (const BackendError& e) {
     mark_failed(std::string("creating the world of epoch ") + std::to_string(epoch()) +
                 " failed: " + e.what());

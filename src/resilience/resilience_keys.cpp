@@ -2,6 +2,7 @@
 #include "commgrid/resilience_keys.hpp"
 
 #include <charconv>
+#include <cstdio>
 
 namespace commgrid {
 namespace {
@@ -74,6 +75,20 @@ std::string process_identity(std::int64_t process, int incarnation) {
   return "process/" + std::to_string(process) + "/" + std::to_string(incarnation);
 }
 
+std::string fingerprint_text(std::uint64_t fingerprint) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
+  return hex;
+}
+
+std::optional<std::uint64_t> parse_fingerprint(std::string_view text) {
+  std::uint64_t v = 0;
+  if (text.empty() || text.size() > 16) return std::nullopt;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, 16);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
 std::string format_decision(const DecisionRecord& d) {
   std::string out = "epoch=" + std::to_string(d.epoch) + "\ndecider=" + std::to_string(d.decider) +
                     "\ndead=" + join(d.dead) + "\nrevived=";
@@ -90,6 +105,7 @@ std::string format_decision(const DecisionRecord& d) {
              std::to_string(d.renew[i].second);
     out += "\n";
   }
+  if (d.fingerprint) out += "fingerprint=" + fingerprint_text(*d.fingerprint) + "\n";
   return out;
 }
 
@@ -128,6 +144,11 @@ DecisionRecord parse_decision(std::string_view decision) {
         d.renew.emplace_back(number(item.substr(0, dash), "renewed process"),
                              number(item.substr(dash + 1), "renewed process"));
       }
+    } else if (name == "fingerprint") {
+      d.fingerprint = parse_fingerprint(value);
+      if (!d.fingerprint)
+        throw BackendError("recovery: malformed fingerprint '" + std::string(value) +
+                           "' in a decision");
     }
   }
   return d;

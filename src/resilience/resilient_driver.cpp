@@ -99,7 +99,11 @@ std::int64_t buddy_shift_for(std::int64_t world_size, std::int64_t local_world_s
 }
 
 struct ResilientDriver::Impl {
-  Impl(Recovery& r, ResilientOptions o) : rec(r), options(std::move(o)) {}
+  Impl(Recovery& r, ResilientOptions o) : rec(r), options(std::move(o)) {
+    // Every process of the job runs the same driver options: a recovery's decision proves
+    // it, and the epoch's groups skip the fingerprint exchange.
+    rec.declare(options.layout, options.init);
+  }
 
   Recovery& rec;
   ResilientOptions options;

@@ -97,9 +97,32 @@ std::string rank_ranges(const std::vector<int>& ranks, std::size_t limit = 8) {
 
 }  // namespace
 
+namespace {
+std::uint64_t hash_of(const std::vector<std::pair<std::string, std::string>>& fields) {
+  detail::Fingerprint fp;
+  for (const auto& [name, value] : fields) fp.text(name).text("\x1f").text(value).text("\x1e");
+  return fp.value();
+}
+}  // namespace
+
+std::uint64_t ProcessGroups::fingerprint(const ParallelConfig& config, const InitOptions& options) {
+  return hash_of(fingerprint_fields(config, options, true));
+}
+
 void ProcessGroups::exchange_fingerprint(Communicator& world, const ParallelConfig& config,
                                          const InitOptions& options) {
   const auto fields = fingerprint_fields(config, options, shared_world_ != nullptr);
+  if (options.proven_fingerprint) {
+    const std::uint64_t mine = hash_of(fields);
+    if (*options.proven_fingerprint == mine) return;  // every rank holds it: nothing to ask
+    char text[80];
+    std::snprintf(text, sizeof text, "%016llx, this rank's is %016llx",
+                  static_cast<unsigned long long>(*options.proven_fingerprint),
+                  static_cast<unsigned long long>(mine));
+    throw ConfigMismatchError("proven_fingerprint",
+                              std::string("initialize: InitOptions::proven_fingerprint is ") +
+                                  text + " (config and options differ from the proven ones)");
+  }
   const std::size_t F = fields.size();
   // One max-allreduce gives every field's max and min hash: all ranks agree iff they are
   // equal. That costs O(F) whatever the world size; only a mismatch gathers more.

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "commgrid/gloo.hpp"
+#include "commgrid/process_groups.hpp"
 #include "commgrid/recovery.hpp"
 
 namespace commgrid {
@@ -58,7 +60,8 @@ struct Agreed {
   std::vector<std::optional<ShrinkPlan>> shrink;
 };
 Agreed agree_all(const std::shared_ptr<Store>& store, const RankMap& map,
-                 const std::vector<std::int64_t>& live, RecoveryOptions options) {
+                 const std::vector<std::int64_t>& live, RecoveryOptions options,
+                 const std::function<void(Recovery&)>& before = {}) {
   Agreed out;
   out.text.resize(live.size());
   out.map.resize(live.size());
@@ -71,6 +74,7 @@ Agreed agree_all(const std::shared_ptr<Store>& store, const RankMap& map,
     threads.emplace_back([&, i] {
       try {
         Recovery r(store, map, live[i], options);
+        if (before) before(r);
         const EpochDecision& d = r.agree();
         out.text[i] = d.text;
         out.shrink[i] = d.shrink;
@@ -248,6 +252,28 @@ TEST(Agreement, ARestartedProcessWhoseEveryPeerDiedDecidesAloneAndEndsTheJob) {
   EXPECT_THROW((void)Recovery(store, m0, 1, fast()).agree(), RecoveryError);
 }
 
+// Recovery::declare: a decision says which fingerprint every process it counts on
+// registered with, and only then: one process that declares another layout, or none, leaves
+// the decision without it (and its epoch exchanges the fingerprint as epoch 0 does).
+TEST(Agreement, ADecisionCarriesTheFingerprintOnlyWhenEveryProcessDeclaredIt) {
+  const ParallelConfig layout = tp_config(4, 2), other = tp_config(4, 1);
+  const std::string line =
+      "fingerprint=" + fingerprint_text(ProcessGroups::fingerprint(layout, {}));
+  for (const int odd : {-1, 4, 5}) {  // nobody; process 4 declares another; process 5 none
+    auto store = make_memory_store();
+    store->set(dead_process_key("resilience", 2, 0), bytes(std::string("SIGKILL")));
+    const Agreed a =
+        agree_all(store, RankMap(4, spares(2)), {0, 1, 3, 4, 5}, fast(60s), [&](Recovery& r) {
+          if (r.process() == odd && odd == 5) return;
+          r.declare(r.process() == odd ? other : layout, {});
+        });
+    for (const auto& e : a.error) ASSERT_EQ(e, "");
+    EXPECT_EQ(a.text[0].find(line) != std::string::npos, odd == -1)
+        << "odd process " << odd << ": " << a.text[0];
+    EXPECT_EQ(a.text[0].find("fingerprint=") != std::string::npos, odd == -1) << a.text[0];
+  }
+}
+
 TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
   DecisionRecord d;
   d.epoch = 3;
@@ -256,8 +282,11 @@ TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
   d.revived = {{2, 1}};
   d.shrink_world = 4;
   d.process_of = {0, 5, 2, 3};
+  d.fingerprint = 0x00ab00000000cd01ULL;
   const std::string text = format_decision(d);
-  EXPECT_EQ(text, "epoch=3\ndecider=4\ndead=1,6\nrevived=2:1\nshrink=4\nranks=0,5,2,3\n");
+  EXPECT_EQ(text,
+            "epoch=3\ndecider=4\ndead=1,6\nrevived=2:1\nshrink=4\nranks=0,5,2,3\n"
+            "fingerprint=00ab00000000cd01\n");
   const DecisionRecord back = parse_decision(text + "later=ignored\n");
   EXPECT_EQ(back.epoch, 3);
   EXPECT_EQ(back.decider, 4);
@@ -265,6 +294,8 @@ TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
   EXPECT_EQ(back.revived, d.revived);
   EXPECT_EQ(back.shrink_world, d.shrink_world);
   EXPECT_EQ(back.process_of, d.process_of);
+  EXPECT_EQ(back.fingerprint, d.fingerprint);
+  EXPECT_THROW((void)parse_decision("epoch=1\nfingerprint=xyz\n"), BackendError);
   try {
     (void)parse_decision("epoch=1\ndead=1,x\n");
     ADD_FAILURE() << "no error";
@@ -379,12 +410,14 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
   std::vector<std::string> errors(5);
   std::vector<std::vector<double>> sums(5);
   std::vector<std::int64_t> epochs(5, -1);
+  std::vector<bool> proven(5, false);
   {
     std::vector<std::jthread> threads;
     for (std::int64_t p = 0; p < 5; ++p)
       threads.emplace_back([&, p] {
         try {
           Recovery rec(store, m0, p, fast(30s));
+          rec.declare(config, {});
           const WorldFactory factory = gloo_worlds(store);
           EpochGroups g = rec.build(factory, config);
           int step = 0;
@@ -418,6 +451,10 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
             }
           }
           epochs[static_cast<std::size_t>(p)] = rec.epoch();
+          // Every process declared the layout: epoch 1's decision proved it, and its groups
+          // skipped the exchange.
+          proven[static_cast<std::size_t>(p)] =
+              rec.history().back().fingerprint == ProcessGroups::fingerprint(config, {});
           if (*rec.logical_rank() == 0) rec.mark_done();
         } catch (const std::exception& e) { errors[static_cast<std::size_t>(p)] = e.what(); }
       });
@@ -434,6 +471,54 @@ TEST(GlooRegroup, ARankDiesAndTheSpareTakesItsPlace) {
   // The spare ran the steps after the failure as logical rank 3.
   ASSERT_FALSE(sums[4].empty());
   EXPECT_EQ(sums[4].back(), kSteps * 6.0);
+  for (std::size_t p : {0u, 1u, 2u, 4u}) EXPECT_TRUE(proven[p]) << "process " << p;
+}
+
+// The same job, but the spare was given another layout (tp 1) than the others (tp 2): the
+// decision that brings it in proves no fingerprint, so epoch 1's groups exchange it, and
+// every rank of the epoch fails alike, naming tp, instead of making groups of two layouts.
+TEST(GlooRegroup, ASpareGivenAnotherLayoutIsCaughtByTheExchangeNotTrusted) {
+  auto store = make_memory_store();
+  const ParallelConfig config = tp_config(4, 2), odd = tp_config(4, 1);
+  const RankMap m0(4, spares(1));
+  std::vector<std::string> errors(5);
+  {
+    std::vector<std::jthread> threads;
+    for (std::int64_t p = 0; p < 5; ++p)
+      threads.emplace_back([&, p] {
+        try {
+          Recovery rec(store, m0, p, fast(30s));
+          const ParallelConfig& mine = p == 4 ? odd : config;
+          rec.declare(mine, {});
+          const WorldFactory factory = gloo_worlds(store);
+          EpochGroups g = rec.build(factory, mine);
+          if (!g.world) {
+            if (rec.wait_for_failure()) g = rec.recover(factory, mine);
+            return;
+          }
+          if (p == 3) return;  // dies: its groups close with it
+          try {
+            double v = 1;
+            g.groups->group(GroupKind::dp)
+                .allreduce(std::span<double>(&v, 1), ReduceOp::sum)
+                ->wait();
+            g.world->barrier()->wait();
+            ADD_FAILURE() << "process " << p << ": the world outlived process 3";
+          } catch (const BackendError& e) {
+            rec.mark_failed(e.what());
+            g = EpochGroups{};
+            g = rec.recover(factory, mine);
+          }
+        } catch (const ConfigMismatchError& e) {
+          errors[static_cast<std::size_t>(p)] = e.what();
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(p)] = std::string("other: ") + e.what();
+        }
+      });
+  }
+  for (std::size_t p : {0u, 1u, 2u, 4u})
+    EXPECT_NE(errors[p].find("ranks were given different tp"), std::string::npos)
+        << "process " << p << ": " << errors[p];
 }
 
 // Shrink: tp 2 x dp 2 (replica 0 is ranks {0, 1}, replica 1 {2, 3}) without spares.

@@ -64,6 +64,9 @@ struct EpochDecision {
   std::string text;                      ///< as stored (format_decision)
   /// With kept connections: the pairs of processes made anew for this epoch.
   std::vector<std::pair<std::int64_t, std::int64_t>> renew;
+  /// The fingerprint every process of the epoch declared (Recovery::declare), when all
+  /// declared the same: build() then skips ProcessGroups' exchange of it.
+  std::optional<std::uint64_t> fingerprint;
   /// Set when the epoch shrank the world: its layout (shrink->config, world_size W'), each
   /// old logical rank's new rank (shrink->new_rank) and each new rank's old one
   /// (shrink->old_ranks()), the old ranks being the previous epoch's.
@@ -128,6 +131,13 @@ class Recovery {
   /// it), and agree() ends the epoch on them first. Every process of the job (spares
   /// included) must do the same before epoch 0's build.
   void keep_connections(KeptConnections kept);
+  /// The layout and options this process builds its epochs with (build's config and init,
+  /// before any shrink): their fingerprint (ProcessGroups::fingerprint) travels with each
+  /// registration, and a decision whose every process declared the same one says so; its
+  /// epoch's build() then skips ProcessGroups' exchange of it over the world (one collective
+  /// fewer in a recovery). A build with another config or options than declared, under such
+  /// a decision, is a ConfigMismatchError. Optional: without it every epoch exchanges.
+  void declare(const ParallelConfig& config, const InitOptions& init);
   /// The decisions adopted so far, oldest first.
   [[nodiscard]] const std::vector<EpochDecision>& history() const noexcept { return history_; }
   /// The identity this process gives the store (StoreOptions::process), e.g. "process/3/0"
@@ -204,6 +214,9 @@ class Recovery {
     std::vector<std::int64_t> candidates;
     std::set<std::pair<std::int64_t, std::int64_t>> renew;
     bool complete = true;
+    /// The fingerprint every candidate registered with; nullopt when one has none or two
+    /// differ.
+    std::optional<std::uint64_t> fingerprint;
   };
   Registered registered(const std::vector<std::int64_t>& waiting,
                         const std::vector<std::string>& keys, const std::set<std::string>& missing,
@@ -211,7 +224,8 @@ class Recovery {
                         std::size_t round);
   std::string decide(const std::vector<std::int64_t>& dead,
                      const std::vector<std::int64_t>& revived,
-                     const std::set<std::pair<std::int64_t, std::int64_t>>& renew);
+                     const std::set<std::pair<std::int64_t, std::int64_t>>& renew,
+                     std::optional<std::uint64_t> fingerprint);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
   /// Which of `processes` (but this one) the store knows dead: one store request for all.
   [[nodiscard]] std::set<std::int64_t> deaths_known(const std::vector<std::int64_t>& processes);
@@ -225,7 +239,8 @@ class Recovery {
   std::optional<ParallelConfig> config_;  ///< with options_.shrink: the current epoch's
   bool shrunk_ = false;                   ///< whether some epoch shrank the world
   std::optional<KeptConnections> kept_;
-  struct StallWatch;  ///< the thread that notices this process stopped
+  std::optional<std::uint64_t> declared_;  ///< declare()'s fingerprint
+  struct StallWatch;                       ///< the thread that notices this process stopped
   std::unique_ptr<StallWatch> stall_;
 };
 

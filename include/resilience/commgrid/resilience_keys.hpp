@@ -65,6 +65,7 @@ inline constexpr int kEpochFailureSignal = SIGURG;
 ///     revived=1:1
 ///     shrink=4          (only when the world shrank: its new size)
 ///     ranks=0,5,2,4     (the process of each logical rank of the new epoch)
+///     fingerprint=9f...  (only when every process registered with the same one)
 ///
 /// A decision after which the job cannot go on (no spare and no smaller layout) has no
 /// ranks line; job_ended_key then says why.
@@ -78,7 +79,15 @@ struct DecisionRecord {
   /// With kept connections: the pairs of processes to make anew (an end of either held an
   /// unfinished operation), each (lower, higher).
   std::vector<std::pair<std::int64_t, std::int64_t>> renew;
+  /// The fingerprint of layout and options (ProcessGroups::fingerprint) that every process
+  /// the decision counts on registered with (Recovery::declare); absent when one did not
+  /// declare, two differ, or the decision shrinks or revives.
+  std::optional<std::uint64_t> fingerprint;
 };
+/// A fingerprint as stored: 16 lower-case hex digits.
+[[nodiscard]] std::string fingerprint_text(std::uint64_t fingerprint);
+/// The fingerprint of a stored text; nullopt when it is not 1 to 16 hex digits.
+[[nodiscard]] std::optional<std::uint64_t> parse_fingerprint(std::string_view text);
 /// The stored text of a decision (the format above; empty lists are written empty).
 [[nodiscard]] std::string format_decision(const DecisionRecord& decision);
 /// Parses a stored decision. Lines it does not know are ignored (a later format may add

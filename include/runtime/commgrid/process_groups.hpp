@@ -66,6 +66,13 @@ struct InitOptions {
   /// initialize does O(sum of this rank's group sizes) work with the split and member
   /// strategies.
   EmbeddingPolicies policies;
+  /// The fingerprint of config and options (ProcessGroups::fingerprint) when the caller has
+  /// proven by other means that every rank of the world holds it (commgrid's recovery: the
+  /// decision that started the epoch, which every process registered for with it).
+  /// initialize then skips its exchange over the world; a value that is not this rank's
+  /// own fingerprint is a ConfigMismatchError at once, on this rank. Not itself part of the
+  /// fingerprint.
+  std::optional<std::uint64_t> proven_fingerprint;
 };
 
 /// What creating one kind (one hcp level) cost on this rank.
@@ -112,6 +119,11 @@ class ProcessGroups {
   /// same overload: the fingerprint says which. A null world is an InvalidValueError.
   void initialize(std::shared_ptr<Communicator> world, const ParallelConfig& config,
                   InitOptions options = {});
+  /// The fingerprint initialize's shared-world overload exchanges for `config` and
+  /// `options`: one hash of every field it compares (the same on every rank that was given
+  /// the same config and options).
+  [[nodiscard]] static std::uint64_t fingerprint(const ParallelConfig& config,
+                                                 const InitOptions& options);
   /// Whether initialize() succeeded and destroy() has not been called since.
   [[nodiscard]] bool is_initialized() const noexcept { return initialized_; }
   /// Releases every group (in reverse creation order) and forgets the layout; getters then

@@ -141,6 +141,40 @@ TEST(GlooKeptConnections, AnEpochsLayoutGroupsAreNamedWithoutTheStoreALaterBatch
       20s, store);
 }
 
+// InitOptions::proven_fingerprint: over kept connections (views: making a group needs no
+// barrier) process 0 initializes dp 2 alone, process 1 never calling initialize, which
+// works only when nothing is exchanged over the world: with its own fingerprint proven it
+// does; without, the exchange waits for process 1 until the timeout. A proven value that is
+// not the rank's own is a ConfigMismatchError at once, naming the option.
+TEST(GlooKeptConnections, AProvenFingerprintSkipsTheExchangeAndAnotherOneIsAMismatch) {
+  ParallelConfig cfg;
+  cfg.world_size = 2;
+  std::atomic<bool> done{false};
+  run_processes(2, [&](int process, GlooConnections& kept) {
+    std::shared_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(2), {});
+    if (process == 1) {  // never initializes; stays until process 0 is done
+      while (!done.load()) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    InitOptions o;
+    o.share_identical_groups = true;
+    o.proven_fingerprint = ProcessGroups::fingerprint(cfg, o);
+    ProcessGroups pg;
+    pg.initialize(world, cfg, o);
+    EXPECT_EQ(&pg.group(GroupKind::dp), world.get());
+    pg.destroy();
+    o.proven_fingerprint = *o.proven_fingerprint + 1;
+    try {
+      pg.initialize(world, cfg, o);
+      ADD_FAILURE() << "a proven fingerprint that is not this rank's was accepted";
+    } catch (const ConfigMismatchError& e) { EXPECT_EQ(e.parameter(), "proven_fingerprint"); }
+    o.proven_fingerprint.reset();
+    world->set_timeout(1s);
+    EXPECT_THROW(pg.initialize(world, cfg, o), TimeoutError);  // the exchange waits
+    done = true;
+  });
+}
+
 // Process 2 never joins the allreduce of processes 0 and 1 and ends its epoch instead: its
 // notice ends their blocked wait at once (the timeout is 20 s). The pairs that held the
 // unfinished allreduce are listed by their ends, made anew in epoch 1, and carry it.
