@@ -12,8 +12,10 @@ from every process the monotonic time of its first step completed after the reco
 Recovery = the last of those minus the kill. In the same run, the whole-job restart bound
 of the same layout: the start-up of a fresh job (launch, world, groups, model: a 1-step run
 minus one step, as bench/resilience.sh measures it), which leaves out reading a checkpoint
-and the steps lost. Prints one row per layout and the medians, 95th percentiles and maxima
-over every kill (Markdown). Seeds are printed: `--seed` replays.
+and the steps lost; and one steady step of the same job without a failure (42 steps minus 2,
+over 40): the recovery ends with one step redone, so "median - one step" is what the
+recovery itself took. Prints one row per layout and the medians, 95th percentiles and
+maxima over every kill (Markdown). Seeds are printed: `--seed` replays.
 """
 import argparse
 import os
@@ -76,14 +78,14 @@ def main():
     print(f"world {w} (+1 spare), {args.steps} steps, {args.repeats} kills per layout, "
           f"seed {seed}, load {os.getloadavg()[0]:.1f}", flush=True)
     kept = ["--keep-connections"] if args.keep_connections else []
+    head = ("| layout | dp | recovery median | p95 | max | one step | median - one step "
+            "| whole-job restart >= | restart / median |")
     if kept:
-        print("| layout | dp | recovery median | p95 | max | whole-job restart >= | restart / median "
-              "| kept-connections job's start-up >= | start-up / median |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(head + " kept-connections job's start-up >= | start-up / median |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     else:
-        print("| layout | dp | recovery median | p95 | max | whole-job restart >= "
-              "| restart / median |")
-        print("|---|---|---|---|---|---|---|")
+        print(head)
+        print("|---|---|---|---|---|---|---|---|---|")
     every = []
     for name in args.layouts:
         flags, others = LAYOUTS[name]
@@ -98,6 +100,14 @@ def main():
             k_one, _ = run(start + ["--steps", "1"], 600)
             k_two, _ = run(start + ["--steps", "2"], 600)
             kept_restart = 2 * k_one - k_two
+        # One steady step of the killed runs' job (the same flags, no failure): 42 steps
+        # minus 2, over 40. A recovery is measured to the end of the step redone after it,
+        # so it holds one such step.
+        steady = [cli, "launch", "-n", str(w + 1), "--spares", "1", "--", gpt] + flags + \
+            ["--spares", "1"] + kept
+        t42, _ = run(steady + ["--steps", "42"], 600)
+        t2, _ = run(steady + ["--steps", "2"], 600)
+        step_time = max(0.0, (t42 - t2) / 40)
         times = []
         for _ in range(args.repeats):
             victim, step = rng.randrange(w), rng.randint(2, args.steps - 2)
@@ -116,12 +126,14 @@ def main():
         every += times
         med = statistics.median(times)
         row = (f"| {name} | {w // others} | {med:.3f} s | {percentile(times, 0.95):.3f} s | "
-               f"{max(times):.3f} s | {restart:.2f} s | {restart / med:.1f} |")
+               f"{max(times):.3f} s | {step_time:.3f} s | {med - step_time:.3f} s | "
+               f"{restart:.2f} s | {restart / med:.1f} |")
         if kept:
             row += f" {kept_restart:.2f} s | {kept_restart / med:.1f} |"
         print(row, flush=True)
     print(f"| every kill ({len(every)}) | | {statistics.median(every):.3f} s | "
-          f"{percentile(every, 0.95):.3f} s | {max(every):.3f} s | | |" + (" | |" if kept else ""))
+          f"{percentile(every, 0.95):.3f} s | {max(every):.3f} s | | | | |" +
+          (" | |" if kept else ""))
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 
