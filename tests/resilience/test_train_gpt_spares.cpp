@@ -253,6 +253,26 @@ TEST(TrainGptSpares, KeptConnectionsShrinkWithoutSpares) {
               reference_local(4, layout));
 }
 
+// A long run on kept connections without a failure stays in epoch 0: hundreds of
+// collectives on each group (their tags past 2^8 and 2^16), none mistaken for another
+// view's (a slot layout that let a tag reach the namespace's bits once failed an epoch
+// every 256 collectives, silently recovered) and the losses those of connected groups.
+TEST(TrainGptSpares, KeptConnectionsManyStepsWithoutAFailureStayInOneEpoch) {
+  const std::vector<std::string> layout{"--tp",     "2",    "--steps",  "40",
+                                        "--format", "json", "--spares", "0"};
+  std::vector<std::string> kept = layout;
+  kept.push_back("--keep-connections");
+  const CliResult r = launch({"-n", "4", "--spares", "0", "--output", "rank0"}, kept);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["epochs"].size(), 1u) << j["epochs"].dump();
+  const CliResult c =
+      launch({"-n", "4", "--output", "rank0"}, {"--tp", "2", "--steps", "40", "--format", "json"});
+  ASSERT_EQ(c.code, 0) << c.err;
+  expect_same(steps_of(r), steps_of(c));
+}
+
 TEST(TrainGptSpares, KeepConnectionsWithoutSparesIsABadFlag) {
   const CliResult r =
       run_shell("timeout 60 " + shell_quote(COMMGRID_TRAIN_GPT) + " --keep-connections --steps 1");

@@ -148,13 +148,15 @@ class GlooCommunicator final : public Communicator {
  private:
   static size_t bytes(size_t count, DataType type) { return count * element_size(type); }
 
-  // Gloo's collectives use slot prefixes 0x01-0x08 in the top byte; point-to-point uses its
-  // own prefix so that a user's tag can never match a collective's message.
-  // Bits 32-55 of every slot stay zero: a group that is a view over kept connections puts
-  // its namespace there (mesh_view.hpp).
+  // Gloo's collectives use slot prefixes 0x01-0x08 in the top byte, their tag in bits 24-55
+  // (the tags here are below 2^24: bits 24-47) and a step in bits 0-7; point-to-point uses
+  // its own prefix so that a user's tag can never match a collective's message. Bits 8-23
+  // and 48-55 of every slot stay zero: a group that is a view over kept connections puts
+  // its namespace there (mesh_view.hpp, kNamespaceBits). A user's tag (31 bits) therefore
+  // lies in bits 24-46 (its upper 23 bits) and 0-7 (its lower 8).
   static std::uint64_t p2p_slot(int tag) {
-    return (std::uint64_t{0x40} << 56) |
-           static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
+    const auto t = static_cast<std::uint64_t>(static_cast<std::uint32_t>(tag));
+    return (std::uint64_t{0x40} << 56) | ((t >> 8) << 24) | (t & 0xffu);
   }
 
   // Collectives run in the same order on every rank of a group, so a counter gives every
@@ -168,7 +170,7 @@ class GlooCommunicator final : public Communicator {
   // collectives under 0x41 with the collective counter, so neither can match the other or
   // Gloo's collectives (prefixes 0x01-0x08).
   static std::uint64_t rooted_slot(std::uint32_t tag) {
-    return (std::uint64_t{0x41} << 56) | static_cast<std::uint64_t>(tag);
+    return (std::uint64_t{0x41} << 56) | (static_cast<std::uint64_t>(tag & 0xffffffu) << 24);
   }
   PendingP2P post_one(P2POp::Kind kind, void* buf, size_t nbytes, int peer, int tag,
                       std::uint64_t slot, std::string_view op);

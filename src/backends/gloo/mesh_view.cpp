@@ -30,10 +30,13 @@ namespace {
 // (with_deadline, GlooP2PWork), which aborts the view.
 constexpr auto kForever = std::chrono::duration_cast<Ms>(std::chrono::hours(24 * 365));
 
-// Slot prefixes of the mesh's own messages (a view's carry its namespace in bits 32-55 of
-// commgrid's and Gloo's own prefixes): an epoch's end notices, 0x7e with the epoch.
+// Slot prefixes of the mesh's own messages (a view's carry commgrid's and Gloo's own
+// prefixes, and its namespace): an epoch's end notices, 0x7e with the epoch.
 constexpr std::uint64_t kNoticeSlot = std::uint64_t{0x7e} << 56;
-constexpr std::uint64_t kBits32To55 = std::uint64_t{0xffffff} << 32;
+// Where a view's namespace goes in a slot: bits 8-23 (its lower 16 bits) and 48-55 (its
+// upper 8), which every slot commgrid or Gloo's collectives build leaves zero (Gloo: prefix
+// in 56-63, tag << 24, a step in 0-7; gloo_communicator.hpp).
+constexpr std::uint64_t kNamespaceBits = (std::uint64_t{0xff} << 48) | (std::uint64_t{0xffff} << 8);
 // The first derived namespace (ProcessMesh::derived_base); the store's are below it.
 constexpr std::uint64_t kDerived = std::uint64_t{1} << 23;
 
@@ -473,10 +476,12 @@ int ViewTransport::rank_of(int process) const {
 }
 
 std::uint64_t ViewTransport::slot(std::uint64_t slot) const {
-  if ((slot & kBits32To55) != 0)
+  if ((slot & kNamespaceBits) != 0)
     throw ::gloo::EnforceNotMet(__FILE__, __LINE__, "slot",
-                                "slot uses bits 32-55, which a view over kept connections takes");
-  return slot | (static_cast<std::uint64_t>(ns_) << 32);
+                                "slot uses bits 8-23 or 48-55, which a view over kept "
+                                "connections takes");
+  const auto ns = static_cast<std::uint64_t>(ns_);
+  return slot | ((ns & 0xffffu) << 8) | ((ns >> 16) << 48);
 }
 
 MeshViewContext::MeshViewContext(std::shared_ptr<ProcessMesh> mesh, std::vector<int> processes,

@@ -1,7 +1,7 @@
 // Kept connections: one Gloo TCP pair between every two processes of a job (spares
 // included), made once and kept across the job's epochs. An epoch's world, and every group
 // made from it, is a view over those pairs: rank i of a view is one process of the mesh, and
-// the view's messages carry a namespace of their own in bits 32-55 of every slot, so views
+// the view's messages carry a namespace of their own in bits 8-23 and 48-55 of every slot, so views
 // that share a pair never match each other's messages. Making a view connects nothing. When
 // an epoch ends on a process, the pairs that held an unfinished operation (either end may
 // hold its bytes) are closed and made anew before the next epoch; every other pair is kept.
@@ -144,7 +144,8 @@ class ViewTransport final : public ::gloo::transport::Context,
 
   [[nodiscard]] int process_of(int rank) const;
   [[nodiscard]] int rank_of(int process) const;
-  /// `slot` with this view's namespace in bits 32-55 (which must be zero in `slot`).
+  /// `slot` with this view's namespace in bits 8-23 and 48-55 (which must be zero in
+  /// `slot`).
   [[nodiscard]] std::uint64_t slot(std::uint64_t slot) const;
   [[nodiscard]] ProcessMesh& mesh() const noexcept { return *mesh_; }
   [[nodiscard]] const std::vector<int>& processes() const noexcept { return processes_; }

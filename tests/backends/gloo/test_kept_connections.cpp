@@ -175,6 +175,54 @@ TEST(GlooKeptConnections, AProvenFingerprintSkipsTheExchangeAndAnotherOneIsAMism
   });
 }
 
+// Hundreds of operations on one view: Gloo's collectives carry their tag in the slot (tag <<
+// 24), commgrid's point-to-point a user's tag of up to 31 bits; neither may reach the bits
+// that hold the view's namespace. 700 allreduces (ring for one element, bcube for more),
+// 300 allgathers and barriers, and sends with tags at the edges of each byte, on the world
+// and on a tp group: every result right, nothing left unfinished.
+TEST(GlooKeptConnections, HundredsOfOperationsOnOneViewKeepTheirNamespace) {
+  constexpr int n = 4;
+  ParallelConfig cfg;
+  cfg.world_size = n;
+  cfg.tp = 2;
+  std::barrier both(n);
+  run_processes(n, [&](int process, GlooConnections& kept) {
+    std::shared_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(n), {});
+    ProcessGroups pg;
+    pg.initialize(*world, cfg);
+    for (Communicator* c : {world.get(), &pg.group(GroupKind::tp)}) {
+      const auto size = static_cast<std::int64_t>(c->size());
+      for (int i = 0; i < 700; ++i) {
+        std::vector<std::int64_t> v(i % 2 == 0 ? 1 : 8, c->rank() + i);
+        c->allreduce(std::span<std::int64_t>(v), ReduceOp::sum)->wait();
+        ASSERT_EQ(v[0], size * (size - 1) / 2 + size * i) << c->name() << ", allreduce " << i;
+      }
+      for (int i = 0; i < 300; ++i) {
+        const std::int64_t mine = c->rank() * 1000 + i;
+        std::vector<std::int64_t> all(static_cast<std::size_t>(size));
+        c->allgather(&mine, all.data(), 1, DataType::int64)->wait();
+        for (std::int64_t r = 0; r < size; ++r)
+          ASSERT_EQ(all[static_cast<std::size_t>(r)], r * 1000 + i) << c->name();
+        c->barrier()->wait();
+      }
+      const int peer = static_cast<int>((c->rank() + 1) % size);
+      const int from = static_cast<int>((c->rank() + size - 1) % size);
+      for (const int tag : {0, 255, 256, 65535, 65536, 0x7fffff, 0x7fffffff}) {
+        std::int64_t out = std::int64_t{tag} + c->rank(), in = -1;
+        const P2POp ops[] = {P2POp::send(std::span<const std::int64_t>(&out, 1), peer, tag),
+                             P2POp::recv(std::span<std::int64_t>(&in, 1), from, tag)};
+        c->batch_isend_irecv(ops)->wait();
+        ASSERT_EQ(in, std::int64_t{tag} + from) << c->name() << ", tag " << tag;
+      }
+    }
+    pg.destroy();
+    world.reset();
+    both.arrive_and_wait();
+    EXPECT_EQ(kept.end_epoch(), std::vector<std::int64_t>{}) << "process " << process;
+    both.arrive_and_wait();
+  });
+}
+
 // Process 2 never joins the allreduce of processes 0 and 1 and ends its epoch instead: its
 // notice ends their blocked wait at once (the timeout is 20 s). The pairs that held the
 // unfinished allreduce are listed by their ends, made anew in epoch 1, and carry it.
