@@ -48,6 +48,14 @@ std::int64_t sum_of_ranks(Communicator& c) {
   return sum;
 }
 
+// tp 2 over n ranks (dp n / 2).
+ParallelConfig tp2(int n) {
+  ParallelConfig c;
+  c.world_size = n;
+  c.tp = 2;
+  return c;
+}
+
 std::vector<std::int64_t> iota_processes(int n) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(n));
   std::iota(v.begin(), v.end(), 0);
@@ -59,9 +67,7 @@ std::vector<std::int64_t> iota_processes(int n) {
 // reverse: the views follow, nothing is connected again.
 TEST(GlooKeptConnections, EpochsAreViewsOverTheSamePairsAndEveryGroupProvesItsMembers) {
   constexpr int n = 8;
-  ParallelConfig cfg;
-  cfg.world_size = n;
-  cfg.tp = 2;
+  const ParallelConfig cfg = tp2(n);
   std::barrier all_done(n);
   run_processes(n, [&](int process, GlooConnections& kept) {
     for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
@@ -103,9 +109,7 @@ TEST(GlooKeptConnections, EpochsAreViewsOverTheSamePairsAndEveryGroupProvesItsMe
 // store, and every group of both proves its members.
 TEST(GlooKeptConnections, AnEpochsLayoutGroupsAreNamedWithoutTheStoreALaterBatchThroughIt) {
   constexpr int n = 4;
-  ParallelConfig cfg;
-  cfg.world_size = n;
-  cfg.tp = 2;
+  const ParallelConfig cfg = tp2(n);
   auto store = make_memory_store();
   std::barrier both(n);
   run_processes(
@@ -182,9 +186,7 @@ TEST(GlooKeptConnections, AProvenFingerprintSkipsTheExchangeAndAnotherOneIsAMism
 // and on a tp group: every result right, nothing left unfinished.
 TEST(GlooKeptConnections, HundredsOfOperationsOnOneViewKeepTheirNamespace) {
   constexpr int n = 4;
-  ParallelConfig cfg;
-  cfg.world_size = n;
-  cfg.tp = 2;
+  const ParallelConfig cfg = tp2(n);
   std::barrier both(n);
   run_processes(n, [&](int process, GlooConnections& kept) {
     std::shared_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(n), {});
