@@ -36,37 +36,39 @@ std::int64_t parse_number(std::string_view s, const std::string& where) {
   return v;
 }
 
-// A registration's value: the incarnation, and with kept connections ";" and the
-// processes whose pairs with the registered one must be made anew.
 // A registration (epoch_alive_key's value): "incarnation", then optionally ";" and the
-// processes whose pairs to make anew (comma-separated, may be empty), then optionally ";"
-// and the declared fingerprint (hex).
+// processes whose pairs to make anew (comma-separated, may be empty), ";" and the declared
+// fingerprint (hex, may be empty), ";" and the process's note (Recovery::set_note).
 struct Registration {
   std::int64_t incarnation = 0;
   std::vector<std::int64_t> renew;
   std::optional<std::uint64_t> fingerprint;
+  std::string note;
 };
 
 Registration parse_registration(const std::string& value) {
   Registration r;
-  const auto semi = value.find(';');
-  r.incarnation = parse_number(value.substr(0, semi), "incarnation");
-  if (semi == std::string::npos) return r;
+  std::vector<std::string_view> parts;
   std::string_view rest(value);
-  rest.remove_prefix(semi + 1);
-  const auto semi2 = rest.find(';');
-  if (semi2 != std::string_view::npos) {
-    r.fingerprint = parse_fingerprint(rest.substr(semi2 + 1));
+  for (;;) {
+    const auto semi = rest.find(';');
+    parts.push_back(rest.substr(0, semi));
+    if (semi == std::string_view::npos) break;
+    rest.remove_prefix(semi + 1);
+  }
+  r.incarnation = parse_number(parts[0], "incarnation");
+  for (std::string_view peers = parts.size() > 1 ? parts[1] : std::string_view(); !peers.empty();) {
+    const auto comma = peers.find(',');
+    r.renew.push_back(parse_number(peers.substr(0, comma), "renewed process"));
+    if (comma == std::string_view::npos) break;
+    peers.remove_prefix(comma + 1);
+  }
+  if (parts.size() > 2 && !parts[2].empty()) {
+    r.fingerprint = parse_fingerprint(parts[2]);
     if (!r.fingerprint)
       throw BackendError("recovery: malformed fingerprint in the registration '" + value + "'");
-    rest = rest.substr(0, semi2);
   }
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    r.renew.push_back(parse_number(rest.substr(0, comma), "renewed process"));
-    if (comma == std::string_view::npos) break;
-    rest.remove_prefix(comma + 1);
-  }
+  if (parts.size() > 3) r.note = std::string(parts[3]);
   return r;
 }
 
@@ -163,6 +165,16 @@ Recovery::Recovery(std::shared_ptr<Store> store, RankMap map, std::int64_t proce
       adopt(text(store_->get(k)));
     }
   }
+}
+
+void Recovery::set_note(std::string note) {
+  for (const char c : note)
+    if (!((c >= '0' && c <= '9') || c == ',' || c == '-'))
+      throw InvalidValueError("note",
+                              "Recovery::set_note: a note holds digits, ',' and '-' only; "
+                              "got \"" +
+                                  note + "\"");
+  note_ = std::move(note);
 }
 
 void Recovery::declare(const ParallelConfig& config, const InitOptions& init) {
@@ -267,8 +279,10 @@ std::vector<std::int64_t> processes_of(const RankMap& map) {
 std::string Recovery::decide(const std::vector<std::int64_t>& dead,
                              const std::vector<std::int64_t>& revived,
                              const std::set<std::pair<std::int64_t, std::int64_t>>& renew,
-                             std::optional<std::uint64_t> fingerprint) {
+                             std::optional<std::uint64_t> fingerprint,
+                             std::map<std::int64_t, std::string> notes) {
   DecisionRecord d;
+  d.notes = std::move(notes);
   d.epoch = epoch() + 1;
   d.decider = process_;
   d.dead = dead;
@@ -310,6 +324,7 @@ void Recovery::adopt(const std::string& decision) {
   d.text = decision;
   d.renew = record.renew;
   d.fingerprint = record.fingerprint;
+  d.notes = record.notes;
   RankMap next = map_;
   for (auto [p, inc] : record.revived) {
     next = next.revive(p);
@@ -398,6 +413,7 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
       if (here) {
         asks(waiting[i], r.renew);
         declared(r.fingerprint);
+        if (!r.note.empty()) out.notes[waiting[i]] = r.note;
       }
     }
     (here ? out.candidates : dead).push_back(waiting[i]);
@@ -409,6 +425,7 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
   if (std::find(out.candidates.begin(), out.candidates.end(), process_) != out.candidates.end())
     asks(process_, own_renew);
   if (!same) out.fingerprint.reset();
+  if (!note_.empty()) out.notes[process_] = note_;
   return out;
 }
 
@@ -441,10 +458,11 @@ const EpochDecision& Recovery::agree() {
     // This epoch ends here first (its blocked peers fail now); the pairs it could not keep
     // travel with the registration.
     own_renew = kept_->end_epoch();
-    if (!own_renew.empty()) registration += ";" + join(own_renew);
   }
-  if (declared_)
-    registration += std::string(own_renew.empty() ? ";" : "") + ";" + fingerprint_text(*declared_);
+  if (!own_renew.empty() || declared_ || !note_.empty())
+    registration += ";" + join(own_renew) + ";" +
+                    (declared_ ? fingerprint_text(*declared_) : std::string()) +
+                    (note_.empty() ? std::string() : ";" + note_);
   (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
                               bytes(registration));
   const Ms window(
@@ -502,8 +520,8 @@ const EpochDecision& Recovery::agree() {
                                   incarnation_[static_cast<std::size_t>(p)])
           revived.push_back(p);
       }
-      if (store_->set_if_absent(decision_key,
-                                bytes(decide(dead, revived, reg.renew, reg.fingerprint))))
+      if (store_->set_if_absent(
+              decision_key, bytes(decide(dead, revived, reg.renew, reg.fingerprint, reg.notes))))
         for (std::int64_t p : dead) {
           const int incarnation = incarnation_[static_cast<std::size_t>(p)];
           // Its death is posted too (unless launch did first): when the declared-dead

@@ -106,6 +106,15 @@ std::string format_decision(const DecisionRecord& d) {
     out += "\n";
   }
   if (d.fingerprint) out += "fingerprint=" + fingerprint_text(*d.fingerprint) + "\n";
+  if (!d.notes.empty()) {
+    out += "notes=";
+    bool first = true;
+    for (const auto& [p, note] : d.notes) {
+      out += (first ? "" : " ") + std::to_string(p) + "/" + note;
+      first = false;
+    }
+    out += "\n";
+  }
   return out;
 }
 
@@ -143,6 +152,14 @@ DecisionRecord parse_decision(std::string_view decision) {
           throw BackendError("recovery: malformed renew '" + std::string(item) + "' in a decision");
         d.renew.emplace_back(number(item.substr(0, dash), "renewed process"),
                              number(item.substr(dash + 1), "renewed process"));
+      }
+    } else if (name == "notes") {
+      for (std::string_view item : split(value, ' ')) {
+        const auto slash = item.find('/');
+        if (slash == std::string_view::npos)
+          throw BackendError("recovery: malformed note '" + std::string(item) + "' in a decision");
+        d.notes[number(item.substr(0, slash), "noting process")] =
+            std::string(item.substr(slash + 1));
       }
     } else if (name == "fingerprint") {
       d.fingerprint = parse_fingerprint(value);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -285,6 +286,41 @@ struct ResilientDriver::Impl {
       }
     return r;
   }
+  static std::string row_text(const std::vector<std::int64_t>& row) {
+    std::string out;
+    for (std::size_t i = 0; i < row.size(); ++i) out += (i ? "," : "") + std::to_string(row[i]);
+    return out;
+  }
+  // Every rank's row (rank after rank) from the notes of the decision that started this
+  // epoch; empty when a rank's process left none (then every rank finds it missing alike).
+  [[nodiscard]] std::vector<std::int64_t> rows_from_decision(std::size_t w) const {
+    if (rec.history().empty()) return {};
+    const EpochDecision& d = rec.history().back();
+    if (d.process_of.size() != w) return {};
+    std::vector<std::int64_t> all;
+    all.reserve(kRecord * w);
+    for (const std::int64_t p : d.process_of) {
+      const auto it = d.notes.find(p);
+      if (it == d.notes.end()) return {};
+      std::size_t n = 0;
+      for (std::string_view rest = it->second;; ++n) {
+        const auto comma = rest.find(',');
+        std::int64_t v = 0;
+        const std::string_view item = rest.substr(0, comma);
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (ec != std::errc() || end != item.data() + item.size())
+          throw InternalError("recovery: process " + std::to_string(p) + "'s note '" + it->second +
+                              "' is not a resync row");
+        all.push_back(v);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+      if (n + 1 != kRecord)
+        throw InternalError("recovery: process " + std::to_string(p) + "'s note '" + it->second +
+                            "' is not a resync row");
+    }
+    return all;
+  }
   // The size of the snapshot (at = kSnapshots) or copy (kCopies) of step s in a row; -1 when
   // the row's rank keeps none.
   static std::int64_t held(const std::int64_t* row, std::size_t at, std::int64_t s) {
@@ -306,9 +342,15 @@ struct ResilientDriver::Impl {
     if (!fresh && snapshots.empty())
       snapshots.push_back({0, provider("save", [&] { return state->save(); })});
     const auto w = static_cast<std::size_t>(world.size());
-    const std::vector<std::int64_t> mine = record();
-    std::vector<std::int64_t> all(kRecord * w);
-    world.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all))->wait();
+    // Every rank's row: from the decision, which carries each registered process's (alike
+    // on every rank), or, when one is missing there (a restarted process came back), one
+    // allgather.
+    std::vector<std::int64_t> all = rows_from_decision(w);
+    if (all.empty()) {
+      const std::vector<std::int64_t> mine = record();
+      all.resize(kRecord * w);
+      world.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all))->wait();
+    }
     auto row = [&](std::size_t r) { return all.data() + kRecord * r; };
     auto stateless = [&](std::size_t r) { return row(r)[0] == kNone; };
     std::int64_t s = kNone;
@@ -499,6 +541,11 @@ struct ResilientDriver::Impl {
       const auto t0 = Clock::now();
       stop_model();
       g = EpochGroups{};  // closes this epoch's connections: blocked peers fail now
+      // This rank's resync row travels with its registration: the decision gives every
+      // process of the next epoch every row, without a collective.
+      if (!fresh && snapshots.empty())
+        snapshots.push_back({0, provider("save", [&] { return state->save(); })});
+      rec.set_note(row_text(record()));
       const EpochDecision& decision = rec.agree();
       const auto agreed = Clock::now();
       EpochRecord* record = &record_decision(decision);

@@ -255,7 +255,14 @@ TEST(Agreement, ARestartedProcessWhoseEveryPeerDiedDecidesAloneAndEndsTheJob) {
 // Recovery::declare: a decision says which fingerprint every process it counts on
 // registered with, and only then: one process that declares another layout, or none, leaves
 // the decision without it (and its epoch exchanges the fingerprint as epoch 0 does).
-TEST(Agreement, ADecisionCarriesTheFingerprintOnlyWhenEveryProcessDeclaredIt) {
+TEST(Agreement, ADecisionCarriesTheNotesAndTheFingerprintOnlyWhenEveryProcessDeclaredIt) {
+  {
+    Recovery r(make_memory_store(), RankMap(2, spares(0)), 0, fast());
+    try {
+      r.set_note("1;2");
+      ADD_FAILURE() << "a note with ';' was accepted";
+    } catch (const InvalidValueError& e) { EXPECT_EQ(e.parameter(), "note"); }
+  }
   const ParallelConfig layout = tp_config(4, 2), other = tp_config(4, 1);
   const std::string line =
       "fingerprint=" + fingerprint_text(ProcessGroups::fingerprint(layout, {}));
@@ -264,10 +271,13 @@ TEST(Agreement, ADecisionCarriesTheFingerprintOnlyWhenEveryProcessDeclaredIt) {
     store->set(dead_process_key("resilience", 2, 0), bytes(std::string("SIGKILL")));
     const Agreed a =
         agree_all(store, RankMap(4, spares(2)), {0, 1, 3, 4, 5}, fast(60s), [&](Recovery& r) {
+          r.set_note(std::to_string(10 + r.process()));
           if (r.process() == odd && odd == 5) return;
           r.declare(r.process() == odd ? other : layout, {});
         });
     for (const auto& e : a.error) ASSERT_EQ(e, "");
+    // Every live process's note, gathered by the decision (Recovery::set_note).
+    EXPECT_NE(a.text[0].find("notes=0/10 1/11 3/13 4/14 5/15\n"), std::string::npos) << a.text[0];
     EXPECT_EQ(a.text[0].find(line) != std::string::npos, odd == -1)
         << "odd process " << odd << ": " << a.text[0];
     EXPECT_EQ(a.text[0].find("fingerprint=") != std::string::npos, odd == -1) << a.text[0];
@@ -283,10 +293,11 @@ TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
   d.shrink_world = 4;
   d.process_of = {0, 5, 2, 3};
   d.fingerprint = 0x00ab00000000cd01ULL;
+  d.notes = {{0, "3,-1,9223372036854775807"}, {5, ""}};
   const std::string text = format_decision(d);
   EXPECT_EQ(text,
             "epoch=3\ndecider=4\ndead=1,6\nrevived=2:1\nshrink=4\nranks=0,5,2,3\n"
-            "fingerprint=00ab00000000cd01\n");
+            "fingerprint=00ab00000000cd01\nnotes=0/3,-1,9223372036854775807 5/\n");
   const DecisionRecord back = parse_decision(text + "later=ignored\n");
   EXPECT_EQ(back.epoch, 3);
   EXPECT_EQ(back.decider, 4);
@@ -295,6 +306,8 @@ TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
   EXPECT_EQ(back.shrink_world, d.shrink_world);
   EXPECT_EQ(back.process_of, d.process_of);
   EXPECT_EQ(back.fingerprint, d.fingerprint);
+  EXPECT_EQ(back.notes, d.notes);
+  EXPECT_THROW((void)parse_decision("epoch=1\nnotes=0-1\n"), BackendError);
   EXPECT_THROW((void)parse_decision("epoch=1\nfingerprint=xyz\n"), BackendError);
   try {
     (void)parse_decision("epoch=1\ndead=1,x\n");

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -67,6 +68,9 @@ struct EpochDecision {
   /// The fingerprint every process of the epoch declared (Recovery::declare), when all
   /// declared the same: build() then skips ProcessGroups' exchange of it.
   std::optional<std::uint64_t> fingerprint;
+  /// The notes (Recovery::set_note) of the processes the decision counts on, by process;
+  /// a process without one is absent.
+  std::map<std::int64_t, std::string> notes;
   /// Set when the epoch shrank the world: its layout (shrink->config, world_size W'), each
   /// old logical rank's new rank (shrink->new_rank) and each new rank's old one
   /// (shrink->old_ranks()), the old ranks being the previous epoch's.
@@ -138,6 +142,11 @@ class Recovery {
   /// fewer in a recovery). A build with another config or options than declared, under such
   /// a decision, is a ConfigMismatchError. Optional: without it every epoch exchanges.
   void declare(const ParallelConfig& config, const InitOptions& init);
+  /// A note (digits, ',' and '-' only; InvalidValueError otherwise) that this process's
+  /// next registrations carry; the decision gathers the notes of the processes it counts on
+  /// (EpochDecision::notes), so every process of the next epoch reads them all without a
+  /// collective (the driver's resync rows). Empty: none.
+  void set_note(std::string note);
   /// The decisions adopted so far, oldest first.
   [[nodiscard]] const std::vector<EpochDecision>& history() const noexcept { return history_; }
   /// The identity this process gives the store (StoreOptions::process), e.g. "process/3/0"
@@ -217,6 +226,7 @@ class Recovery {
     /// The fingerprint every candidate registered with; nullopt when one has none or two
     /// differ.
     std::optional<std::uint64_t> fingerprint;
+    std::map<std::int64_t, std::string> notes;  ///< the candidates' (set_note)
   };
   Registered registered(const std::vector<std::int64_t>& waiting,
                         const std::vector<std::string>& keys, const std::set<std::string>& missing,
@@ -225,7 +235,8 @@ class Recovery {
   std::string decide(const std::vector<std::int64_t>& dead,
                      const std::vector<std::int64_t>& revived,
                      const std::set<std::pair<std::int64_t, std::int64_t>>& renew,
-                     std::optional<std::uint64_t> fingerprint);
+                     std::optional<std::uint64_t> fingerprint,
+                     std::map<std::int64_t, std::string> notes);
   [[nodiscard]] EpochChange change(const RankMap& map, const std::vector<std::int64_t>& dead) const;
   /// Which of `processes` (but this one) the store knows dead: one store request for all.
   [[nodiscard]] std::set<std::int64_t> deaths_known(const std::vector<std::int64_t>& processes);
@@ -240,6 +251,7 @@ class Recovery {
   bool shrunk_ = false;                   ///< whether some epoch shrank the world
   std::optional<KeptConnections> kept_;
   std::optional<std::uint64_t> declared_;  ///< declare()'s fingerprint
+  std::string note_;                       ///< set_note()'s
   struct StallWatch;                       ///< the thread that notices this process stopped
   std::unique_ptr<StallWatch> stall_;
 };

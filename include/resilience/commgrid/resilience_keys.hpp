@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,6 +67,7 @@ inline constexpr int kEpochFailureSignal = SIGURG;
 ///     shrink=4          (only when the world shrank: its new size)
 ///     ranks=0,5,2,4     (the process of each logical rank of the new epoch)
 ///     fingerprint=9f...  (only when every process registered with the same one)
+///     notes=0/1,2 3/4    (the processes' notes, process/note, space-separated)
 ///
 /// A decision after which the job cannot go on (no spare and no smaller layout) has no
 /// ranks line; job_ended_key then says why.
@@ -83,6 +85,8 @@ struct DecisionRecord {
   /// the decision counts on registered with (Recovery::declare); absent when one did not
   /// declare, two differ, or the decision shrinks or revives.
   std::optional<std::uint64_t> fingerprint;
+  /// The processes' notes (Recovery::set_note), by process.
+  std::map<std::int64_t, std::string> notes;
 };
 /// A fingerprint as stored: 16 lower-case hex digits.
 [[nodiscard]] std::string fingerprint_text(std::uint64_t fingerprint);
