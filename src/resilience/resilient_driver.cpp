@@ -333,10 +333,10 @@ struct ResilientDriver::Impl {
   // buddy copies: and whose copies too), and every rank without state (a spare that took a
   // rank) gets that step's state of its logical rank: from its data-parallel group's lowest
   // survivor (replicas) or from its buddy (the rank that received its copies). At step 0 a
-  // rank whose every holder died starts from the initial state (start_epoch's). One
-  // allgather of every rank's row decides it all alike on every rank; then only the states
-  // that move are sent, from their holder to the rank that lacks them (a survivor loads its
-  // own snapshot).
+  // rank whose every holder died starts from the initial state (start_epoch's). Every
+  // rank's row (from the decision, else one allgather) decides it all alike on every rank;
+  // then only the states that move are sent, from their holder to the rank that lacks them
+  // (a survivor loads its own snapshot).
   void resync() {
     Communicator& world = *g.world;
     if (!fresh && snapshots.empty())
