@@ -472,10 +472,8 @@ void GlooCommunicator::gather_bytes(std::string_view op, const void* send, void*
 
 namespace {
 
-// Whether an allreduce of `count` elements takes bcube (and so an allgather, an allreduce of
-// its bytes). GlooAlgorithm::automatic (docs/benchmarks.md, "Gloo's allreduce and allgather
-// algorithms"): bcube up to kGlooBcubeMaxBytes, unless the buffer holds fewer elements than
-// log2(W). Then ring's
+// GlooAlgorithm::automatic (docs/benchmarks.md, "Gloo's allreduce algorithms"): bcube up to
+// kGlooBcubeMaxBytes, unless the buffer holds fewer elements than log2(W). Then ring's
 // empty segments send nothing: its 2c(W-1) messages for c elements are fewer than bcube's
 // 2 W log2(W), and on a busy host the messages, more than the rounds, set the time.
 bool bcube_allreduce(GlooAlgorithm algorithm, size_t count, size_t element, int size) {
@@ -489,8 +487,7 @@ bool bcube_allreduce(GlooAlgorithm algorithm, size_t count, size_t element, int 
 }  // namespace
 
 template <typename T>
-void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op,
-                                       std::string_view name) {
+void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op) {
   ::gloo::AllreduceOptions opts(ctx_);
   opts.setOutput(static_cast<T*>(buf), count);
   opts.setReduceFunction([op](void* c, const void* a, const void* b, size_t n) {
@@ -502,7 +499,7 @@ void GlooCommunicator::allreduce_typed(void* buf, size_t count, ReduceOp op,
   opts.setTimeout(timeout());
   if (bcube_allreduce(shared_->algorithm, count, sizeof(T), size()))
     opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
-  call_collective(name, tag, [&] { ::gloo::allreduce(opts); });
+  call_collective("allreduce", tag, [&] { ::gloo::allreduce(opts); });
 }
 
 void GlooCommunicator::reduce_everywhere(void* buf, size_t count, DataType type, ReduceOp op) {
@@ -561,14 +558,26 @@ void GlooCommunicator::allgather_bytes(std::string_view op, const void* send, vo
     return;
   }
   const size_t total = block * static_cast<size_t>(size());
-  if (bcube_allreduce(shared_->algorithm, total, 1, size())) {
+  const GlooAlgorithm algorithm = shared_->algorithm;
+  if (algorithm == GlooAlgorithm::bcube ||
+      (algorithm == GlooAlgorithm::automatic && size() > 2 && total <= kGlooBcubeMaxBytes)) {
     // Each rank's block in its place, zeros elsewhere: a max over the ranks' bytes is every
-    // rank's block, and the allreduce takes bcube as an allgather would (GlooAlgorithm).
+    // rank's block (GlooAlgorithm::bcube).
     // (send and recv never overlap: Communicator::allgather refuses it.)
     auto* out = static_cast<std::uint8_t*>(recv);
     std::memset(out, 0, total);
     std::memcpy(out + static_cast<size_t>(rank()) * block, send, block);
-    allreduce_typed<std::uint8_t>(out, total, ReduceOp::max, op);
+    ::gloo::AllreduceOptions opts(ctx_);
+    opts.setOutput(out, total);
+    opts.setReduceFunction([](void* c, const void* a, const void* b, size_t n) {
+      detail::reduce_block(static_cast<std::uint8_t*>(c), static_cast<const std::uint8_t*>(a),
+                           static_cast<const std::uint8_t*>(b), n, ReduceOp::max);
+    });
+    opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+    const std::uint32_t tag = next_tag();
+    opts.setTag(tag);
+    opts.setTimeout(timeout());
+    call_collective(op, tag, [&] { ::gloo::allreduce(opts); });
     return;
   }
   ::gloo::AllgatherOptions opts(ctx_);

@@ -213,8 +213,7 @@ class GlooCommunicator final : public Communicator {
 
   // One Gloo allreduce of count elements of T in place (a native type or float32).
   template <typename T>
-  // `name`: the operation errors name (an allgather done as an allreduce names itself).
-  void allreduce_typed(void* buf, size_t count, ReduceOp op, std::string_view name = "allreduce");
+  void allreduce_typed(void* buf, size_t count, ReduceOp op);
   void allgather_bytes(std::string_view op, const void* send, void* recv, size_t block);
   void alltoall_bytes(std::string_view op, const void* send, void* recv, size_t block);
   std::shared_ptr<Shared> shared_;
