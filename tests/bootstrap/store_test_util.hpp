@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -106,6 +107,20 @@ inline int raw_connect(int port) {
     return -1;
   }
   return fd;
+}
+
+/// Reads what the other side sends until it closes the connection: the bytes read, or -1 when
+/// the connection is still open after `wait` (a generous bound: a loaded machine).
+inline long bytes_until_closed(int fd, std::chrono::milliseconds wait = std::chrono::seconds(30)) {
+  long got = 0;
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return -1;
+    char buf[256];
+    const ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+    if (r <= 0) return got;
+    got += r;
+  }
 }
 
 /// A tcp:// store served by a forked child process for `options` (serve is set). `before`

@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -15,12 +16,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "commgrid/store.hpp"
 
@@ -35,10 +37,8 @@ struct PairGateScope::State {
   Clock::time_point deadline;
   mutable std::mutex m;  // guards the members below (the loop thread writes `refused`)
   std::vector<std::string> refused;
-  std::vector<int> listeners;  // listening descriptors recorded in this scope
-  bool poked = false;          // the deadline passed: the watcher woke the waiting listeners
-  std::vector<int> late;       // peers whose listener was still waiting then
-  std::vector<int> pokes;      // the watcher's connections, closed with the scope
+  int listeners = 0;      // listeners recorded in this scope (the next one's peer)
+  std::vector<int> late;  // peers whose listener was still waiting at the deadline
 };
 
 namespace {
@@ -59,21 +59,40 @@ using State = PairGateScope::State;
 thread_local State* t_scope = nullptr;
 thread_local int t_paused = 0;
 
-// A Gloo pair listener: its socket's identity (descriptor numbers are reused once Gloo
-// closes one) and the proof its peer must send.
+struct Candidate {
+  int fd = -1;
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(sockaddr_storage);
+  std::string got;
+};
+
+// A Gloo pair listener. Gloo keeps the descriptor number it listened on (`gloo_fd`), but
+// from listen() on that number is one end of a local socket pair whose other end
+// (`signal`) the gate writes a byte to once the pair is decided: a proven connection to
+// hand over, or a failure. The bound TCP socket itself moved to `real`, where the gate's
+// thread accepts and checks proofs, so Gloo's event loop never waits for a peer's proof
+// and a stranger on one listener holds up no other pair.
 struct Listener {
-  dev_t dev = 0;
+  dev_t dev = 0;  // identity of Gloo's descriptor (numbers are reused once Gloo closes one)
   ino_t ino = 0;
-  sockaddr_storage self{};
+  int real = -1;
+  int signal = -1;
+  sockaddr_storage self{};  // what getsockname() answers for Gloo's descriptor
+  socklen_t self_len = 0;
   int peer = 0;
   std::string mine, theirs;  // the listener's proof and its peer's
   std::shared_ptr<State> scope;
+  std::vector<Candidate> cands;  // accepted, proof not yet complete
+  bool refused_any = false;
+  bool decided = false;
+  Candidate proven;  // fd >= 0: the connection Gloo's accept() gets
+  int error = 0;     // decided without one: the errno Gloo's accept() gets
 };
 
-// The recorded listeners and the live scopes (owned by PairGateScope; the registry finds a
-// scope's shared_ptr, which the thread-local raw pointer cannot give). Never destroyed, like
-// the watcher thread that reads it: a group may still be created while statics are
-// destroyed at exit.
+// The recorded listeners, by Gloo's descriptor, and the live scopes (owned by
+// PairGateScope; the registry finds a scope's shared_ptr, which the thread-local raw
+// pointer cannot give). Never destroyed, like the gate's thread that reads it: a group may
+// still be created while statics are destroyed at exit.
 struct Registry {
   std::mutex mutex;
   std::map<int, Listener> listeners;
@@ -126,20 +145,229 @@ int real_connect(int fd, const sockaddr* addr, socklen_t len) {
   return static_cast<int>(::syscall(SYS_connect, fd, addr, len));
 }
 
-// Records a socket that just started listening inside a scope. Returns false (errno set)
-// when the socket cannot be gated; listen() then fails rather than listen ungated.
-bool record_listener(int fd, State& scope) {
+int real_getsockname(int fd, sockaddr* addr, socklen_t* len) {
+  return static_cast<int>(::syscall(SYS_getsockname, fd, addr, len));
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Whether Gloo still holds the descriptor recorded for `l` (not closed, or closed and reused).
+bool gloo_holds(int gloo_fd, const Listener& l) {
   struct stat st {};
+  return ::fstat(gloo_fd, &st) == 0 && st.st_dev == l.dev && st.st_ino == l.ino;
+}
+
+// Everything the gate holds for `l` (Gloo's descriptor is Gloo's to close).
+void release(Listener& l) {
+  close_fd(l.real);
+  close_fd(l.signal);
+  close_fd(l.proven.fd);
+  for (Candidate& c : l.cands) close_fd(c.fd);
+  l.cands.clear();
+}
+
+// The pair is decided: Gloo's descriptor turns readable and its accept() gets `l.proven`
+// or, when there is none, fails with `error`. The listening socket closes now.
+void decide(Listener& l, int error) {
+  close_fd(l.real);
+  for (Candidate& c : l.cands) close_fd(c.fd);
+  l.cands.clear();
+  l.decided = true;
+  l.error = error;
+  const char byte = 1;
+  (void)!::send(l.signal, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void refuse(Listener& l, Candidate& c, const std::string& why) {
+  {
+    std::lock_guard lock(l.scope->m);
+    l.scope->refused.push_back("unauthenticated peer at " + address_text(c.addr) +
+                               " (on the listener for peer " + std::to_string(l.peer) +
+                               " of this group): " + why);
+  }
+  close_fd(c.fd);
+  l.refused_any = true;
+}
+
+// Listeners whose scope has ended and whose descriptor Gloo closed without accepting (the
+// connecting side of a pair, or a pair given up) are released. Registry lock held.
+void sweep_locked() {
+  for (auto it = registry().listeners.begin(); it != registry().listeners.end();) {
+    Listener& l = it->second;
+    const bool scope_live = registry().scopes.contains(l.scope.get());
+    if (!scope_live && !gloo_holds(it->first, l)) {
+      release(l);
+      it = registry().listeners.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  g_count.store(registry().listeners.size());
+}
+
+// The gate's thread: accepts on every undecided listener, sends the listener's proof, reads
+// the connectors' proofs, refuses the wrong and (past kMaxUnproven) the oldest silent ones,
+// hands the first proven connection over, and at a scope's deadline decides its listeners
+// still waiting (their pairs fail; the rank names the late peers or the refused ones).
+class GateThread {
+ public:
+  // Never destroyed (see Registry); the thread is detached.
+  static GateThread& instance() {
+    static std::mutex m;
+    static GateThread* g = nullptr;
+    std::lock_guard lock(m);
+    if (!g || g->pid_ != ::getpid()) g = new GateThread;  // a forked child has no thread of ours
+    return *g;
+  }
+  // Something to watch changed (a listener recorded, a scope with its deadline made).
+  void wake() const {
+    const std::uint64_t one = 1;
+    (void)!::write(wake_, &one, sizeof(one));
+  }
+
+ private:
+  GateThread() : pid_(::getpid()), wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    std::thread([this] { run(); }).detach();
+  }
+
+  // One watched descriptor: a listener's listening socket (cand == -1) or a candidate.
+  struct Watch {
+    int gloo_fd;
+    int fd;
+    bool listening;
+  };
+
+  [[noreturn]] void run() {
+    std::vector<pollfd> fds;
+    std::vector<Watch> watches;
+    for (;;) {
+      fds.assign(1, pollfd{wake_, POLLIN, 0});
+      watches.clear();
+      std::optional<Clock::time_point> next;
+      {
+        std::lock_guard lock(registry().mutex);
+        for (auto& [gloo_fd, l] : registry().listeners) {
+          if (l.decided) continue;
+          if (!next || l.scope->deadline < *next) next = l.scope->deadline;
+          fds.push_back({l.real, POLLIN, 0});
+          watches.push_back({gloo_fd, l.real, true});
+          for (const Candidate& c : l.cands) {
+            fds.push_back({c.fd, POLLIN, 0});
+            watches.push_back({gloo_fd, c.fd, false});
+          }
+        }
+      }
+      const int n = ::poll(fds.data(), fds.size(), next ? wait_ms(*next) : -1);
+      if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::uint64_t drained = 0;
+      (void)!::read(wake_, &drained, sizeof(drained));
+      std::lock_guard lock(registry().mutex);
+      for (std::size_t i = 1; n > 0 && i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        const Watch& w = watches[i - 1];
+        auto it = registry().listeners.find(w.gloo_fd);
+        if (it == registry().listeners.end() || it->second.decided) continue;
+        Listener& l = it->second;
+        if (w.listening) {
+          if (l.real == w.fd) accept_all(l);
+        } else {
+          auto c = std::find_if(l.cands.begin(), l.cands.end(),
+                                [&](const Candidate& x) { return x.fd == w.fd; });
+          if (c != l.cands.end()) read_proof(l, *c);
+        }
+      }
+      end_due();
+    }
+  }
+
+  static void accept_all(Listener& l) {
+    for (;;) {
+      Candidate c;
+      c.fd = ::accept4(l.real, reinterpret_cast<sockaddr*>(&c.addr), &c.len,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (c.fd < 0) break;
+      // A fresh socket's buffer takes the 64 bytes at once; one that does not is refused.
+      if (::send(c.fd, l.mine.data(), kProof, MSG_NOSIGNAL | MSG_DONTWAIT) !=
+          static_cast<ssize_t>(kProof)) {
+        refuse(l, c, "the listener's proof could not be sent to it");
+        continue;
+      }
+      l.cands.push_back(std::move(c));
+      if (l.cands.size() > kMaxUnproven) {
+        refuse(l, l.cands.front(),
+               "one of more than " + std::to_string(kMaxUnproven) +
+                   " connections that had sent no proof of the job's token");
+        l.cands.erase(l.cands.begin());
+      }
+    }
+  }
+
+  static void read_proof(Listener& l, Candidate& c) {
+    char buf[kProof];
+    const ssize_t r = ::recv(c.fd, buf, kProof - c.got.size(), MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (r <= 0) {
+      refuse(l, c,
+             r == 0 ? "it closed the connection without proving the job's token"
+                    : std::string("it failed before proving the job's token: ") +
+                          std::strerror(errno));
+    } else {
+      c.got.append(buf, static_cast<std::size_t>(r));
+      if (c.got.size() < kProof) return;  // compared whole: a prefix must reveal nothing
+      if (CRYPTO_memcmp(c.got.data(), l.theirs.data(), kProof) != 0) {
+        refuse(l, c, "it did not prove the job's token");
+      } else {
+        l.proven = std::move(c);
+        c.fd = -1;
+      }
+    }
+    std::erase_if(l.cands, [](const Candidate& x) { return x.fd < 0; });
+    if (l.proven.fd >= 0) decide(l, 0);
+  }
+
+  // Decides the listeners whose scope's deadline has passed. Registry lock held.
+  static void end_due() {
+    const auto now = Clock::now();
+    for (auto it = registry().listeners.begin(); it != registry().listeners.end();) {
+      Listener& l = it->second;
+      if (l.decided || l.scope->deadline > now) {
+        ++it;
+        continue;
+      }
+      if (!gloo_holds(it->first, l)) {  // Gloo connected out (or gave the pair up)
+        release(l);
+        it = registry().listeners.erase(it);
+        continue;
+      }
+      {
+        std::lock_guard slock(l.scope->m);
+        l.scope->late.push_back(l.peer);
+      }
+      decide(l, l.refused_any ? ECONNABORTED : ETIMEDOUT);
+      ++it;
+    }
+    g_count.store(registry().listeners.size());
+  }
+
+  pid_t pid_;
+  int wake_;
+};
+
+// Records a socket that just started listening inside a scope and moves it behind the gate
+// (see Listener). Returns false (errno set) when the socket cannot be gated; listen() then
+// fails rather than listen ungated.
+bool record_listener(int fd, State& scope) {
   sockaddr_storage self{};
   socklen_t len = sizeof(self);
-  if (::fstat(fd, &st) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0)
-    return false;
+  if (real_getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0) return false;
   const int port = port_of(self);
   if (port < 0) return true;  // not an IP socket: not one of Gloo's pairs
   Listener l;
-  l.dev = st.st_dev;
-  l.ino = st.st_ino;
   l.self = self;
+  l.self_len = len;
   try {
     l.mine = proof_for(scope, port, End::listener);
     l.theirs = proof_for(scope, port, End::connector);
@@ -152,201 +380,51 @@ bool record_listener(int fd, State& scope) {
     auto it = registry().scopes.find(&scope);
     if (it == registry().scopes.end()) return true;
     l.scope = it->second.lock();
+  }
+  int ends[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, ends) != 0) return false;
+  l.signal = ends[1];
+  l.real = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  const int flags = l.real >= 0 ? ::fcntl(l.real, F_GETFL) : -1;
+  struct stat st {};
+  if (flags < 0 || ::fcntl(l.real, F_SETFL, flags | O_NONBLOCK) != 0 || ::dup2(ends[0], fd) < 0 ||
+      ::fstat(fd, &st) != 0) {
+    const int e = errno;
+    if (l.real >= 0 && ::dup2(l.real, fd) < 0) {
+      // fd keeps whatever it is now; listen() fails either way
+    }
+    ::close(ends[0]);
+    release(l);
+    errno = e;
+    return false;
+  }
+  ::close(ends[0]);
+  l.dev = st.st_dev;
+  l.ino = st.st_ino;
+  {
+    std::lock_guard lock(registry().mutex);
     {
       std::lock_guard slock(scope.m);
       // Gloo makes a pair for every peer but itself, in rank order.
-      const int k = static_cast<int>(scope.listeners.size());
+      const int k = scope.listeners++;
       if (scope.peers.empty()) l.peer = k < scope.rank ? k : k + 1;
       else l.peer = scope.peers[static_cast<std::size_t>(k) % scope.peers.size()];
-      scope.listeners.push_back(fd);
     }
-    registry().listeners[fd] = std::move(l);
-    g_count.store(registry().listeners.size());
+    // An entry under this number is stale: Gloo closed that descriptor (the number is
+    // reused), so the gate lets go of what it held for it.
+    if (auto old = registry().listeners.find(fd); old != registry().listeners.end()) {
+      release(old->second);
+      registry().listeners.erase(old);
+    }
+    registry().listeners.emplace(fd, std::move(l));
+    sweep_locked();
   }
+  GateThread::instance().wake();
   if (g_listen_hook) {
     PairGatePause pause;
     g_listen_hook(port);
   }
   return true;
-}
-
-// Removes and returns the listener recorded for fd, if fd still is that socket.
-std::optional<Listener> take_listener(int fd) {
-  if (g_count.load() == 0) return std::nullopt;
-  struct stat st {};
-  std::lock_guard lock(registry().mutex);
-  auto it = registry().listeners.find(fd);
-  if (it == registry().listeners.end()) return std::nullopt;
-  Listener l = std::move(it->second);
-  registry().listeners.erase(it);
-  g_count.store(registry().listeners.size());
-  if (::fstat(fd, &st) != 0 || st.st_dev != l.dev || st.st_ino != l.ino) return std::nullopt;
-  return l;
-}
-
-// Gloo bounds each pair's wait for its connector on its own, one pair after another, so a
-// rank whose peers connect late, one by one, could wait many timeouts. At a scope's deadline
-// the watcher connects to every listener of it that Gloo still waits on: Gloo's loop then
-// calls accept(), which fails at once (the deadline has passed), and the rank's creation
-// ends now. Connecting sides are bounded by gated_connect itself.
-class Watcher {
- public:
-  // Never destroyed (see Registry); the thread is detached.
-  static Watcher& instance() {
-    static Watcher* const w = new Watcher;
-    return *w;
-  }
-  void wake() {
-    { std::lock_guard lock(m_); }
-    cv_.notify_all();
-  }
-
- private:
-  Watcher() {
-    std::thread([this] { run(); }).detach();
-  }
-
-  void run() {
-    std::unique_lock lock(m_);
-    for (;;) {
-      std::optional<Clock::time_point> next = poke_due();
-      if (next) cv_.wait_until(lock, *next);
-      else cv_.wait(lock);
-    }
-  }
-
-  // Pokes the scopes whose deadline passed; returns the next deadline still ahead.
-  std::optional<Clock::time_point> poke_due() {
-    std::optional<Clock::time_point> next;
-    const auto now = Clock::now();
-    std::lock_guard lock(registry().mutex);
-    for (auto& [raw, weak] : registry().scopes) {
-      std::shared_ptr<State> scope = weak.lock();
-      if (!scope || scope->poked) continue;
-      if (scope->deadline > now) {
-        if (!next || scope->deadline < *next) next = scope->deadline;
-        continue;
-      }
-      std::lock_guard slock(scope->m);
-      scope->poked = true;
-      for (const auto& [fd, l] : registry().listeners) {
-        struct stat st {};
-        if (l.scope != scope || ::fstat(fd, &st) != 0 || st.st_dev != l.dev || st.st_ino != l.ino)
-          continue;  // another scope's, or closed by Gloo (that pair connected out)
-        sockaddr_storage to = l.self;
-        if (to.ss_family == AF_INET) {
-          auto& in = reinterpret_cast<sockaddr_in&>(to);
-          if (in.sin_addr.s_addr == htonl(INADDR_ANY)) in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        } else if (to.ss_family == AF_INET6) {
-          auto& in6 = reinterpret_cast<sockaddr_in6&>(to);
-          if (IN6_IS_ADDR_UNSPECIFIED(&in6.sin6_addr)) in6.sin6_addr = in6addr_loopback;
-        }
-        const int poke = ::socket(to.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (poke < 0) continue;
-        const socklen_t len = to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-        (void)real_connect(poke, reinterpret_cast<const sockaddr*>(&to), len);
-        scope->pokes.push_back(poke);
-        scope->late.push_back(l.peer);
-      }
-    }
-    return next;
-  }
-
-  std::mutex m_;
-  std::condition_variable cv_;
-};
-
-struct Candidate {
-  int fd = -1;
-  sockaddr_storage addr{};
-  socklen_t len = sizeof(sockaddr_storage);
-  std::string got;
-  Clock::time_point since;
-};
-
-// Accepts on a Gloo listener until a connection sends the whole proof (see the header).
-int gated_accept(int lfd, sockaddr* addr, socklen_t* addrlen, const Listener& l) {
-  State& scope = *l.scope;
-  const int flags = ::fcntl(lfd, F_GETFL);
-  if (flags >= 0) ::fcntl(lfd, F_SETFL, flags | O_NONBLOCK);
-  std::vector<Candidate> cands;
-  bool refused_any = false;
-  auto refuse = [&](Candidate& c, const std::string& why) {
-    {
-      std::lock_guard lock(scope.m);
-      scope.refused.push_back("unauthenticated peer at " + address_text(c.addr) +
-                              " (on the listener for peer " + std::to_string(l.peer) +
-                              " of this group): " + why);
-    }
-    ::close(c.fd);
-    c.fd = -1;
-    refused_any = true;
-  };
-  for (;;) {
-    std::erase_if(cands, [](const Candidate& c) { return c.fd < 0; });
-    while (cands.size() > kMaxUnproven) {
-      refuse(cands.front(), "one of more than " + std::to_string(kMaxUnproven) +
-                                " connections that had sent no proof of the job's token");
-      cands.erase(cands.begin());
-    }
-    if (Clock::now() >= scope.deadline) {
-      for (auto& c : cands) ::close(c.fd);
-      errno = refused_any ? ECONNABORTED : ETIMEDOUT;
-      return -1;
-    }
-    std::vector<pollfd> fds{{lfd, POLLIN, 0}};
-    for (const auto& c : cands) fds.push_back({c.fd, POLLIN, 0});
-    const int n = ::poll(fds.data(), fds.size(), wait_ms(scope.deadline));
-    if (n < 0 && errno != EINTR) {
-      const int e = errno;
-      for (auto& c : cands) ::close(c.fd);
-      errno = e;
-      return -1;
-    }
-    if (n <= 0) continue;
-    for (std::size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Candidate& c = cands[i - 1];
-      char buf[kProof];
-      const ssize_t r = ::recv(c.fd, buf, kProof - c.got.size(), MSG_DONTWAIT);
-      if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (r <= 0) {
-        refuse(c, r == 0 ? "it closed the connection without proving the job's token"
-                         : std::string("it failed before proving the job's token: ") +
-                               std::strerror(errno));
-        continue;
-      }
-      c.got.append(buf, static_cast<std::size_t>(r));
-      if (c.got.size() < kProof) continue;  // compared whole: a prefix must reveal nothing
-      if (CRYPTO_memcmp(c.got.data(), l.theirs.data(), kProof) != 0) {
-        refuse(c, "it did not prove the job's token");
-        continue;
-      }
-      for (auto& other : cands)
-        if (other.fd >= 0 && other.fd != c.fd) ::close(other.fd);
-      if (addr && addrlen) {
-        std::memcpy(addr, &c.addr, std::min<socklen_t>(*addrlen, c.len));
-        *addrlen = c.len;
-      }
-      return c.fd;
-    }
-    if (fds[0].revents != 0) {
-      for (;;) {
-        Candidate c;
-        c.fd = ::accept4(lfd, reinterpret_cast<sockaddr*>(&c.addr), &c.len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c.fd < 0) break;
-        c.since = Clock::now();
-        // A fresh socket's buffer takes the 64 bytes at once; one that does not is refused.
-        if (::send(c.fd, l.mine.data(), kProof, MSG_NOSIGNAL | MSG_DONTWAIT) !=
-            static_cast<ssize_t>(kProof)) {
-          refuse(c, "the listener's proof could not be sent to it");
-          continue;
-        }
-        cands.push_back(std::move(c));
-      }
-    }
-  }
 }
 
 // Waits until fd is ready for `events` or the deadline passes (errno ETIMEDOUT then).
@@ -425,6 +503,45 @@ int gated_connect(int fd, const sockaddr* addr, socklen_t len, State& scope) {
   return 0;
 }
 
+void copy_address(const sockaddr_storage& from, socklen_t from_len, sockaddr* to, socklen_t* len) {
+  if (!to || !len) return;
+  std::memcpy(to, &from, std::min(*len, from_len));
+  *len = from_len;
+}
+
+// Gloo's accept() on a listener's descriptor: the proven connection, or the failure it was
+// decided with. nullopt when fd is no recorded listener (the plain call then).
+std::optional<int> take_decided(int fd, sockaddr* addr, socklen_t* len) {
+  if (g_count.load() == 0) return std::nullopt;
+  std::lock_guard lock(registry().mutex);
+  auto it = registry().listeners.find(fd);
+  if (it == registry().listeners.end() || !gloo_holds(fd, it->second)) return std::nullopt;
+  Listener& l = it->second;
+  if (!l.decided) {  // Gloo's descriptor turns readable only once decided
+    errno = EAGAIN;
+    return -1;
+  }
+  const int proven = std::exchange(l.proven.fd, -1);
+  const int error = l.error;
+  if (proven >= 0) copy_address(l.proven.addr, l.proven.len, addr, len);
+  release(l);
+  registry().listeners.erase(it);
+  g_count.store(registry().listeners.size());
+  GateThread::instance().wake();  // its poll() holds what was closed until it returns
+  if (proven < 0) errno = error;
+  return proven;
+}
+
+// getsockname() on a listener's descriptor answers for the listening socket behind it.
+bool listener_address(int fd, sockaddr* addr, socklen_t* len) {
+  if (g_count.load() == 0) return false;
+  std::lock_guard lock(registry().mutex);
+  auto it = registry().listeners.find(fd);
+  if (it == registry().listeners.end() || !gloo_holds(fd, it->second)) return false;
+  copy_address(it->second.self, it->second.self_len, addr, len);
+  return true;
+}
+
 bool is_stream_ip(int fd, const sockaddr* addr) {
   if (!addr || (addr->sa_family != AF_INET && addr->sa_family != AF_INET6)) return false;
   int type = 0;
@@ -443,8 +560,8 @@ bool resolves_here(const char* symbol) {
 }  // namespace
 
 bool pair_gate_available() {
-  static const bool available =
-      resolves_here("accept") && resolves_here("connect") && resolves_here("listen");
+  static const bool available = resolves_here("accept") && resolves_here("connect") &&
+                                resolves_here("listen") && resolves_here("getsockname");
   return available;
 }
 
@@ -465,7 +582,7 @@ PairGateScope::PairGateScope(const std::string& token, const std::string& prefix
     std::lock_guard lock(registry().mutex);
     registry().scopes[state_.get()] = state_;
   }
-  Watcher::instance().wake();
+  GateThread::instance().wake();
   outer_ = t_scope;
   t_scope = state_.get();
 }
@@ -475,11 +592,12 @@ PairGateScope::~PairGateScope() {
   if (t_scope == state_.get()) t_scope = outer_;
   std::lock_guard lock(registry().mutex);
   registry().scopes.erase(state_.get());
-  // Listeners Gloo closed itself (the connecting side of each pair) leave entries behind.
-  std::erase_if(registry().listeners, [&](const auto& e) { return e.second.scope == state_; });
-  g_count.store(registry().listeners.size());
-  std::lock_guard slock(state_->m);
-  for (int fd : state_->pokes) ::close(fd);
+  // A listener still waiting now belongs to a creation given up: its pair fails at once.
+  // Those Gloo closed itself (the connecting side of each pair) are released by the sweep.
+  for (auto& [gloo_fd, l] : registry().listeners)
+    if (l.scope == state_ && !l.decided && gloo_holds(gloo_fd, l)) decide(l, ECONNABORTED);
+  sweep_locked();
+  GateThread::instance().wake();  // its poll() holds what was closed until it returns
 }
 
 void PairGateScope::leave() {
@@ -526,7 +644,11 @@ PairGatePause::~PairGatePause() { --t_paused; }
 
 extern "C" int listen(int fd, int backlog) noexcept {
   using namespace commgrid::gloo_backend;
-  const int rv = real_listen(fd, backlog);
+  // Gloo's backlog is 1; the gate's thread drains the queue, and a few strangers waiting in
+  // it must not push the genuine peer's connection out.
+  const bool gated = t_scope != nullptr && t_paused == 0;
+  const int rv =
+      real_listen(fd, gated ? std::max(backlog, static_cast<int>(kMaxUnproven)) : backlog);
   if (rv != 0 || t_scope == nullptr || t_paused != 0) return rv;
   if (!record_listener(fd, *t_scope)) return -1;
   return 0;
@@ -541,6 +663,12 @@ extern "C" int connect(int fd, const sockaddr* addr, socklen_t len) {
 
 extern "C" int accept(int fd, sockaddr* addr, socklen_t* len) {
   using namespace commgrid::gloo_backend;
-  if (std::optional<Listener> l = take_listener(fd)) return gated_accept(fd, addr, len, *l);
+  if (std::optional<int> rv = take_decided(fd, addr, len)) return *rv;
   return ::accept4(fd, addr, len, 0);
+}
+
+extern "C" int getsockname(int fd, sockaddr* addr, socklen_t* len) noexcept {
+  using namespace commgrid::gloo_backend;
+  if (listener_address(fd, addr, len)) return 0;
+  return real_getsockname(fd, addr, len);
 }

@@ -4,25 +4,31 @@
 // takes whoever connects first as the peer; its event loop then parses that socket's bytes
 // as Gloo messages, and a crafted header makes it throw on its loop thread, which aborts the
 // process. Gloo offers no hook between accept() and its parser, so the gate stands in
-// front of the three calls Gloo makes through the C library:
+// front of the calls Gloo makes through the C library:
 //
 // - listen(): a socket that starts listening on a thread inside a PairGateScope (that is,
-//   while Gloo connects a group's pairs) is a Gloo pair listener; it is recorded with the
-//   proofs both ends must send: HMAC-SHA256(token, end, group key prefix, listening port),
-//   64 hex characters, where `end` is "listener" or "connector" (neither passes for the other).
-// - accept(): on a recorded listener (Gloo's loop thread), every connection is accepted and
-//   sent the listener's proof, then read until one sends the connector's whole proof; the
-//   others are closed and reported as unauthenticated peers. Only the proven socket is
-//   handed to Gloo. Neither silence nor a refusal ends the wait for the genuine peer before
-//   the scope's deadline (on a slow, lossy link its proof can take seconds); a listener
-//   holds at most 16 connections without a proof, refusing the oldest past that. At the
-//   deadline the accept fails, and commgrid names the refused peers.
+//   while Gloo connects a group's pairs) is a Gloo pair listener. The gate moves the
+//   listening socket to a descriptor of its own and leaves Gloo, under the number Gloo
+//   holds, one end of a local socket pair that turns readable only once the pair is decided
+//   (getsockname() on it answers the listening address, which Gloo publishes). The proofs
+//   both ends must send are HMAC-SHA256(token, end, group key prefix, listening port), 64 hex
+//   characters, where `end` is "listener" or "connector" (neither passes for the other).
+// - the gate's own thread accepts every connection on every such listener, sends it the
+//   listener's proof and reads until one sends the connector's whole proof; the others are
+//   closed and reported as unauthenticated peers. Neither silence nor a refusal ends the
+//   wait for the genuine peer before the scope's deadline (on a slow, lossy link its proof
+//   can take seconds); a listener holds at most 16 connections without a proof, refusing the
+//   oldest past that. Gloo's event loop never waits for a proof, so a stranger on one
+//   listener holds up no other pair. At the deadline the pair is decided as failed and
+//   commgrid names the refused or late peers.
+// - accept(): on a decided listener (Gloo's loop thread) returns the proven socket, or fails
+//   with the deadline's error.
 // - connect(): inside a scope, Gloo's connecting side completes the TCP connection, checks
 //   the listener's proof and sends its own before Gloo sees the socket; a wrong proof is
 //   refused and named the same way.
 //
-// The definitions of listen/connect/accept live in this library and take the C library's
-// place for the whole process (symbol interposition), so they pass every other call
+// The definitions of listen/connect/accept/getsockname live in this library and take the C
+// library's place for the whole process (symbol interposition), so they pass every other call
 // straight through. That only works where this library is part of the program's global
 // symbol scope (linked into the program, or a shared library it loads at start); in a
 // plugin opened with dlopen the C library's calls win, pair_gate_available() says so, and
@@ -36,7 +42,7 @@
 
 namespace commgrid::gloo_backend {
 
-/// True when this process's accept, connect and listen are the gate's (see above).
+/// True when this process's accept, connect, listen and getsockname are the gate's (see above).
 bool pair_gate_available();
 
 /// Gates the Gloo pairs this thread creates and connects while the scope is alive.

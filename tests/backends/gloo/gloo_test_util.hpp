@@ -16,6 +16,7 @@
 #include "commgrid/gloo.hpp"
 #include "commgrid/local_ranks.hpp"
 #include "commgrid/store.hpp"
+#include "store_test_util.hpp"
 
 namespace commgrid::test {
 
@@ -198,6 +199,19 @@ inline double apply(ReduceOp op, double a, double b) {
 inline double test_value(ReduceOp op, Rank rank, size_t i) {
   if (op == ReduceOp::prod) return 1.0 + static_cast<double>((static_cast<size_t>(rank) + i) % 2);
   return 1.0 + static_cast<double>((static_cast<size_t>(rank) * 7 + i * 3) % 5);
+}
+
+/// Each of `fds` (strangers' connections to Gloo pair listeners) was closed by the
+/// connection gate after the listener's proof alone (64 bytes): nothing from Gloo reached it.
+/// Closes them.
+inline void expect_refused_by_the_gate(std::vector<int>& fds) {
+  for (int fd : fds) {
+    const long got = bytes_until_closed(fd);
+    EXPECT_GE(got, 0) << "a stranger's connection was left open";
+    EXPECT_LE(got, 64) << "a stranger got more than the listener's proof";
+    ::close(fd);
+  }
+  fds.clear();
 }
 
 /// Runs fn on n rank-threads and fails the test with the first failure's message.

@@ -1,6 +1,7 @@
 // The connection gate (src/backends/gloo/pair_gate.hpp): a stranger that connects to a Gloo
-// pair listener before the genuine peer never has a byte parsed by Gloo. Without the gate,
-// the header sent here makes Gloo's event loop throw on its own thread (SIGABRT).
+// pair listener before the genuine peer never has a byte parsed by Gloo, and holds up no
+// pair. Without the gate, the header sent here makes Gloo's event loop throw on its own
+// thread (SIGABRT).
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -78,34 +79,48 @@ TEST(GlooGate, IsOnInAProgramLinkedWithCommgrid) {
   EXPECT_TRUE(gloo_backend::pair_gate_available());
 }
 
-TEST(GlooGate, AStrangerFirstOnEveryListenerIsRefusedAndNeverReachesGloo) {
+TEST(GlooGate, AStrangerFirstOnEveryListenerIsRefusedAndTheWorldStillForms) {
+  // A stranger connects to every pair listener before the genuine peer can and sends a
+  // crafted header: the gate refuses each on its own thread, Gloo never reads a byte of
+  // theirs, and every genuine peer still connects.
   ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
-  GlooOptions o = test_options(5s);
+  GlooOptions o = test_options(20s);
   o.token = "the-job-token";
+  g_strangers = 0;
   gloo_backend::set_pair_gate_listen_hook(&stranger_sends_a_crafted_header);
-  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Outcome> out = make_worlds(3, o);
-  const auto took = std::chrono::steady_clock::now() - t0;
   gloo_backend::set_pair_gate_listen_hook(nullptr);
-  for (int fd : g_stranger_fds) ::close(fd);
-  g_stranger_fds.clear();
-
   EXPECT_EQ(g_strangers.load(), 6) << "every rank's two listeners were attacked";
-  // Every pair has a side whose listener a stranger took first, so the world cannot form,
-  // but each rank ends within the timeout (plus 2 s) with an error naming a refused peer
-  // or, where a peer failed first, with the peer's failure; the process is still alive.
-  int refused = 0;
-  for (const Outcome& r : out) {
-    std::cout << "rank error: " << r.error << "\n";
-    EXPECT_FALSE(r.ok);
-    if (r.error.find("unauthenticated peer at 127.0.0.1:") != std::string::npos) ++refused;
-    EXPECT_EQ(r.error.find("the-job-token"), std::string::npos) << "token shown: " << r.error;
-  }
-  EXPECT_GT(refused, 0) << out[0].error << "\n" << out[1].error << "\n" << out[2].error;
-  EXPECT_LT(took, 5s + 30s) << "a rank was left waiting";
+  for (const Outcome& r : out) EXPECT_TRUE(r.ok) << r.error;
+  std::lock_guard lock(g_mutex);
+  expect_refused_by_the_gate(g_stranger_fds);
+}
 
-  // Without strangers the same job forms and works.
-  for (const Outcome& r : make_worlds(3, o)) EXPECT_TRUE(r.ok) << r.error;
+// Connects to a pair listener the moment it exists and says nothing.
+void silent_stranger(int port) {
+  const int fd = raw_connect(port);
+  if (fd < 0) return;
+  std::lock_guard lock(g_mutex);
+  g_stranger_fds.push_back(fd);
+  ++g_strangers;
+}
+
+TEST(GlooGate, ASilentStrangerOnEveryListenerHoldsUpNoPair) {
+  // A silent connection is not refused before the deadline (a genuine proof can take
+  // seconds), but it must not hold up the other pairs of its rank: when the gate waited for
+  // the genuine peer on Gloo's event-loop thread, one silent stranger on one listener of a
+  // 4-rank world (any process on the host that reached the port) made the whole creation
+  // time out naming an innocent peer.
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  GlooOptions o = test_options(20s);
+  g_strangers = 0;
+  gloo_backend::set_pair_gate_listen_hook(&silent_stranger);
+  const std::vector<Outcome> out = make_worlds(4, o);
+  gloo_backend::set_pair_gate_listen_hook(nullptr);
+  EXPECT_EQ(g_strangers.load(), 12) << "every rank's three listeners were reached";
+  for (const Outcome& r : out) EXPECT_TRUE(r.ok) << r.error;
+  std::lock_guard lock(g_mutex);
+  expect_refused_by_the_gate(g_stranger_fds);
 }
 
 TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {

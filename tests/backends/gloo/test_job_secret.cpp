@@ -63,35 +63,23 @@ std::vector<Outcome> tokenless_worlds(int n, const std::shared_ptr<Store>& store
   return out;
 }
 
-TEST(GlooJobSecret, AStrangerSendingTheNoTokenProofIsRefusedAndNamed) {
+TEST(GlooJobSecret, AStrangerSendingTheNoTokenProofIsRefusedAndTheWorldForms) {
   ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
   auto store = make_memory_store();
   ASSERT_EQ(store->job_secret().size(), 64u);
   gloo_backend::set_pair_gate_listen_hook(&stranger_with_the_no_token_proof);
-  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Outcome> out = tokenless_worlds(3, store);
-  const auto took = std::chrono::steady_clock::now() - t0;
   gloo_backend::set_pair_gate_listen_hook(nullptr);
-  {
-    std::lock_guard lock(g_mutex);
-    for (int fd : g_fds) ::close(fd);
-    g_fds.clear();
-  }
-  // This process is alive (Gloo never parsed the header); every rank failed within its
-  // timeout, and one at least names the stranger it refused.
-  EXPECT_GT(g_attacks.load(), 0);
-  int named = 0;
+  // This process is alive (Gloo never parsed the header), every stranger was refused (its
+  // connection closed after the listener's proof alone), and the genuine peers still
+  // connected: the world formed on every rank.
+  EXPECT_EQ(g_attacks.load(), 6);
   for (const Outcome& r : out) {
-    EXPECT_FALSE(r.ok);
-    if (r.error.find("unauthenticated peer at 127.0.0.1:") != std::string::npos) ++named;
+    EXPECT_TRUE(r.ok) << r.error;
     EXPECT_EQ(r.error.find(store->job_secret()), std::string::npos) << "secret shown";
   }
-  EXPECT_GT(named, 0) << out[0].error << "\n" << out[1].error << "\n" << out[2].error;
-  // Each rank's timeout is 5 s: ending means the strangers did not hold it beyond that (the
-  // bound leaves 30 s for a loaded machine; a rank kept waiting by a stranger never ends).
-  EXPECT_LT(took, 5s + 30s);
-  // Without strangers the same token-less job forms on a fresh store.
-  for (const Outcome& r : tokenless_worlds(3, make_memory_store())) EXPECT_TRUE(r.ok) << r.error;
+  std::lock_guard lock(g_mutex);
+  expect_refused_by_the_gate(g_fds);
 }
 
 TEST(GlooJobSecret, RanksOfAnotherStoreCannotProveThisJobsSecret) {
