@@ -208,7 +208,8 @@ void print(const std::string& format, const commgrid::ParallelConfig& layout, co
 
 // --fault-kill P:S[,P:S...]: process (or MPI rank) P kills itself with SIGKILL at the start
 // of step S; P:recovery (with --spares) in its first recovery, once the new epoch's groups
-// exist, before the state moves. The way to see a recovery in one command
+// exist, before the state moves; P:start (with --spares) before the job's first groups
+// exist. The way to see a recovery in one command
 // (docs/resilience.md).
 std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
   std::vector<train_gpt::ResilienceConfig::Kill> out;
@@ -219,10 +220,12 @@ std::vector<train_gpt::ResilienceConfig::Kill> parse_kills(std::string kills) {
     if (colon == std::string::npos)
       throw commgrid::InvalidValueError(
           "fault_kill",
-          "fault_kill: expected PROCESS:STEP or PROCESS:recovery, got \"" + item + "\"");
+          "fault_kill: expected PROCESS:STEP, PROCESS:recovery or PROCESS:start, got \"" + item +
+              "\"");
     const std::string when = item.substr(colon + 1);
     out.push_back({parse_integer("fault_kill", item.substr(0, colon), 0, 1 << 20),
                    when == "recovery" ? train_gpt::ResilienceConfig::kDuringRecovery
+                   : when == "start"  ? train_gpt::ResilienceConfig::kAtStart
                                       : to_int("fault_kill", when, 0)});
   }
   return out;
@@ -401,8 +404,8 @@ int main(int argc, char** argv) {
                  "0: the memory available at the start (0)");
   app.add_option("--fault-kill", f.fault_kill,
                  "P:S[,P:S...]: process P kills itself (SIGKILL) at the start of step S, or "
-                 "P:recovery in its first recovery: with --spares, the way to see a recovery "
-                 "(docs/resilience.md)");
+                 "P:recovery in its first recovery, or P:start before the job's first groups "
+                 "exist: with --spares, the way to see a recovery (docs/resilience.md)");
   // Hidden (empty group): test-only faults that a comparison with one rank must catch.
   app.add_option("--fault", f.fault)->group("");
   app.add_option("--fault-state", f.fault_state)->group("");

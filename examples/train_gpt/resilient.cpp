@@ -296,6 +296,7 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
                     " micro-batches per replica)\n")
                 << std::flush;
   };
+  fault_kill(ResilienceConfig::kAtStart);
   const std::optional<commgrid::Rank> rank = driver->run(config.steps, state, callbacks);
   if (rank != 0) return std::nullopt;
   ResilientResult out;

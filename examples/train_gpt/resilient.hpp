@@ -35,8 +35,10 @@ struct ResilienceConfig {
   std::size_t snapshot_memory_limit = 0;
   /// --fault-kill: process `process` (incarnation 0) kills itself with SIGKILL at the start
   /// of step `step` (0-based), or, with step kDuringRecovery, in its first recovery once the
-  /// new epoch's groups exist, before the state moves (in a shrink, after the transfer).
+  /// new epoch's groups exist, before the state moves (in a shrink, after the transfer), or,
+  /// with kAtStart, before the job's first groups exist (the others' creation fails).
   static constexpr int kDuringRecovery = -2;
+  static constexpr int kAtStart = -3;
   struct Kill {
     std::int64_t process = -1;
     int step = -1;

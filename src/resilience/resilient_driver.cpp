@@ -539,13 +539,17 @@ struct ResilientDriver::Impl {
   void recover() {
     for (std::int64_t attempt = 1;; ++attempt) {
       const auto t0 = Clock::now();
+      // A rank that failed before its first snapshot holds step 0's state while its model
+      // still runs (the state is the initial one: every step begins with its snapshot).
+      if (!fresh && snapshots.empty() && model_live)
+        snapshots.push_back({0, provider("save", [&] { return state->save(); })});
       stop_model();
       g = EpochGroups{};  // closes this epoch's connections: blocked peers fail now
       // This rank's resync row travels with its registration: the decision gives every
-      // process of the next epoch every row, without a collective.
-      if (!fresh && snapshots.empty())
-        snapshots.push_back({0, provider("save", [&] { return state->save(); })});
-      rec.set_note(row_text(record()));
+      // process of the next epoch every row, without a collective. One whose model never
+      // started (the job's first groups failed) has no state to describe yet: it leaves no
+      // row, and resync allgathers the rows once every model runs.
+      rec.set_note(!fresh && snapshots.empty() ? std::string() : row_text(record()));
       const EpochDecision& decision = rec.agree();
       const auto agreed = Clock::now();
       EpochRecord* record = &record_decision(decision);

@@ -163,6 +163,15 @@ TEST(TrainGptSpares, LosingEveryReplicaAtStepZeroGoesBackToTheInitialState) {
   expect_same(with_failure(6, 2, layout, "0:0,2:0"), reference(4, layout));
 }
 
+TEST(TrainGptSpares, ARankLostBeforeTheFirstGroupsExistIsReplacedFromTheInitialState) {
+  // Process 1 dies before the job's first groups exist: the others' first creation fails
+  // before any model ran or any snapshot was taken. The recovery must not ask a model that
+  // never started for its state (it did, and every survivor died of SIGSEGV), and the run
+  // is the uninterrupted one.
+  const std::vector<std::string> layout{"--tp", "2"};
+  expect_same(with_failure(5, 1, layout, "1:start"), reference(4, layout));
+}
+
 TEST(TrainGptSpares, LosingEveryReplicaOfAStateEndsTheJobNamingTheRank) {
   // dp groups {0, 2} and {1, 3}: both of {0, 2} die at step 2; two spares take their
   // places, but nobody holds their state.

@@ -320,7 +320,7 @@ class GateThread {
       if (CRYPTO_memcmp(c.got.data(), l.theirs.data(), kProof) != 0) {
         refuse(l, c, "it did not prove the job's token");
       } else {
-        l.proven = std::move(c);
+        l.proven = c;  // the descriptor changes hands: the candidate no longer owns it
         c.fd = -1;
       }
     }
