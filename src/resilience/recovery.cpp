@@ -22,56 +22,6 @@ using Ms = std::chrono::milliseconds;
 std::span<const char> bytes(const std::string& s) { return {s.data(), s.size()}; }
 std::string text(const std::vector<char>& v) { return {v.begin(), v.end()}; }
 
-std::string join(const std::vector<std::int64_t>& v) {
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
-std::int64_t parse_number(std::string_view s, const std::string& where) {
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size())
-    throw BackendError("recovery: malformed " + where + " '" + std::string(s) + "'");
-  return v;
-}
-
-// A registration (epoch_alive_key's value): "incarnation", then optionally ";" and the
-// processes whose pairs to make anew (comma-separated, may be empty), ";" and the declared
-// fingerprint (hex, may be empty), ";" and the process's note (Recovery::set_note).
-struct Registration {
-  std::int64_t incarnation = 0;
-  std::vector<std::int64_t> renew;
-  std::optional<std::uint64_t> fingerprint;
-  std::string note;
-};
-
-Registration parse_registration(const std::string& value) {
-  Registration r;
-  std::vector<std::string_view> parts;
-  std::string_view rest(value);
-  for (;;) {
-    const auto semi = rest.find(';');
-    parts.push_back(rest.substr(0, semi));
-    if (semi == std::string_view::npos) break;
-    rest.remove_prefix(semi + 1);
-  }
-  r.incarnation = parse_number(parts[0], "incarnation");
-  for (std::string_view peers = parts.size() > 1 ? parts[1] : std::string_view(); !peers.empty();) {
-    const auto comma = peers.find(',');
-    r.renew.push_back(parse_number(peers.substr(0, comma), "renewed process"));
-    if (comma == std::string_view::npos) break;
-    peers.remove_prefix(comma + 1);
-  }
-  if (parts.size() > 2 && !parts[2].empty()) {
-    r.fingerprint = parse_fingerprint(parts[2]);
-    if (!r.fingerprint)
-      throw BackendError("recovery: malformed fingerprint in the registration '" + value + "'");
-  }
-  if (parts.size() > 3) r.note = std::string(parts[3]);
-  return r;
-}
-
 }  // namespace
 
 // Notices when this process did not run for longer than the job's timeout: a thread that
@@ -363,8 +313,8 @@ void Recovery::adopt(const std::string& decision) {
   const std::vector<std::int64_t> ranks = processes_of(step.map);
   if (!record.process_of.empty() && record.process_of != ranks)
     throw BackendError("recovery: the decision for epoch " + std::to_string(d.epoch) +
-                       " gives the logical ranks to processes " + join(record.process_of) +
-                       ", this process's map to " + join(ranks));
+                       " gives the logical ranks to processes " + join_numbers(record.process_of) +
+                       ", this process's map to " + join_numbers(ranks));
   if (step.shrink) {
     config_ = step.shrink->config;
     shrunk_ = true;
@@ -377,9 +327,12 @@ void Recovery::adopt(const std::string& decision) {
     throw FencedError("process " + std::to_string(process_) + " was declared dead in epoch " +
                       std::to_string(d.epoch) + " and is fenced: it may not rejoin; exiting");
   // A restarted process not taken back yet asks again at the next decision.
-  if (map_.role(process_) == ProcessRole::dead)
+  if (map_.role(process_) == ProcessRole::dead) {
+    RegistrationRecord again;
+    again.incarnation = options_.incarnation;
     (void)store_->set_if_absent(epoch_alive_key(options_.prefix, d.epoch + 1, process_),
-                                bytes(std::to_string(options_.incarnation)));
+                                bytes(format_registration(again)));
+  }
 }
 
 Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiting,
@@ -408,7 +361,7 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
     // this incarnation's: the one the map knows is dead.
     bool here = missing.count(keys[i]) == 0;
     if (here && waiting[i] != process_) {
-      const Registration r = parse_registration(text(store_->get(keys[i])));
+      const RegistrationRecord r = parse_registration(text(store_->get(keys[i])));
       here = r.incarnation == incarnation_[static_cast<std::size_t>(waiting[i])];
       if (here) {
         asks(waiting[i], r.renew);
@@ -452,19 +405,16 @@ const EpochDecision& Recovery::agree() {
     throw FencedError(why);
   }
   mark_failed("joined the agreement on epoch " + std::to_string(next));
-  std::string registration = std::to_string(options_.incarnation);
-  std::vector<std::int64_t> own_renew;
-  if (kept_) {
-    // This epoch ends here first (its blocked peers fail now); the pairs it could not keep
-    // travel with the registration.
-    own_renew = kept_->end_epoch();
-  }
-  if (!own_renew.empty() || declared_ || !note_.empty())
-    registration += ";" + join(own_renew) + ";" +
-                    (declared_ ? fingerprint_text(*declared_) : std::string()) +
-                    (note_.empty() ? std::string() : ";" + note_);
+  RegistrationRecord registration;
+  registration.incarnation = options_.incarnation;
+  registration.fingerprint = declared_;
+  registration.note = note_;
+  // With kept connections this epoch ends here first (its blocked peers fail now); the
+  // pairs it could not keep travel with the registration.
+  if (kept_) registration.renew = kept_->end_epoch();
+  const std::vector<std::int64_t>& own_renew = registration.renew;
   (void)store_->set_if_absent(epoch_alive_key(options_.prefix, next, process_),
-                              bytes(registration));
+                              bytes(format_registration(registration)));
   const Ms window(
       std::max<long long>(1, static_cast<long long>(static_cast<double>(options_.timeout.count()) *
                                                     options_.decision_window)));
@@ -542,7 +492,7 @@ const EpochDecision& Recovery::agree() {
       throw TimeoutError("recovery: no decision for epoch " + std::to_string(next) +
                          " after every registered process's window of " +
                          std::to_string(window.count()) +
-                         " ms (processes registered: " + join(candidates) + ")");
+                         " ms (processes registered: " + join_numbers(candidates) + ")");
   }
 }
 

@@ -11,12 +11,6 @@ std::string epoch_key(std::string_view prefix, std::int64_t epoch, std::string_v
   return std::string(prefix) + "/epoch/" + std::to_string(epoch) + "/" + std::string(name);
 }
 
-std::string join(const std::vector<std::int64_t>& v) {
-  std::string out;
-  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
-  return out;
-}
-
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
   while (!s.empty()) {
@@ -28,18 +22,20 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   return out;
 }
 
-std::int64_t number(std::string_view s, std::string_view what) {
+std::int64_t number(std::string_view s, std::string_view what,
+                    std::string_view where = " in a decision") {
   std::int64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size())
-    throw BackendError("recovery: malformed " + std::string(what) + " '" + std::string(s) +
-                       "' in a decision");
+    throw BackendError("recovery: malformed " + std::string(what) + " '" + std::string(s) + "'" +
+                       std::string(where));
   return v;
 }
 
-std::vector<std::int64_t> numbers(std::string_view s, std::string_view what) {
+std::vector<std::int64_t> numbers(std::string_view s, std::string_view what,
+                                  std::string_view where = " in a decision") {
   std::vector<std::int64_t> out;
-  for (std::string_view item : split(s, ',')) out.push_back(number(item, what));
+  for (std::string_view item : split(s, ',')) out.push_back(number(item, what, where));
   return out;
 }
 
@@ -75,6 +71,40 @@ std::string process_identity(std::int64_t process, int incarnation) {
   return "process/" + std::to_string(process) + "/" + std::to_string(incarnation);
 }
 
+std::string join_numbers(const std::vector<std::int64_t>& v) {
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::vector<std::int64_t> parse_numbers(std::string_view text, std::string_view what) {
+  return numbers(text, what, "");
+}
+
+std::string format_registration(const RegistrationRecord& r) {
+  std::string out = std::to_string(r.incarnation);
+  if (r.renew.empty() && !r.fingerprint && r.note.empty()) return out;
+  out += ";" + join_numbers(r.renew) + ";";
+  if (r.fingerprint) out += fingerprint_text(*r.fingerprint);
+  if (!r.note.empty()) out += ";" + r.note;
+  return out;
+}
+
+RegistrationRecord parse_registration(std::string_view text) {
+  RegistrationRecord r;
+  const std::vector<std::string_view> parts = split(text, ';');
+  r.incarnation = number(parts.empty() ? text : parts[0], "incarnation", "");
+  if (parts.size() > 1) r.renew = numbers(parts[1], "renewed process", "");
+  if (parts.size() > 2 && !parts[2].empty()) {
+    r.fingerprint = parse_fingerprint(parts[2]);
+    if (!r.fingerprint)
+      throw BackendError("recovery: malformed fingerprint in the registration '" +
+                         std::string(text) + "'");
+  }
+  if (parts.size() > 3) r.note = std::string(parts[3]);
+  return r;
+}
+
 std::string fingerprint_text(std::uint64_t fingerprint) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
@@ -91,13 +121,13 @@ std::optional<std::uint64_t> parse_fingerprint(std::string_view text) {
 
 std::string format_decision(const DecisionRecord& d) {
   std::string out = "epoch=" + std::to_string(d.epoch) + "\ndecider=" + std::to_string(d.decider) +
-                    "\ndead=" + join(d.dead) + "\nrevived=";
+                    "\ndead=" + join_numbers(d.dead) + "\nrevived=";
   for (std::size_t i = 0; i < d.revived.size(); ++i)
     out += (i ? "," : "") + std::to_string(d.revived[i].first) + ":" +
            std::to_string(d.revived[i].second);
   out += "\n";
   if (d.shrink_world) out += "shrink=" + std::to_string(*d.shrink_world) + "\n";
-  if (!d.process_of.empty()) out += "ranks=" + join(d.process_of) + "\n";
+  if (!d.process_of.empty()) out += "ranks=" + join_numbers(d.process_of) + "\n";
   if (!d.renew.empty()) {
     out += "renew=";
     for (std::size_t i = 0; i < d.renew.size(); ++i)

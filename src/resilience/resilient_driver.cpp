@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -14,41 +13,28 @@
 #include <numeric>
 
 #include "commgrid/layout.hpp"
+#include "commgrid/resilience_keys.hpp"
+#include "snapshots.hpp"
 
 namespace commgrid {
-namespace detail {
-// A snapshot: the state at the start of step `step`. Outside the anonymous namespace since
-// ResilientDriver::Impl (a type with linkage) holds them.
-struct Snapshot {
-  std::int64_t step = 0;
-  StateBytes bytes;
-};
-}  // namespace detail
+using detail::find;
+using detail::held;
+using detail::keep_two;
+using detail::kNone;
+using detail::kRowCopies;
+using detail::kRowSize;
+using detail::kRowSnapshots;
 using detail::Snapshot;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::int64_t kNone = std::numeric_limits<std::int64_t>::max();
 // Point-to-point tags of the buddy copies on an epoch's world.
 constexpr int kSizeTag = 7301, kStateTag = 7302, kCopyTag = 7303;
 
 std::int64_t min_over(Communicator& c, std::int64_t v) {
   c.allreduce(std::span<std::int64_t>(&v, 1), ReduceOp::min)->wait();
   return v;
-}
-
-const Snapshot* find(const std::deque<Snapshot>& list, std::int64_t s) {
-  for (const Snapshot& snap : list)
-    if (snap.step == s) return &snap;
-  return nullptr;
-}
-
-// Keeps the last two: every survivor holds the older one when another is one step ahead.
-void keep_two(std::deque<Snapshot>& list, Snapshot snap) {
-  if (!list.empty() && list.back().step == snap.step) list.pop_back();
-  list.push_back(std::move(snap));
-  if (list.size() > 2) list.pop_front();
 }
 
 std::string size_text(std::size_t bytes) {
@@ -271,62 +257,9 @@ struct ResilientDriver::Impl {
     own_rank = g.world->rank();
   }
 
-  // What a rank tells the others at a resync, one row of kRecord numbers: the step it can
-  // go back to (kNone: it has no state), then the step and size of each snapshot it keeps,
-  // then of each buddy copy (-1: none).
-  static constexpr std::size_t kRecord = 9, kSnapshots = 1, kCopies = 5;
+  // This rank's resync row (snapshots.hpp).
   [[nodiscard]] std::vector<std::int64_t> record() const {
-    std::vector<std::int64_t> r(kRecord, -1);
-    r[0] = offer_step();
-    if (fresh) return r;
-    for (const auto& [list, at] : {std::pair{&snapshots, kSnapshots}, std::pair{&copies, kCopies}})
-      for (std::size_t i = 0; i < list->size() && i < 2; ++i) {
-        r[at + 2 * i] = (*list)[i].step;
-        r[at + 2 * i + 1] = static_cast<std::int64_t>((*list)[i].bytes.size());
-      }
-    return r;
-  }
-  static std::string row_text(const std::vector<std::int64_t>& row) {
-    std::string out;
-    for (std::size_t i = 0; i < row.size(); ++i) out += (i ? "," : "") + std::to_string(row[i]);
-    return out;
-  }
-  // Every rank's row (rank after rank) from the notes of the decision that started this
-  // epoch; empty when a rank's process left none (then every rank finds it missing alike).
-  [[nodiscard]] std::vector<std::int64_t> rows_from_decision(std::size_t w) const {
-    if (rec.history().empty()) return {};
-    const EpochDecision& d = rec.history().back();
-    if (d.process_of.size() != w) return {};
-    std::vector<std::int64_t> all;
-    all.reserve(kRecord * w);
-    for (const std::int64_t p : d.process_of) {
-      const auto it = d.notes.find(p);
-      if (it == d.notes.end()) return {};
-      std::size_t n = 0;
-      for (std::string_view rest = it->second;; ++n) {
-        const auto comma = rest.find(',');
-        std::int64_t v = 0;
-        const std::string_view item = rest.substr(0, comma);
-        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-        if (ec != std::errc() || end != item.data() + item.size())
-          throw InternalError("recovery: process " + std::to_string(p) + "'s note '" + it->second +
-                              "' is not a resync row");
-        all.push_back(v);
-        if (comma == std::string_view::npos) break;
-        rest.remove_prefix(comma + 1);
-      }
-      if (n + 1 != kRecord)
-        throw InternalError("recovery: process " + std::to_string(p) + "'s note '" + it->second +
-                            "' is not a resync row");
-    }
-    return all;
-  }
-  // The size of the snapshot (at = kSnapshots) or copy (kCopies) of step s in a row; -1 when
-  // the row's rank keeps none.
-  static std::int64_t held(const std::int64_t* row, std::size_t at, std::int64_t s) {
-    for (std::size_t i = 0; i < 2; ++i)
-      if (row[at + 2 * i] == s) return row[at + 2 * i + 1];
-    return -1;
+    return detail::resync_row(offer_step(), snapshots, copies);
   }
 
   // After a regroup: back to the latest step whose snapshot every survivor holds (with
@@ -339,19 +272,23 @@ struct ResilientDriver::Impl {
   // (a survivor loads its own snapshot).
   void resync() {
     Communicator& world = *g.world;
+    // A survivor whose model had not started when it registered (the job's first groups
+    // failed) takes step 0's snapshot now; it left no row, so the rows are allgathered below.
     if (!fresh && snapshots.empty())
       snapshots.push_back({0, provider("save", [&] { return state->save(); })});
     const auto w = static_cast<std::size_t>(world.size());
     // Every rank's row: from the decision, which carries each registered process's (alike
     // on every rank), or, when one is missing there (a restarted process came back), one
     // allgather.
-    std::vector<std::int64_t> all = rows_from_decision(w);
+    std::vector<std::int64_t> all = rec.history().empty()
+                                        ? std::vector<std::int64_t>{}
+                                        : detail::rows_of(rec.history().back(), w);
     if (all.empty()) {
       const std::vector<std::int64_t> mine = record();
-      all.resize(kRecord * w);
+      all.resize(kRowSize * w);
       world.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all))->wait();
     }
-    auto row = [&](std::size_t r) { return all.data() + kRecord * r; };
+    auto row = [&](std::size_t r) { return all.data() + kRowSize * r; };
     auto stateless = [&](std::size_t r) { return row(r)[0] == kNone; };
     std::int64_t s = kNone;
     for (std::size_t r = 0; r < w; ++r) s = std::min(s, row(r)[0]);
@@ -363,10 +300,10 @@ struct ResilientDriver::Impl {
     bool have = own != nullptr;
     const auto me = static_cast<std::size_t>(world.rank());
     std::vector<P2POp> ops;
-    // Rank `to` gets step s's state from `from`'s snapshot (`at` = kSnapshots) or copy.
+    // Rank `to` gets step s's state from `from`'s snapshot (`at` = kRowSnapshots) or copy.
     auto move = [&](std::size_t from, std::size_t to, std::size_t at) {
       if (from == me) {
-        const StateBytes& out = at == kSnapshots ? own->bytes : find(copies, s)->bytes;
+        const StateBytes& out = at == kRowSnapshots ? own->bytes : find(copies, s)->bytes;
         ops.push_back(
             P2POp::send(data(out), out.size(), DataType::uint8, static_cast<int>(to), kCopyTag));
       }
@@ -396,20 +333,20 @@ struct ResilientDriver::Impl {
           end(StateLostError("the state of logical rank " + std::to_string(d) +
                              " is lost: every replica in its data-parallel group died"));
         }
-        move(source[d], d, kSnapshots);
+        move(source[d], d, kRowSnapshots);
       }
     } else {
       // Buddy copies: rank d's copy of step s is held by its buddy.
       for (std::size_t d = 0; d < w; ++d) {
         if (!stateless(d) || s == 0) continue;  // step 0's state is the initial one
         const auto b = static_cast<std::size_t>(buddy_of(static_cast<std::int64_t>(d)));
-        if (stateless(b) || held(row(b), kCopies, s) < 0)
+        if (stateless(b) || held(row(b), kRowCopies, s) < 0)
           end(StateLostError("the state of logical rank " + std::to_string(d) + " is lost: " +
                              (stateless(b)
                                   ? "it and its buddy, logical rank " + std::to_string(b) + ", died"
                                   : "its buddy, logical rank " + std::to_string(b) +
                                         ", holds no copy of step " + std::to_string(s))));
-        move(b, d, kCopies);
+        move(b, d, kRowCopies);
       }
     }
     if (!ops.empty()) world.batch_isend_irecv(ops)->wait();
@@ -549,7 +486,7 @@ struct ResilientDriver::Impl {
       // process of the next epoch every row, without a collective. One whose model never
       // started (the job's first groups failed) has no state to describe yet: it leaves no
       // row, and resync allgathers the rows once every model runs.
-      rec.set_note(!fresh && snapshots.empty() ? std::string() : row_text(record()));
+      rec.set_note(!fresh && snapshots.empty() ? std::string() : join_numbers(record()));
       const EpochDecision& decision = rec.agree();
       const auto agreed = Clock::now();
       EpochRecord* record = &record_decision(decision);

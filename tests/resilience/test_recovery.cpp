@@ -284,6 +284,40 @@ TEST(Agreement, ADecisionCarriesTheNotesAndTheFingerprintOnlyWhenEveryProcessDec
   }
 }
 
+TEST(Registration, TheTextRoundTripsAndMalformedPartsAreNamed) {
+  // Only the incarnation: the short form older registrations used.
+  RegistrationRecord only;
+  only.incarnation = 2;
+  EXPECT_EQ(format_registration(only), "2");
+  RegistrationRecord r{.incarnation = 1, .renew = {3, 5}, .fingerprint = 0x9fULL, .note = "4,-1,0"};
+  const std::string text = format_registration(r);
+  EXPECT_EQ(text, "1;3,5;000000000000009f;4,-1,0");
+  const RegistrationRecord back = parse_registration(text);
+  EXPECT_EQ(back.incarnation, 1);
+  EXPECT_EQ(back.renew, r.renew);
+  EXPECT_EQ(back.fingerprint, r.fingerprint);
+  EXPECT_EQ(back.note, r.note);
+  const RegistrationRecord bare = parse_registration("0;;;");
+  EXPECT_EQ(bare.incarnation, 0);
+  EXPECT_TRUE(bare.renew.empty());
+  EXPECT_FALSE(bare.fingerprint.has_value());
+  EXPECT_EQ(bare.note, "");
+  EXPECT_THROW((void)parse_registration("x"), BackendError);
+  EXPECT_THROW((void)parse_registration("0;1,y"), BackendError);
+  EXPECT_THROW((void)parse_registration("0;;nothex"), BackendError);
+  // Number lists, as every stored list is written.
+  EXPECT_EQ(join_numbers({3, -1, 5}), "3,-1,5");
+  EXPECT_EQ(join_numbers({}), "");
+  EXPECT_EQ(parse_numbers("3,-1,5", "row"), (std::vector<std::int64_t>{3, -1, 5}));
+  EXPECT_TRUE(parse_numbers("", "row").empty());
+  try {
+    (void)parse_numbers("1,,2", "row");
+    ADD_FAILURE() << "no error";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("malformed row ''"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Decision, TheTextRoundTripsAndMalformedLinesAreNamed) {
   DecisionRecord d;
   d.epoch = 3;

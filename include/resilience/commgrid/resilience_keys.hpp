@@ -35,9 +35,8 @@ inline constexpr int kEpochFailureSignal = SIGURG;
 [[nodiscard]] std::string epoch_failed_key(std::string_view prefix, std::int64_t epoch);
 /// "<prefix>/epoch/<e>/decision": the decision that starts epoch e (format_decision).
 [[nodiscard]] std::string epoch_decision_key(std::string_view prefix, std::int64_t epoch);
-/// "<prefix>/epoch/<e>/alive/<p>": process p registered for epoch e; its value is the
-/// process's incarnation, with kept connections followed by ";" and the processes whose
-/// pairs with p must be made anew ("0;3,5").
+/// "<prefix>/epoch/<e>/alive/<p>": process p registered for epoch e; its value is a
+/// registration (format_registration).
 [[nodiscard]] std::string epoch_alive_key(std::string_view prefix, std::int64_t epoch,
                                           std::int64_t process);
 /// "<prefix>/epoch/<e>/world": the store prefix of epoch e's world and groups.
@@ -88,6 +87,25 @@ struct DecisionRecord {
   /// The processes' notes (Recovery::set_note), by process.
   std::map<std::int64_t, std::string> notes;
 };
+/// A registration, as stored under epoch_alive_key: "incarnation", and when any of the
+/// rest is set ";" the processes whose pairs with this one must be made anew (kept
+/// connections; comma-separated, may be empty), ";" the declared fingerprint (hex, may be
+/// empty) and, with a note, ";" the note ("0", "0;3,5;", "1;;9f...;4,-1,0").
+struct RegistrationRecord {
+  std::int64_t incarnation = 0;
+  std::vector<std::int64_t> renew;
+  std::optional<std::uint64_t> fingerprint;  ///< Recovery::declare's
+  std::string note;                          ///< Recovery::set_note's
+};
+[[nodiscard]] std::string format_registration(const RegistrationRecord& registration);
+/// Parses a stored registration; BackendError naming the malformed part.
+[[nodiscard]] RegistrationRecord parse_registration(std::string_view text);
+
+/// Numbers as a stored list: "3,-1,5" ("" for none).
+[[nodiscard]] std::string join_numbers(const std::vector<std::int64_t>& numbers);
+/// The numbers of a stored list; BackendError "recovery: malformed <what> '<item>'".
+[[nodiscard]] std::vector<std::int64_t> parse_numbers(std::string_view text, std::string_view what);
+
 /// A fingerprint as stored: 16 lower-case hex digits.
 [[nodiscard]] std::string fingerprint_text(std::uint64_t fingerprint);
 /// The fingerprint of a stored text; nullopt when it is not 1 to 16 hex digits.
