@@ -233,7 +233,7 @@ class GateThread {
     std::thread([this] { run(); }).detach();
   }
 
-  // One watched descriptor: a listener's listening socket (cand == -1) or a candidate.
+  // One watched descriptor: a listener's listening socket (listening) or a candidate.
   struct Watch {
     int gloo_fd;
     int fd;
