@@ -162,6 +162,11 @@ struct ResilientDriver::Impl {
     throw e;
   }
 
+  // The state provider's snapshot of the model now.
+  StateBytes save_state() {
+    return provider("save", [&] { return state->save(); });
+  }
+
   template <class F>
   auto provider(const char* call, F&& f) -> decltype(f()) {
     try {
@@ -180,7 +185,7 @@ struct ResilientDriver::Impl {
   }
 
   void take_snapshot() {
-    StateBytes bytes = provider("save", [&] { return state->save(); });
+    StateBytes bytes = save_state();
     // What keeping snapshots of this size takes: two of its own and, with buddy copies, two
     // of its source's (about the same size).
     const std::size_t kept = bytes.size() * (buddy ? 4 : 2);
@@ -274,8 +279,7 @@ struct ResilientDriver::Impl {
     Communicator& world = *g.world;
     // A survivor whose model had not started when it registered (the job's first groups
     // failed) takes step 0's snapshot now; it left no row, so the rows are allgathered below.
-    if (!fresh && snapshots.empty())
-      snapshots.push_back({0, provider("save", [&] { return state->save(); })});
+    if (!fresh && snapshots.empty()) snapshots.push_back({0, save_state()});
     const auto w = static_cast<std::size_t>(world.size());
     // Every rank's row: from the decision, which carries each registered process's (alike
     // on every rank), or, when one is missing there (a restarted process came back), one
@@ -353,7 +357,7 @@ struct ResilientDriver::Impl {
     // A rank's copies of a later step than s are of a step not taken again yet.
     while (buddy && !copies.empty() && copies.back().step > s) copies.pop_back();
     if (have) load(bytes);
-    else bytes = provider("save", [&] { return state->save(); });  // the initial state
+    else bytes = save_state();  // the initial state
     resume_at(s, std::move(bytes));
   }
 
@@ -478,8 +482,7 @@ struct ResilientDriver::Impl {
       const auto t0 = Clock::now();
       // A rank that failed before its first snapshot holds step 0's state while its model
       // still runs (the state is the initial one: every step begins with its snapshot).
-      if (!fresh && snapshots.empty() && model_live)
-        snapshots.push_back({0, provider("save", [&] { return state->save(); })});
+      if (!fresh && snapshots.empty() && model_live) snapshots.push_back({0, save_state()});
       stop_model();
       g = EpochGroups{};  // closes this epoch's connections: blocked peers fail now
       // This rank's resync row travels with its registration: the decision gives every
@@ -533,7 +536,7 @@ struct ResilientDriver::Impl {
               return 0;
             });
           copies.clear();  // of the old layout's ranks
-          resume_at(resharded->step, provider("save", [&] { return state->save(); }));
+          resume_at(resharded->step, save_state());
         } else {
           resync();
         }

@@ -390,9 +390,7 @@ bool record_listener(int fd, State& scope) {
   if (flags < 0 || ::fcntl(l.real, F_SETFL, flags | O_NONBLOCK) != 0 || ::dup2(ends[0], fd) < 0 ||
       ::fstat(fd, &st) != 0) {
     const int e = errno;
-    if (l.real >= 0 && ::dup2(l.real, fd) < 0) {
-      // fd keeps whatever it is now; listen() fails either way
-    }
+    if (l.real >= 0) (void)!::dup2(l.real, fd);  // fd the listening socket again, if it can
     ::close(ends[0]);
     release(l);
     errno = e;

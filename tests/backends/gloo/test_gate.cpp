@@ -79,21 +79,28 @@ TEST(GlooGate, IsOnInAProgramLinkedWithCommgrid) {
   EXPECT_TRUE(gloo_backend::pair_gate_available());
 }
 
+// With `stranger(port)` run on every pair listener of an n-rank world as it is made: the
+// stranger reached all n(n-1) listeners, the world formed on every rank, and each
+// stranger's connection was closed by the gate.
+void expect_world_forms_despite(void (*stranger)(int port), int n, const GlooOptions& o) {
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  g_strangers = 0;
+  gloo_backend::set_pair_gate_listen_hook(stranger);
+  const std::vector<Outcome> out = make_worlds(n, o);
+  gloo_backend::set_pair_gate_listen_hook(nullptr);
+  EXPECT_EQ(g_strangers.load(), n * (n - 1)) << "every rank's listeners were reached";
+  for (const Outcome& r : out) EXPECT_TRUE(r.ok) << r.error;
+  std::lock_guard lock(g_mutex);
+  expect_refused_by_the_gate(g_stranger_fds);
+}
+
 TEST(GlooGate, AStrangerFirstOnEveryListenerIsRefusedAndTheWorldStillForms) {
   // A stranger connects to every pair listener before the genuine peer can and sends a
   // crafted header: the gate refuses each on its own thread, Gloo never reads a byte of
   // theirs, and every genuine peer still connects.
-  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
   GlooOptions o = test_options(20s);
   o.token = "the-job-token";
-  g_strangers = 0;
-  gloo_backend::set_pair_gate_listen_hook(&stranger_sends_a_crafted_header);
-  const std::vector<Outcome> out = make_worlds(3, o);
-  gloo_backend::set_pair_gate_listen_hook(nullptr);
-  EXPECT_EQ(g_strangers.load(), 6) << "every rank's two listeners were attacked";
-  for (const Outcome& r : out) EXPECT_TRUE(r.ok) << r.error;
-  std::lock_guard lock(g_mutex);
-  expect_refused_by_the_gate(g_stranger_fds);
+  expect_world_forms_despite(&stranger_sends_a_crafted_header, 3, o);
 }
 
 // Connects to a pair listener the moment it exists and says nothing.
@@ -111,16 +118,7 @@ TEST(GlooGate, ASilentStrangerOnEveryListenerHoldsUpNoPair) {
   // the genuine peer on Gloo's event-loop thread, one silent stranger on one listener of a
   // 4-rank world (any process on the host that reached the port) made the whole creation
   // time out naming an innocent peer.
-  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
-  GlooOptions o = test_options(20s);
-  g_strangers = 0;
-  gloo_backend::set_pair_gate_listen_hook(&silent_stranger);
-  const std::vector<Outcome> out = make_worlds(4, o);
-  gloo_backend::set_pair_gate_listen_hook(nullptr);
-  EXPECT_EQ(g_strangers.load(), 12) << "every rank's three listeners were reached";
-  for (const Outcome& r : out) EXPECT_TRUE(r.ok) << r.error;
-  std::lock_guard lock(g_mutex);
-  expect_refused_by_the_gate(g_stranger_fds);
+  expect_world_forms_despite(&silent_stranger, 4, test_options(20s));
 }
 
 TEST(GlooGate, AConnectorWithAnotherTokenIsRefusedByTheListenerAndRefusesIt) {
