@@ -36,6 +36,7 @@ LAYOUTS = {
 }
 MODEL = ["--hidden", "16", "--seq", "16", "--layers", "2", "--snapshot-every", "1"]
 KILLED = re.compile(r"process (\d+) kills itself at monotonic ([\d.]+) s")
+CPU = re.compile(r"back at step \d+: agreement .* s, cpu ([\d.]+) s")
 FIRST = re.compile(r"process (\d+) completed step \d+, its first since the recovery, at monotonic ([\d.]+) s")
 
 
@@ -87,6 +88,7 @@ def main():
         print(head)
         print("|---|---|---|---|---|---|---|---|---|")
     every = []
+    cpus = []  # per kill: every process's CPU time in its recovery
     for name in args.layouts:
         flags, others = LAYOUTS[name]
         # One sample per data-parallel rank and step, whatever dp the world gives.
@@ -121,7 +123,10 @@ def main():
                 raise SystemExit(f"error: {name}: process {victim} at step {step}: {len(firsts)} "
                                  f"first steps after the kill, expected {w}\n{err[-3000:]}")
             times.append(max(firsts) - float(killed.group(2)))
-            print(f"  {name}: process {victim} killed at step {step}: {times[-1]:.3f} s",
+            cpus.append([float(c) for c in CPU.findall(err)])
+            print(f"  {name}: process {victim} killed at step {step}: {times[-1]:.3f} s, "
+                  f"recovery CPU per process median {statistics.median(cpus[-1]):.4f} s, "
+                  f"max {max(cpus[-1]):.4f} s, all {sum(cpus[-1]):.3f} s",
                   file=sys.stderr, flush=True)
         every += times
         med = statistics.median(times)
@@ -134,6 +139,12 @@ def main():
     print(f"| every kill ({len(every)}) | | {statistics.median(every):.3f} s | "
           f"{percentile(every, 0.95):.3f} s | {max(every):.3f} s | | | | |" +
           (" | |" if kept else ""))
+    # The work of a recovery, whatever the cores: CPU time of each process (all its
+    # threads) from its failure notice to its recovery's end (the step redone left out).
+    per = [c for kill in cpus for c in kill]
+    print(f"recovery CPU time per process over every kill: median {statistics.median(per):.4f} s, "
+          f"p95 {percentile(per, 0.95):.4f} s, max {max(per):.4f} s; all processes of a kill "
+          f"together, median {statistics.median(sum(k) for k in cpus):.3f} s")
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -277,7 +277,8 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
                   std::to_string(*rec->logical_rank()) + " of epoch " + std::to_string(r.epoch) +
                   ", back at step " + std::to_string(r.resumed_at) + ": agreement " +
                   seconds(r.agreement) + " s, groups " + seconds(r.groups) + " s, model " +
-                  seconds(r.model) + " s, state " + seconds(r.state) + " s\n")
+                  seconds(r.model) + " s, state " + seconds(r.state) + " s, cpu " +
+                  std::to_string(r.cpu.count()) + " s\n")
               << std::flush;
   };
   callbacks.stepped = [&](std::int64_t step, bool first) {

@@ -164,6 +164,7 @@ class PyDriver {
           d["groups_s"] = r.groups.count();
           d["model_s"] = r.model.count();
           d["state_s"] = r.state.count();
+          d["cpu_s"] = r.cpu.count();
           recovered(d);
         });
       };

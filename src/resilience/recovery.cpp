@@ -382,6 +382,36 @@ Recovery::Registered Recovery::registered(const std::vector<std::int64_t>& waiti
   return out;
 }
 
+bool Recovery::decided_below(std::int64_t next, std::size_t round,
+                             const std::vector<std::int64_t>& expected, Clock::time_point until) {
+  // A restarted process is a candidate after every process of the epoch, whatever its
+  // number: the full reading decides for it.
+  if (map_.role(process_) == ProcessRole::dead) return false;
+  const std::string decision_key = epoch_decision_key(options_.prefix, next);
+  std::size_t below = 0;
+  Ms slice(5);
+  for (std::int64_t q : expected) {
+    if (q >= process_) return false;
+    const int incarnation = incarnation_[static_cast<std::size_t>(q)];
+    const std::string key = epoch_alive_key(options_.prefix, next, q);
+    const std::string death = dead_process_key(options_.prefix, q, incarnation);
+    for (;;) {
+      if (store_->has(death)) break;
+      if (store_->has(key)) {
+        if (parse_registration(text(store_->get(key))).incarnation == incarnation &&
+            ++below > round)
+          return true;
+        break;
+      }
+      const auto left = std::chrono::duration_cast<Ms>(until - Clock::now());
+      if (left <= Ms(0) || store_->has(decision_key)) return false;
+      (void)store_->wait_for(std::span<const std::string>(&key, 1), std::min(left, slice));
+      slice = std::min(slice * 2, Ms(200));
+    }
+  }
+  return false;
+}
+
 const EpochDecision& Recovery::agree() {
   const std::int64_t next = epoch() + 1;
   const std::string decision_key = epoch_decision_key(options_.prefix, next);
@@ -427,6 +457,14 @@ const EpochDecision& Recovery::agree() {
       return history_.back();
     }
     check_ended();
+    // Most processes find within a few reads that a lower-numbered one decides this round;
+    // they wait for its decision alone.
+    if (decided_below(next, static_cast<std::size_t>(round), expected, Clock::now() + window)) {
+      // Decided, or not within the window: the next round (whose candidate is one further;
+      // the rounds end, decided_below needing more registrations below each time).
+      (void)store_->wait_for(std::vector<std::string>{decision_key}, window);
+      continue;
+    }
     // Wait for the registrations in short slices, re-reading the deaths launch posts
     // between them: a death is often posted moments after a survivor detected it, so the
     // slices start at 5 ms and double up to 200 ms (a registration ends a slice at once; a

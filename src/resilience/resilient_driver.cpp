@@ -3,9 +3,11 @@
 #include "commgrid/resilient_driver.hpp"
 
 #include <unistd.h>
+#include <ctime>
 
 #include <algorithm>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <limits>
 #include <map>
@@ -29,6 +31,13 @@ using detail::Snapshot;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The CPU time of this process, every thread's, in seconds.
+std::chrono::duration<double> process_cpu() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 // Point-to-point tags of the buddy copies on an epoch's world.
 constexpr int kSizeTag = 7301, kStateTag = 7302, kCopyTag = 7303;
 
@@ -478,6 +487,7 @@ struct ResilientDriver::Impl {
   // bounded). A shrink's epoch is not retried: the states held are of the old layout's
   // ranks (a failure while resharding ends the job).
   void recover() {
+    const auto cpu0 = process_cpu();
     for (std::int64_t attempt = 1;; ++attempt) {
       const auto t0 = Clock::now();
       // A rank that failed before its first snapshot holds step 0's state while its model
@@ -513,6 +523,7 @@ struct ResilientDriver::Impl {
         record = &epochs.back();
         record->agreement = agreed - t0;
         record->groups = t1 - moved;
+        record->cpu = process_cpu() - cpu0;
         if (!g.world) {  // a spare (again, or a survivor of a dropped replica)
           if (resharded) {
             fresh = true;
@@ -543,6 +554,7 @@ struct ResilientDriver::Impl {
         record = &epochs.back();
         record->model = t2 - t1;
         record->state = (moved - agreed) + (Clock::now() - t2);
+        record->cpu = process_cpu() - cpu0;
         record->resumed_at = step;
         first_after_recovery = true;
         if (cb->recovered) cb->recovered(*record);

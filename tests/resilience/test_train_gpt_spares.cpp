@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <set>
 #include <utility>
 
 #include "cli_runner.hpp"
@@ -117,6 +118,25 @@ TEST(TrainGptSpares, TpAndDpAKilledRankIsReplacedAndTheRunIsUnchanged) {
   const auto want = reference(4, layout);
   // Process 1 dies at step 3: every rank rolls back to step 2's snapshot.
   expect_same(with_failure(5, 1, layout, "1:3"), want);
+}
+
+// Every rank of the new epoch reports its recovery by part, and the CPU time (every
+// thread's) that it cost the process: positive, and a small part of the run's timeout.
+TEST(TrainGptSpares, EveryRankReportsItsRecoveryByPartWithItsCpuTime) {
+  const CliResult r = run_with_failure(5, 1, {"--tp", "2"}, "2:3", {"--keep-connections"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::regex line(
+      R"(logical rank (\d) of epoch 1, back at step \d: agreement ([\d.]+) s, groups ([\d.]+) s, )"
+      R"(model ([\d.]+) s, state ([\d.]+) s, cpu ([\d.]+) s)");
+  std::set<int> ranks;
+  for (auto it = std::sregex_iterator(r.err.begin(), r.err.end(), line);
+       it != std::sregex_iterator(); ++it) {
+    ranks.insert(std::stoi((*it)[1]));
+    const double cpu = std::stod((*it)[6]);
+    EXPECT_GT(cpu, 0.0) << it->str();
+    EXPECT_LT(cpu, 30.0) << it->str();
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3})) << r.err;
 }
 
 TEST(TrainGptSpares, RankZeroDiesAndItsSpareReportsTheRun) {

@@ -228,6 +228,16 @@ class Recovery {
     std::optional<std::uint64_t> fingerprint;
     std::map<std::int64_t, std::string> notes;  ///< the candidates' (set_note)
   };
+  /// Whether at least `round + 1` processes numbered below this one registered for epoch
+  /// `next` (with the incarnation the map knows) and are not posted dead: candidate `round`
+  /// is then one of them, and this process need only wait for the decision, without
+  /// waiting for every registration (which costs the decider alone W reads). Waits, until
+  /// `until`, for the lowest such processes in turn: one key per request, slices from 5 to
+  /// 200 ms, a posted death skipping the process. False when it cannot tell (the full
+  /// reading decides then).
+  bool decided_below(std::int64_t next, std::size_t round,
+                     const std::vector<std::int64_t>& expected,
+                     std::chrono::steady_clock::time_point until);
   Registered registered(const std::vector<std::int64_t>& waiting,
                         const std::vector<std::string>& keys, const std::set<std::string>& missing,
                         const std::vector<std::int64_t>& own_renew, std::vector<std::int64_t>& dead,

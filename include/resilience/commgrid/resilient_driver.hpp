@@ -91,6 +91,9 @@ struct EpochRecord {
   /// creating its world and groups, start_epoch, and moving the state (snapshot rollback,
   /// replica or buddy transfer, a shrink's reshard).
   std::chrono::duration<double> agreement{0}, groups{0}, model{0}, state{0};
+  /// The CPU time this process (all its threads) spent in the recovery into the epoch,
+  /// failed attempts included: the work a recovery costs a process whatever the cores.
+  std::chrono::duration<double> cpu{0};
 };
 
 /// The program's side of the loop: plain callbacks.

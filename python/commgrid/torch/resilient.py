@@ -245,7 +245,8 @@ class ResilientDriver:
         - ``stop_epoch()``: drop every reference to the epoch's groups.
         - ``begin_step(n)``: at the start of each step, before its snapshot.
         - ``recovered(record)``: after each recovery (a dict: epoch, resumed_at, dead,
-          shrink, layout, the seconds of agreement_s, groups_s, model_s, state_s, and
+          shrink, layout, the seconds of agreement_s, groups_s, model_s, state_s, cpu_s
+          (this process's CPU time, every thread's, in the recovery), and
           ended_by_launch: how many failed epochs' collectives launch's signal has ended on
           this process so far).
         - ``warm_up()``: on a spare (or a restarted process), before it starts waiting:

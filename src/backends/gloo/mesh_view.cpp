@@ -210,6 +210,7 @@ void ProcessMesh::watch_notices() {
     if (stopping_) return;
     if (got && epoch == epoch_) {
       peer_ended_ = std::max(peer_ended_, epoch);
+      noticed_ = epoch;
       for (ViewTransport* v : views_)
         v->abort("process " + std::to_string(from) + " ended epoch " + std::to_string(epoch));
     }
@@ -229,17 +230,21 @@ std::vector<int> ProcessMesh::end_epoch() {
     for (ViewTransport* v : views_)
       v->abort("process " + std::to_string(process_) + " ended epoch " + std::to_string(epoch_));
     // A notice to every peer with a connected pair: one blocked on this process learns of
-    // the end whatever pair it waits on. The buffers stay while the mesh lives (a peer may
-    // ask for the bytes of an old notice late: Gloo must find them).
-    notice_out_.push_back(std::make_unique<std::int64_t>(epoch_));
-    for (int p = 0; p < processes_; ++p) {
-      if (p == process_ || !ctx_->getPair(p) || broken_.count(p) != 0) continue;
-      try {
-        auto b = ctx_->createUnboundBuffer(notice_out_.back().get(), sizeof(std::int64_t));
-        b->send(p, notice_slot(epoch_));
-        notice_sends_.push_back(std::move(b));
-      } catch (const std::exception&) {
-        broken_.insert(p);  // closed: its peer died, or closed it
+    // the end whatever pair it waits on. Not when a peer's notice of this epoch came first:
+    // that peer sent one to every process already (end_epoch in mesh_view.hpp). The buffers
+    // stay while the mesh lives (a peer may ask for the bytes of an old notice late: Gloo
+    // must find them).
+    if (noticed_ != epoch_) {
+      notice_out_.push_back(std::make_unique<std::int64_t>(epoch_));
+      for (int p = 0; p < processes_; ++p) {
+        if (p == process_ || !ctx_->getPair(p) || broken_.count(p) != 0) continue;
+        try {
+          auto b = ctx_->createUnboundBuffer(notice_out_.back().get(), sizeof(std::int64_t));
+          b->send(p, notice_slot(epoch_));
+          notice_sends_.push_back(std::move(b));
+        } catch (const std::exception&) {
+          broken_.insert(p);  // closed: its peer died, or closed it
+        }
       }
     }
     // The pairs that held an unfinished operation are made anew before the next epoch.
@@ -249,6 +254,11 @@ std::vector<int> ProcessMesh::end_epoch() {
     unfinished_.clear();
   }
   return {broken_.begin(), broken_.end()};
+}
+
+std::int64_t ProcessMesh::notices_sent() {
+  const std::lock_guard lock(m_);
+  return static_cast<std::int64_t>(notice_sends_.size());
 }
 
 void ProcessMesh::add_view(ViewTransport* view) {

@@ -78,8 +78,15 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
   /// operations throw AbortedError), every live peer gets a notice (a peer blocked on this
   /// process learns at once, whatever pair it waits on), and the pairs that held an
   /// unfinished operation are listed. Returns those peers (and any whose pair failed): their
-  /// pairs with this process must be made anew. Idempotent within an epoch.
+  /// pairs with this process must be made anew. Idempotent within an epoch. A process that
+  /// received a peer's notice of the epoch sends none: that peer sent one to every process,
+  /// so an epoch's end costs the job a notice per pair of the processes that found the
+  /// failure themselves, not W^2 (if that peer dies before its notices leave, a process
+  /// it missed learns from another's, or from its own operation's deadline, as with any
+  /// failure).
   std::vector<int> end_epoch();
+  /// The notices end_epoch has sent so far.
+  [[nodiscard]] std::int64_t notices_sent();
 
   // For views and their buffers.
   void add_view(ViewTransport* view);
@@ -111,6 +118,8 @@ class ProcessMesh final : public std::enable_shared_from_this<ProcessMesh> {
   std::set<int> broken_;        // peers whose pair is closed, until made anew
   std::uint32_t next_ns_ = 0;
   std::int64_t epoch_ = 0, ended_ = -1, peer_ended_ = -1;
+  // The epoch of the last notice that arrived (its sender told every peer).
+  std::int64_t noticed_ = -1;
   // An epoch's end notices: every epoch's receive (from any peer, 8 bytes: the epoch) has a
   // buffer kept while the mesh lives; the watcher thread waits on the newest.
   std::vector<std::unique_ptr<std::int64_t>> notice_in_;

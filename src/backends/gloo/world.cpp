@@ -231,6 +231,8 @@ class KeptConnections final : public GlooConnections {
     return {peers.begin(), peers.end()};
   }
 
+  [[nodiscard]] std::int64_t notices_sent() const override { return mesh_->notices_sent(); }
+
  private:
   std::shared_ptr<ProcessMesh> mesh_;
 };

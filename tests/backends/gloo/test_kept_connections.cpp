@@ -48,6 +48,21 @@ std::int64_t sum_of_ranks(Communicator& c) {
   return sum;
 }
 
+// The agreement's decision on the pairs to make anew, for `process`: the peers that either
+// end listed (end_epoch) for the other.
+std::vector<std::int64_t> to_renew(const std::vector<std::vector<std::int64_t>>& listed,
+                                   int process) {
+  std::vector<std::int64_t> renew;
+  const auto& own = listed[static_cast<std::size_t>(process)];
+  for (int p = 0; p < static_cast<int>(listed.size()); ++p) {
+    const auto& theirs = listed[static_cast<std::size_t>(p)];
+    if (p != process && (std::count(theirs.begin(), theirs.end(), process) != 0 ||
+                         std::count(own.begin(), own.end(), p) != 0))
+      renew.push_back(p);
+  }
+  return renew;
+}
+
 // tp 2 over n ranks (dp n / 2).
 ParallelConfig tp2(int n) {
   ParallelConfig c;
@@ -259,15 +274,7 @@ TEST(GlooKeptConnections, AnEpochsEndReachesABlockedPeerAtOnceAndItsUnfinishedPa
     }
     ++ended;
     while (ended.load() < n) std::this_thread::sleep_for(1ms);  // the "agreement"
-    std::vector<std::int64_t> renew;
-    for (int p = 0; p < n; ++p) {
-      const auto& theirs = listed[static_cast<std::size_t>(p)];
-      const auto& own = listed[static_cast<std::size_t>(process)];
-      if (p != process && (std::count(theirs.begin(), theirs.end(), process) != 0 ||
-                           std::count(own.begin(), own.end(), p) != 0))
-        renew.push_back(p);
-    }
-    world = kept.world("kept/e1", 1, iota_processes(n), renew);
+    world = kept.world("kept/e1", 1, iota_processes(n), to_renew(listed, process));
     for (int i = 0; i < 3; ++i) EXPECT_EQ(sum_of_ranks(*world), 3);
   });
   // Ended by the notice, long before the 20 s timeout (a loaded machine may take a while).
@@ -276,6 +283,45 @@ TEST(GlooKeptConnections, AnEpochsEndReachesABlockedPeerAtOnceAndItsUnfinishedPa
   std::set<std::int64_t> zero(listed[0].begin(), listed[0].end());
   EXPECT_EQ(zero.count(1), 1U);
   EXPECT_EQ(listed[2], std::vector<std::int64_t>{});  // it posted nothing
+}
+
+// Process 3 ends its epoch while the other three are blocked in an allreduce it never
+// joins: its notice ends their waits, and they, having learned of the end by it, send no
+// notices of their own (process 3 sent one to every peer): an epoch's end costs the job a
+// notice per peer of each process that found the failure itself, not one per pair. The
+// next epoch's world carries allreduces.
+TEST(GlooKeptConnections, AProcessThatLearnedOfTheEndByANoticeSendsNone) {
+  constexpr int n = 4;
+  std::atomic<int> entering{0}, ended{0};
+  std::mutex m;
+  std::vector<std::vector<std::int64_t>> listed(n);
+  std::vector<std::int64_t> sent(n, -1);
+  run_processes(n, [&](int process, GlooConnections& kept) {
+    std::unique_ptr<Communicator> world = kept.world("kept/e0", 0, iota_processes(n), {});
+    EXPECT_EQ(sum_of_ranks(*world), 6);
+    EXPECT_EQ(kept.notices_sent(), 0);
+    if (process == 3) {
+      while (entering.load() < 3) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(300ms);
+    } else {
+      ++entering;
+      std::int64_t one = 1, out = 0;
+      EXPECT_THROW(world->allreduce(&one, &out, 1, DataType::int64, ReduceOp::sum)->wait(),
+                   AbortedError);
+    }
+    world.reset();
+    const std::vector<std::int64_t> mine = kept.end_epoch();
+    {
+      const std::lock_guard lock(m);
+      listed[static_cast<std::size_t>(process)] = mine;
+      sent[static_cast<std::size_t>(process)] = kept.notices_sent();
+    }
+    ++ended;
+    while (ended.load() < n) std::this_thread::sleep_for(1ms);  // the "agreement"
+    world = kept.world("kept/e1", 1, iota_processes(n), to_renew(listed, process));
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(sum_of_ranks(*world), 6);
+  });
+  EXPECT_EQ(sent, (std::vector<std::int64_t>{0, 0, 0, 3}));
 }
 
 // A group whose operation passes its deadline ends alone: its pairs stay open, and the

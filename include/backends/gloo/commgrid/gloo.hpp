@@ -106,6 +106,10 @@ class GlooConnections {
   /// pairs with this one must be made anew (they held an unfinished operation, or are
   /// closed). Never blocks on a peer.
   [[nodiscard]] virtual std::vector<std::int64_t> end_epoch() = 0;
+  /// The epoch-end notices this process has sent, over every epoch so far: one per peer
+  /// from a process that ended an epoch before any peer's notice of it arrived, none from
+  /// one that learned of the end by a notice.
+  [[nodiscard]] virtual std::int64_t notices_sent() const = 0;
 };
 
 /// Connects every two processes of a job: options.rank is this process, options.size the
