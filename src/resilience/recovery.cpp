@@ -388,6 +388,7 @@ bool Recovery::decided_below(std::int64_t next, std::size_t round,
   // number: the full reading decides for it.
   if (map_.role(process_) == ProcessRole::dead) return false;
   const std::string decision_key = epoch_decision_key(options_.prefix, next);
+  const std::string ended_key = job_ended_key(options_.prefix);
   std::size_t below = 0;
   Ms slice(5);
   for (std::int64_t q : expected) {
@@ -404,7 +405,7 @@ bool Recovery::decided_below(std::int64_t next, std::size_t round,
         break;
       }
       const auto left = std::chrono::duration_cast<Ms>(until - Clock::now());
-      if (left <= Ms(0) || store_->has(decision_key)) return false;
+      if (left <= Ms(0) || store_->has(decision_key) || store_->has(ended_key)) return false;
       (void)store_->wait_for(std::span<const std::string>(&key, 1), std::min(left, slice));
       slice = std::min(slice * 2, Ms(200));
     }
@@ -458,8 +459,9 @@ const EpochDecision& Recovery::agree() {
     }
     check_ended();
     // Most processes find within a few reads that a lower-numbered one decides this round;
-    // they wait for its decision alone.
-    if (decided_below(next, static_cast<std::size_t>(round), expected, Clock::now() + window)) {
+    // they wait for its decision alone. One window a round, whichever way it is spent.
+    const auto window_end = Clock::now() + window;
+    if (decided_below(next, static_cast<std::size_t>(round), expected, window_end)) {
       // Decided, or not within the window: the next round (whose candidate is one further;
       // the rounds end, decided_below needing more registrations below each time).
       (void)store_->wait_for(std::vector<std::string>{decision_key}, window);
@@ -471,7 +473,6 @@ const EpochDecision& Recovery::agree() {
     // death does not, the store's wait being for every key).
     std::vector<std::int64_t> known_dead, waiting;
     std::vector<std::string> keys, missing_keys;
-    const auto window_end = Clock::now() + window;
     Ms slice(5);
     for (;;) {
       known_dead.clear();

@@ -117,6 +117,23 @@ TEST(Agreement, AnUnpostedDeathIsDeclaredAfterTheWindow) {
   EXPECT_EQ(a.map[0], "epoch=1 world=4 processes=5 map=0,4,2,3 spare= dead=1");
 }
 
+// Process 0, the lowest, never registers and launch posts no death: every other process
+// waits for it (one key) until the window ends, and the decider, process 1, decides then,
+// within the same window: one window in all (4 s here), not one spent waiting for process 0
+// and another for every registration.
+TEST(Agreement, TheLowestProcessNeverRegisteringCostsOneWindowNotTwo) {
+  auto store = make_memory_store();
+  RecoveryOptions options = fast(40s);  // window 0.1 x 40 s = 4 s
+  const auto t0 = std::chrono::steady_clock::now();
+  const Agreed a = agree_all(store, RankMap(4, spares(1)), {1, 2, 3, 4}, options);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& e : a.error) ASSERT_EQ(e, "");
+  for (std::size_t i = 1; i < a.text.size(); ++i) EXPECT_EQ(a.text[i], a.text[0]);
+  EXPECT_EQ(a.map[0], "epoch=1 world=4 processes=5 map=4,1,2,3 spare= dead=0");
+  EXPECT_GE(took, 3.9);  // the window was waited out for process 0
+  EXPECT_LT(took, 7.0);  // but once
+}
+
 TEST(Agreement, ADeciderThatDiesBeforeWritingIsDeclaredDeadByTheNext) {
   auto store = make_memory_store();
   // Process 0 registered (it is the first candidate) and then died without deciding.

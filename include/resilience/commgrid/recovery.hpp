@@ -233,8 +233,9 @@ class Recovery {
   /// is then one of them, and this process need only wait for the decision, without
   /// waiting for every registration (which costs the decider alone W reads). Waits, until
   /// `until`, for the lowest such processes in turn: one key per request, slices from 5 to
-  /// 200 ms, a posted death skipping the process. False when it cannot tell (the full
-  /// reading decides then).
+  /// 200 ms, a posted death skipping the process. False when it cannot tell by `until`,
+  /// or a decision or the job's end came first (the full reading, within the same window,
+  /// decides then).
   bool decided_below(std::int64_t next, std::size_t round,
                      const std::vector<std::int64_t>& expected,
                      std::chrono::steady_clock::time_point until);
