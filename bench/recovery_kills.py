@@ -16,6 +16,11 @@ and the steps lost; and one steady step of the same job without a failure (42 st
 over 40): the recovery ends with one step redone, so "median - one step" is what the
 recovery itself took. Prints one row per layout and the medians, 95th percentiles and
 maxima over every kill (Markdown). Seeds are printed: `--seed` replays.
+
+Also, from the recovery line each process prints (train_gpt: its parts, its CPU time, the
+monotonic time it ended at): the CPU time per process in a recovery, and when the last
+process reached each point after the kill (entered its recovery, agreed, made its world
+and groups, ended its recovery, completed the step redone).
 """
 import argparse
 import os
@@ -37,6 +42,8 @@ LAYOUTS = {
 MODEL = ["--hidden", "16", "--seq", "16", "--layers", "2", "--snapshot-every", "1"]
 KILLED = re.compile(r"process (\d+) kills itself at monotonic ([\d.]+) s")
 CPU = re.compile(r"back at step \d+: agreement .* s, cpu ([\d.]+) s")
+PARTS = re.compile(r"agreement ([\d.]+) s, groups ([\d.]+) s, model ([\d.]+) s, state ([\d.]+) s, "
+                   r"cpu [\d.]+ s, done at monotonic ([\d.]+) s")
 FIRST = re.compile(r"process (\d+) completed step \d+, its first since the recovery, at monotonic ([\d.]+) s")
 
 
@@ -89,6 +96,11 @@ def main():
         print("|---|---|---|---|---|---|---|---|---|")
     every = []
     cpus = []  # per kill: every process's CPU time in its recovery
+    # Per kill, the moment (after the kill) the last process reached each point of its
+    # recovery: entered it (found the failure), agreed, made its world and groups, ended
+    # its recovery, completed the step redone. From each process's parts and the monotonic
+    # time it ended at (a shrink's transfer, counted in "state", is left in "groups").
+    timelines = []
     for name in args.layouts:
         flags, others = LAYOUTS[name]
         # One sample per data-parallel rank and step, whatever dp the world gives.
@@ -124,10 +136,22 @@ def main():
                                  f"first steps after the kill, expected {w}\n{err[-3000:]}")
             times.append(max(firsts) - float(killed.group(2)))
             cpus.append([float(c) for c in CPU.findall(err)])
+            k = float(killed.group(2))
+            points = {"entered": [], "agreed": [], "groups": [], "recovered": []}
+            for a, g, m, st, done in (map(float, p) for p in PARTS.findall(err)):
+                entered = done - (a + g + m + st) - k
+                points["entered"].append(entered)
+                points["agreed"].append(entered + a)
+                points["groups"].append(entered + a + g)
+                points["recovered"].append(done - k)
+            timelines.append({n: max(v) for n, v in points.items()} | {"step redone": times[-1]})
             print(f"  {name}: process {victim} killed at step {step}: {times[-1]:.3f} s, "
                   f"recovery CPU per process median {statistics.median(cpus[-1]):.4f} s, "
                   f"max {max(cpus[-1]):.4f} s, all {sum(cpus[-1]):.3f} s",
                   file=sys.stderr, flush=True)
+            print("    the last process: " + ", ".join(
+                f"{n} {v * 1000:.0f} ms" for n, v in timelines[-1].items()),
+                file=sys.stderr, flush=True)
         every += times
         med = statistics.median(times)
         row = (f"| {name} | {w // others} | {med:.3f} s | {percentile(times, 0.95):.3f} s | "
@@ -145,6 +169,9 @@ def main():
     print(f"recovery CPU time per process over every kill: median {statistics.median(per):.4f} s, "
           f"p95 {percentile(per, 0.95):.4f} s, max {max(per):.4f} s; all processes of a kill "
           f"together, median {statistics.median(sum(k) for k in cpus):.3f} s")
+    print("when the last process reached each point after the kill, median over every kill: " +
+          ", ".join(f"{n} {statistics.median(t[n] for t in timelines) * 1000:.0f} ms"
+                    for n in timelines[0]))
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -278,7 +278,7 @@ std::optional<ResilientResult> run_resilient(const commgrid::SpareLaunch& launch
                   ", back at step " + std::to_string(r.resumed_at) + ": agreement " +
                   seconds(r.agreement) + " s, groups " + seconds(r.groups) + " s, model " +
                   seconds(r.model) + " s, state " + seconds(r.state) + " s, cpu " +
-                  std::to_string(r.cpu.count()) + " s\n")
+                  std::to_string(r.cpu.count()) + " s, done at monotonic " + now_text() + " s\n")
               << std::flush;
   };
   callbacks.stepped = [&](std::int64_t step, bool first) {
