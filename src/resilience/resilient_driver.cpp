@@ -3,7 +3,6 @@
 #include "commgrid/resilient_driver.hpp"
 
 #include <unistd.h>
-#include <ctime>
 
 #include <algorithm>
 #include <cstring>
@@ -38,6 +37,7 @@ std::chrono::duration<double> process_cpu() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
+
 // Point-to-point tags of the buddy copies on an epoch's world.
 constexpr int kSizeTag = 7301, kStateTag = 7302, kCopyTag = 7303;
 
