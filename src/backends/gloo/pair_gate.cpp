@@ -50,6 +50,10 @@ constexpr std::size_t kProof = 64;  // hex of HMAC-SHA256
 // wait for the genuine peer either. What bounds a listener's cost is the number of
 // connections it holds without a proof: past this many, the oldest is refused.
 constexpr std::size_t kMaxUnproven = 16;
+// How long a listener rests after accept4 found no descriptor or memory for a connection
+// waiting on it: the gate tries again then (the connection waits in the backlog), instead
+// of spinning on a socket that stays readable until the creation's deadline.
+constexpr std::chrono::milliseconds kResting{20};
 
 void (*g_listen_hook)(int) = nullptr;
 std::atomic<std::int64_t> g_connect_delay_ms{0};
@@ -87,6 +91,9 @@ struct Listener {
   bool decided = false;
   Candidate proven;  // fd >= 0: the connection Gloo's accept() gets
   int error = 0;     // decided without one: the errno Gloo's accept() gets
+  // accept4 found the process out of descriptors or memory with a connection waiting: the
+  // listening socket is not watched until then (it stays readable: watching it would spin).
+  Clock::time_point resting_until{};
 };
 
 // The recorded listeners, by Gloo's descriptor, and the live scopes (owned by
@@ -247,13 +254,21 @@ class GateThread {
       fds.assign(1, pollfd{wake_, POLLIN, 0});
       watches.clear();
       std::optional<Clock::time_point> next;
+      const auto earliest = [&](Clock::time_point t) {
+        if (!next || t < *next) next = t;
+      };
       {
         std::lock_guard lock(registry().mutex);
+        const auto now = Clock::now();
         for (auto& [gloo_fd, l] : registry().listeners) {
           if (l.decided) continue;
-          if (!next || l.scope->deadline < *next) next = l.scope->deadline;
-          fds.push_back({l.real, POLLIN, 0});
-          watches.push_back({gloo_fd, l.real, true});
+          earliest(l.scope->deadline);
+          if (l.resting_until > now) {
+            earliest(l.resting_until);
+          } else {
+            fds.push_back({l.real, POLLIN, 0});
+            watches.push_back({gloo_fd, l.real, true});
+          }
           for (const Candidate& c : l.cands) {
             fds.push_back({c.fd, POLLIN, 0});
             watches.push_back({gloo_fd, c.fd, false});
@@ -288,7 +303,11 @@ class GateThread {
       Candidate c;
       c.fd = ::accept4(l.real, reinterpret_cast<sockaddr*>(&c.addr), &c.len,
                        SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (c.fd < 0) break;
+      if (c.fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+          l.resting_until = Clock::now() + kResting;
+        break;
+      }
       // A fresh socket's buffer takes the 64 bytes at once; one that does not is refused.
       if (::send(c.fd, l.mine.data(), kProof, MSG_NOSIGNAL | MSG_DONTWAIT) !=
           static_cast<ssize_t>(kProof)) {

@@ -2,15 +2,20 @@
 // pair listener before the genuine peer never has a byte parsed by Gloo, and holds up no
 // pair. Without the gate, the header sent here makes Gloo's event loop throw on its own
 // thread (SIGABRT).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -162,6 +167,82 @@ std::pair<std::string, std::chrono::steady_clock::duration> rank_zero_times_out(
   return {error, std::chrono::steady_clock::now() - t0};
 }
 
+// A store in which rank 1 of a 2-rank world under `o` arrived and published an address
+// (the highest port, so rank 0 is the listening side of their pair) but never connects.
+std::shared_ptr<Store> rank_one_never_connects(const GlooOptions& o) {
+  auto store = make_memory_store();
+  auto put = [&](const std::string& key, const std::vector<char>& value) {
+    store->set(o.prefix + "/" + key, std::span<const char>(value.data(), value.size()));
+  };
+  put("size/1", {'2'});
+  put("arrived/1", {'1'});
+  std::vector<char> address(sizeof(sockaddr_storage) + sizeof(std::int64_t), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(65535);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::memcpy(address.data(), &a, sizeof(a));
+  address.push_back('g');  // it gates its connections, like rank 0
+  put("pair/1/0", address);
+  return store;
+}
+
+// The process takes every descriptor left (under a limit of 4096), then a stranger, whose
+// socket was made before, connects to the listener: the gate's accept4 fails with EMFILE
+// while the connection waits in the backlog.
+void no_descriptors_left_then_a_stranger(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  rlimit r{};
+  ::getrlimit(RLIMIT_NOFILE, &r);
+  r.rlim_cur = std::min<rlim_t>(r.rlim_cur, 4096);
+  ::setrlimit(RLIMIT_NOFILE, &r);
+  while (::open("/dev/null", O_RDONLY | O_CLOEXEC) >= 0) {}
+  const bool exhausted = errno == EMFILE;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  g_strangers =
+      exhausted && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 ? 1 : -1;
+}
+
+// The child of the test below: rank 0 of a world whose rank 1 never connects (a 3 s
+// deadline), out of descriptors with a connection waiting on its listener. Exits 0 when the
+// descriptors ran out, the world did not form, and its CPU time over the wait stayed under
+// 1 s; its line on stderr says what it measured.
+[[noreturn]] void wait_out_of_descriptors() {
+  const GlooOptions o = test_options(3s);
+  const std::shared_ptr<Store> store = rank_one_never_connects(o);
+  gloo_backend::set_pair_gate_listen_hook(no_descriptors_left_then_a_stranger);
+  timespec c0{}, c1{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+  const auto [error, took] = rank_zero_times_out(store, o);
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+  const double cpu = static_cast<double>(c1.tv_sec - c0.tv_sec) +
+                     static_cast<double>(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+  std::cerr << "out of descriptors: " << g_strangers.load() << ", cpu " << cpu << " s over "
+            << std::chrono::duration<double>(took).count() << " s: " << error << "\n";
+  const bool ok =
+      g_strangers.load() == 1 && error.find("the world formed") == std::string::npos && cpu < 1.0;
+  std::_Exit(ok ? 0 : 1);
+}
+
+// A process out of descriptors cannot accept the connection waiting on a listener, and the
+// listening socket stays readable: the gate rests that listener and tries again every few
+// milliseconds, rather than spinning on it until the creation's deadline. In a child
+// process (the descriptors are the whole process's), whose CPU time over the 3 s wait must
+// stay well under it (a spinning gate thread takes all of it on an idle core).
+TEST(GlooGate, AProcessOutOfDescriptorsDoesNotSpinOnAWaitingConnection) {
+#ifdef COMMGRID_TEST_UNDER_ASAN
+  GTEST_SKIP() << "under the sanitizers: their runtime needs descriptors of its own (it "
+                  "checks memory through a pipe), and this test takes every one";
+#endif
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(wait_out_of_descriptors(), ::testing::ExitedWithCode(0),
+              "out of descriptors: 1, cpu");
+}
+
 TEST(GlooGate, AGenuinePeerWhoseProofTakesSecondsIsAcceptedWithinTheDeadline) {
   // A slow, lossy link (200 ms each way, a retransmission or two) can hold a connector's
   // proof for seconds after the listener accepted it: every connector here waits 2.5 s
@@ -181,22 +262,8 @@ TEST(GlooGate, AListenerStillWaitingAtTheDeadlineEndsThenNamingTheLatePeer) {
   // the test: it arrives and publishes an address (the highest port, so rank 0 is the
   // listening side of their pair) but never connects.
   ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
-  auto store = make_memory_store();
-  GlooOptions o = test_options(2s);
-  auto put = [&](const std::string& key, const std::vector<char>& value) {
-    store->set(o.prefix + "/" + key, std::span<const char>(value.data(), value.size()));
-  };
-  put("size/1", {'2'});
-  put("arrived/1", {'1'});
-  std::vector<char> address(sizeof(sockaddr_storage) + sizeof(std::int64_t), 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(65535);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::memcpy(address.data(), &a, sizeof(a));
-  address.push_back('g');  // it gates its connections, like rank 0
-  put("pair/1/0", address);
-  const auto [error, took] = rank_zero_times_out(store, o);
+  const GlooOptions o = test_options(2s);
+  const auto [error, took] = rank_zero_times_out(rank_one_never_connects(o), o);
   EXPECT_NE(error.find("timed out after 2 s waiting for rank 1 (global 1) of 2 to connect"),
             std::string::npos)
       << error;
