@@ -462,18 +462,19 @@ std::set<int> listening_ports_of(const std::string& marker) {
   return ports;
 }
 
-TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
-  // A stranger scans the job's ranks for listening ports while they create their groups and
-  // sends each a Gloo-sized header of garbage. The job completes, or fails within its
-  // timeout naming an unauthenticated peer; never SIGABRT, never a hang.
-  // The job uses the TCP store, whose port (rank 0's) listens all along: it is attacked
-  // with a new connection every few milliseconds, the Gloo ports when they are seen.
-  const std::string marker =
-      "tp,pp,dp,cp";  // one argument: /proc/PID/cmdline separates them by NULs
+// One run of the job below with the stranger at it: the job's result, how many connections
+// the stranger made, and what its thread threw.
+struct StrangerRun {
+  Result job;
+  int attacked = 0;
+  std::string error;
+};
+
+StrangerRun run_with_a_stranger(const std::string& marker) {
   const int store_port = free_port();
   std::atomic<bool> done{false};
   std::atomic<int> attacked{0};
-  std::string stranger_error;  // an exception of the stranger's thread, reported by the test
+  StrangerRun out;
   std::jthread stranger([&] {
     std::vector<int> fds;
     std::set<int> seen;
@@ -493,15 +494,18 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
         ::close(fd);
       }
     };
-    while (!done.load()) {
-      // The store's port (refused until rank 0 serves it) before the scan of /proc too: the
-      // scan is slow on a loaded machine, and a quick job can end within one.
+    // The store's port first, every millisecond until it answers (launch serves it from the
+    // job's start to its end): a quick job can end within one slow scan of /proc.
+    while (!done.load() && attacked.load() == 0) {
       attack(store_port);
+      if (attacked.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    while (!done.load()) {
       std::set<int> targets;
       try {
         targets = listening_ports_of(marker);
       } catch (const std::exception& e) {
-        stranger_error = e.what();  // never std::terminate: the test fails and says why
+        out.error = e.what();  // never std::terminate: the test fails and says why
         break;
       }
       targets.insert(store_port);
@@ -512,15 +516,32 @@ TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
   });
   // The ranks' own 10 s timeout (COMMGRID_TIMEOUT), without launch's --timeout, whose
   // deadline one second later would race a rank's report on a loaded machine.
-  Result r = run_shell(
+  out.job = run_shell(
       "COMMGRID_TIMEOUT=10 timeout 60 " + commgrid::test::shell_quote(COMMGRID_CLI) +
       " launch -n 4 --master-port " + std::to_string(store_port) + " -- " +
       commgrid::test::shell_quote(COMMGRID_CLI) + " verify --tp 2 --cp 2 --kinds " + marker);
   done = true;
   stranger.join();
-  EXPECT_EQ(stranger_error, "") << "the stranger's scan of /proc threw";
-  std::cout << "stranger made " << attacked.load() << " connections with garbage\n";
-  EXPECT_GT(attacked.load(), 0) << "the stranger found nothing to attack";
+  out.attacked = attacked.load();
+  return out;
+}
+
+TEST(Strangers, GarbageOnEveryListeningPortNeverAbortsOrHangsAJob) {
+  // A stranger scans the job's ranks for listening ports while they create their groups and
+  // sends each a Gloo-sized header of garbage. The job completes, or fails within its
+  // timeout naming an unauthenticated peer; never SIGABRT, never a hang.
+  // The job uses the TCP store, whose port (launch's) listens all along: it is attacked
+  // first, then again after each scan, and the Gloo ports when they are seen. A job that
+  // ended before the stranger reached it tested nothing: it runs again (three runs at most).
+  const std::string marker =
+      "tp,pp,dp,cp";  // one argument: /proc/PID/cmdline separates them by NULs
+  StrangerRun run;
+  for (int i = 0; i < 3 && run.attacked == 0 && run.error.empty(); ++i)
+    run = run_with_a_stranger(marker);
+  const Result& r = run.job;
+  EXPECT_EQ(run.error, "") << "the stranger's scan of /proc threw";
+  std::cout << "stranger made " << run.attacked << " connections with garbage\n";
+  EXPECT_GT(run.attacked, 0) << "the stranger found nothing to attack in three runs";
   EXPECT_FALSE(has(r.err, "SIGABRT")) << r.err;
   // Every rank ends by its 10 s timeout; room for a loaded machine (a hang would be 60 s).
   EXPECT_LT(r.seconds, 45.0) << "a hang";
