@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -105,11 +106,21 @@ struct Registry {
   std::map<int, Listener> listeners;
   std::map<const State*, std::weak_ptr<State>> scopes;
 };
+void at_fork_prepare();
+void at_fork_parent();
+void at_fork_child();
 Registry& registry() {
-  static Registry* const r = new Registry;
+  static Registry* const r = [] {
+    auto* made = new Registry;
+    ::pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
+    return made;
+  }();
   return *r;
 }
 std::atomic<std::size_t> g_count{0};  // registry().listeners.size(), read without the lock
+// Guards the gate's thread's creation (GateThread::instance); taken after the registry's
+// mutex where both are held.
+std::mutex g_gate_thread_mutex;
 
 // What each end of a connection to a Gloo listener sends first: bound to the token, the
 // group creation, the listening port and the end (one end's proof never passes as the other's).
@@ -176,6 +187,29 @@ void release(Listener& l) {
   l.cands.clear();
 }
 
+// fork(): the child gets a copy of the gate's locks as they were. Had another thread (the
+// gate's own, a creation) held one, the child's first getsockname(), accept() or group
+// would wait for it forever; so fork waits until both are free, and the child starts with
+// them free. The listeners and scopes are the parent's creations: the child forgets them
+// and closes its copies of their sockets (a child that never execs would otherwise keep
+// the parent's listening sockets open).
+void at_fork_prepare() {
+  registry().mutex.lock();
+  g_gate_thread_mutex.lock();
+}
+void at_fork_parent() {
+  g_gate_thread_mutex.unlock();
+  registry().mutex.unlock();
+}
+void at_fork_child() {
+  g_gate_thread_mutex.unlock();
+  for (auto& [gloo_fd, l] : registry().listeners) release(l);
+  registry().listeners.clear();
+  registry().scopes.clear();
+  g_count.store(0);
+  registry().mutex.unlock();
+}
+
 // The pair is decided: Gloo's descriptor turns readable and its accept() gets `l.proven`
 // or, when there is none, fails with `error`. The listening socket closes now.
 void decide(Listener& l, int error) {
@@ -223,9 +257,8 @@ class GateThread {
  public:
   // Never destroyed (see Registry); the thread is detached.
   static GateThread& instance() {
-    static std::mutex m;
     static GateThread* g = nullptr;
-    std::lock_guard lock(m);
+    std::lock_guard lock(g_gate_thread_mutex);
     if (!g || g->pid_ != ::getpid()) g = new GateThread;  // a forked child has no thread of ours
     return *g;
   }
@@ -648,6 +681,10 @@ void set_pair_gate_listen_hook(void (*hook)(int port)) { g_listen_hook = hook; }
 
 void set_pair_gate_connect_delay_for_testing(std::chrono::milliseconds delay) {
   g_connect_delay_ms.store(delay.count());
+}
+
+std::unique_lock<std::mutex> lock_pair_gate_for_testing() {
+  return std::unique_lock(registry().mutex);
 }
 
 PairGatePause::PairGatePause() { ++t_paused; }

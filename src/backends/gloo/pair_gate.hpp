@@ -37,6 +37,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,10 @@ void set_pair_gate_listen_hook(void (*hook)(int port));
 /// For tests: a connecting side waits this long after checking the listener's proof and
 /// before sending its own (a slow link); zero (the default) for none.
 void set_pair_gate_connect_delay_for_testing(std::chrono::milliseconds delay);
+
+/// For tests: holds the lock of the gate's records (which its thread, every creation and
+/// the interposed calls on a recorded listener take) until the returned lock is released.
+[[nodiscard]] std::unique_lock<std::mutex> lock_pair_gate_for_testing();
 
 /// Suspends this thread's scope: the store's own connections made during a rendezvous are
 /// not Gloo pairs.

@@ -7,11 +7,13 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -241,6 +243,59 @@ TEST(GlooGate, AProcessOutOfDescriptorsDoesNotSpinOnAWaitingConnection) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(wait_out_of_descriptors(), ::testing::ExitedWithCode(0),
               "out of descriptors: 1, cpu");
+}
+
+std::atomic<bool> g_listening{false};
+void note_listening(int /*port*/) { g_listening = true; }
+
+// A program that forks (a data loader's workers) while another thread holds the gate's lock
+// (the gate's thread, a creation): the child starts with the lock free and none of the
+// parent's listeners, so its own getsockname() and accept() return at once. Without that,
+// the child's first such call waits forever for a lock no thread of the child will release.
+TEST(GlooGate, AChildForkedWhileTheGateIsLockedIsNotHeldByIt) {
+  ASSERT_TRUE(gloo_backend::pair_gate_available()) << "the gate is off in this program";
+  // A listener recorded and waiting (rank 1 never connects): the interposed calls consult
+  // the records while it is there.
+  const GlooOptions o = test_options(3s);
+  const std::shared_ptr<Store> store = rank_one_never_connects(o);
+  g_listening = false;
+  gloo_backend::set_pair_gate_listen_hook(note_listening);
+  std::string error;
+  std::jthread creation([&] { error = rank_zero_times_out(store, o).first; });
+  for (int i = 0; i < 1000 && !g_listening; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(g_listening) << "no listener was recorded within 5 s";
+
+  std::atomic<bool> held{false};
+  std::jthread holder([&] {
+    const std::unique_lock lock = gloo_backend::lock_pair_gate_for_testing();
+    held = true;
+    std::this_thread::sleep_for(200ms);
+  });
+  while (!held) std::this_thread::sleep_for(1ms);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    const bool named = ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    ::_exit(named ? 0 : 3);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 2000 && done == 0; ++i) {  // 10 s
+    done = ::waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(5ms);
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+  }
+  EXPECT_NE(done, 0) << "the child's getsockname() still waited after 10 s";
+  EXPECT_TRUE(done == 0 || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) << status;
+  creation.join();
+  gloo_backend::set_pair_gate_listen_hook(nullptr);
+  EXPECT_EQ(error.find("the world formed"), std::string::npos) << error;
 }
 
 TEST(GlooGate, AGenuinePeerWhoseProofTakesSecondsIsAcceptedWithinTheDeadline) {
