@@ -2,13 +2,10 @@
 // around a program's steps.
 #include "commgrid/resilient_driver.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <ctime>
 #include <deque>
-#include <limits>
 #include <map>
 #include <new>
 #include <numeric>
@@ -18,6 +15,7 @@
 #include "snapshots.hpp"
 
 namespace commgrid {
+using detail::available_memory;
 using detail::find;
 using detail::held;
 using detail::keep_two;
@@ -25,6 +23,7 @@ using detail::kNone;
 using detail::kRowCopies;
 using detail::kRowSize;
 using detail::kRowSnapshots;
+using detail::size_text;
 using detail::Snapshot;
 
 namespace {
@@ -44,24 +43,6 @@ constexpr int kSizeTag = 7301, kStateTag = 7302, kCopyTag = 7303;
 std::int64_t min_over(Communicator& c, std::int64_t v) {
   c.allreduce(std::span<std::int64_t>(&v, 1), ReduceOp::min)->wait();
   return v;
-}
-
-std::string size_text(std::size_t bytes) {
-  const double b = static_cast<double>(bytes);
-  char out[64];
-  if (b >= 1024.0 * 1024 * 1024)
-    std::snprintf(out, sizeof out, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024) std::snprintf(out, sizeof out, "%.2f MiB", b / (1024.0 * 1024));
-  else if (b >= 1024.0) std::snprintf(out, sizeof out, "%.1f KiB", b / 1024.0);
-  else std::snprintf(out, sizeof out, "%zu bytes", bytes);
-  return out;
-}
-
-std::size_t available_memory() {
-  const long pages = ::sysconf(_SC_AVPHYS_PAGES);
-  const long page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return std::numeric_limits<std::size_t>::max();
-  return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
 }
 
 void* data(StateBytes& b) { return b.data(); }

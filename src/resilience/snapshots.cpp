@@ -1,6 +1,10 @@
 // The resilient driver's snapshots and resync rows (snapshots.hpp).
 #include "snapshots.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <limits>
 #include <string>
 
 #include "commgrid/resilience_keys.hpp"
@@ -56,6 +60,24 @@ std::vector<std::int64_t> rows_of(const EpochDecision& decision, std::size_t wor
     all.insert(all.end(), row.begin(), row.end());
   }
   return all;
+}
+
+std::string size_text(std::size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  char out[64];
+  if (b >= 1024.0 * 1024 * 1024)
+    std::snprintf(out, sizeof out, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024) std::snprintf(out, sizeof out, "%.2f MiB", b / (1024.0 * 1024));
+  else if (b >= 1024.0) std::snprintf(out, sizeof out, "%.1f KiB", b / 1024.0);
+  else std::snprintf(out, sizeof out, "%zu bytes", bytes);
+  return out;
+}
+
+std::size_t available_memory() {
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<std::size_t>::max();
+  return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
 }
 
 }  // namespace commgrid::detail

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "commgrid/recovery.hpp"
@@ -43,5 +44,11 @@ inline constexpr std::size_t kRowSize = 9, kRowSnapshots = 1, kRowCopies = 5;
 /// alike). InternalError for a note that is not a row.
 [[nodiscard]] std::vector<std::int64_t> rows_of(const EpochDecision& decision,
                                                 std::size_t world_size);
+
+/// `bytes` for a person: "512 bytes", "1.5 KiB", "3.25 MiB", "1.02 GiB".
+[[nodiscard]] std::string size_text(std::size_t bytes);
+/// The memory the system has free now (the limit of the snapshots and copies kept when
+/// the program sets none); the largest size_t when it cannot tell.
+[[nodiscard]] std::size_t available_memory();
 
 }  // namespace commgrid::detail
